@@ -1,0 +1,212 @@
+"""TF_CONFIG parsing, chief detection, local in-process clusters and task servers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import time
+
+logger = logging.getLogger("kerastrain")
+
+_TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """A parsed, validated `TF_CONFIG`."""
+
+    cluster: dict
+    task_type: str
+    task_index: int
+    rpc_layer: str = "grpc"
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.cluster.get("worker", ())) + len(self.cluster.get("chief", ()))
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.cluster.get("ps", ()))
+
+    @property
+    def is_chief(self) -> bool:
+        if self.task_type == "chief":
+            return True
+        return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.cluster
+
+    def address(self, task_type: str, index: int = 0) -> str:
+        return self.cluster[task_type][index]
+
+
+def read_tf_config(environ=None) -> ClusterConfig | None:
+    """Parse `TF_CONFIG` from the environment, or return None when it is absent.
+
+    Raises:
+        ValueError: the JSON is malformed or does not describe this task.
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get("TF_CONFIG", "").strip()
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"`TF_CONFIG` is not valid JSON ({e.msg} at character {e.pos}). "
+            f"Received: TF_CONFIG={raw[:200]!r}. Expected e.g. "
+            '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}'
+        ) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"`TF_CONFIG` must be a JSON object. Received: TF_CONFIG={raw[:200]!r}")
+    cluster = data.get("cluster") or {}
+    task = data.get("task") or {}
+    if not cluster:
+        return None  # A TF_CONFIG without a cluster describes a single machine.
+    if not isinstance(cluster, dict) or not all(
+        isinstance(v, list) and all(isinstance(a, str) for a in v) for v in cluster.values()
+    ):
+        raise ValueError(
+            "`TF_CONFIG['cluster']` must map job names to lists of 'host:port' strings. "
+            f"Received: cluster={cluster!r}"
+        )
+    unknown = sorted(set(cluster) - set(_TASK_TYPES))
+    if unknown:
+        raise ValueError(
+            f"`TF_CONFIG['cluster']` has unknown job names {unknown}. "
+            f"Valid job names: {list(_TASK_TYPES)}."
+        )
+    task_type = task.get("type")
+    task_index = task.get("index", 0)
+    if task_type not in cluster:
+        raise ValueError(
+            "`TF_CONFIG['task']['type']` must name a job of the cluster "
+            f"({sorted(cluster)}). Received: task={task!r}"
+        )
+    if not isinstance(task_index, int) or not 0 <= task_index < len(cluster[task_type]):
+        raise ValueError(
+            f"`TF_CONFIG['task']['index']` must be between 0 and {len(cluster[task_type]) - 1} "
+            f"for job {task_type!r}. Received: task={task!r}"
+        )
+    if len(cluster.get("chief", ())) > 1:
+        raise ValueError(
+            f"A cluster has at most one chief. Received: chief={cluster['chief']!r}"
+        )
+    return ClusterConfig(
+        cluster=cluster, task_type=task_type, task_index=task_index,
+        rpc_layer=data.get("rpc_layer") or "grpc",
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the OS picks it; small race accepted)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_local_ps_cluster(num_workers: int, num_ps: int, num_gpus_per_worker: int = 0):
+    """Start `num_workers` worker and `num_ps` ps servers in this process, on loopback.
+
+    Returns:
+        (cluster_resolver, servers). Keep `servers` referenced for as long as the
+        cluster is used.
+    """
+    import tensorflow as tf
+
+    spec = {
+        "worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)],
+        "ps": [f"127.0.0.1:{free_port()}" for _ in range(num_ps)],
+    }
+    cluster_spec = tf.train.ClusterSpec(spec)
+    worker_config = tf.compat.v1.ConfigProto()
+    # With few cores, in-process workers deadlock unless each can run one op per
+    # worker plus its own (TensorFlow's PS tutorial gives the same rule).
+    worker_config.inter_op_parallelism_threads = max(num_workers + 1, os.cpu_count() or 1)
+    if num_gpus_per_worker:
+        worker_config.device_count["GPU"] = num_gpus_per_worker
+    servers = [
+        tf.distribute.Server(cluster_spec, job_name="worker", task_index=i,
+                             config=worker_config, protocol="grpc")
+        for i in range(num_workers)
+    ] + [
+        tf.distribute.Server(cluster_spec, job_name="ps", task_index=i, protocol="grpc")
+        for i in range(num_ps)
+    ]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster_spec, rpc_layer="grpc")
+    return resolver, servers
+
+
+def _reachable(address: str, timeout: float = 1.0) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def serve(config: ClusterConfig | None = None, *, startup_timeout: float = 600.0,
+          max_seconds: float | None = None, poll_seconds: float = 1.0,
+          clock=time.monotonic, sleep=time.sleep) -> str:
+    """Run this process's `worker`/`ps` server until the chief's job ends.
+
+    TensorFlow servers never stop by themselves, so the task watches the chief's
+    address: once it has been up and then stays unreachable for three polls,
+    the job is over and this returns. It also returns if the chief never
+    appears within `startup_timeout`, or after `max_seconds`.
+
+    Returns:
+        Why it stopped: "chief-finished", "chief-never-started" or "max-seconds".
+
+    Raises:
+        ValueError: no TF_CONFIG, or this task is not a `worker`/`ps` task.
+    """
+    import tensorflow as tf
+
+    config = config or read_tf_config()
+    if config is None or config.task_type not in ("worker", "ps"):
+        raise ValueError(
+            "`serve()` runs the server of a `worker` or `ps` task and needs `TF_CONFIG` "
+            f"describing one. Received: task={None if config is None else config.task_type!r}"
+        )
+    server_config = tf.compat.v1.ConfigProto()
+    if config.task_type == "worker":
+        server_config.inter_op_parallelism_threads = max(
+            config.num_workers + 1, os.cpu_count() or 1)
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(config.cluster), job_name=config.task_type,
+        task_index=config.task_index, config=server_config,
+        protocol=config.rpc_layer, start=True)
+    logger.info("serving %s:%d at %s until the chief finishes", config.task_type,
+                config.task_index, server.target)
+    chief = config.cluster.get("chief", config.cluster.get("worker"))[0]
+    start = clock()
+    seen, misses = False, 0
+    while True:
+        now = clock()
+        if max_seconds is not None and now - start >= max_seconds:
+            return "max-seconds"
+        if _reachable(chief):
+            seen, misses = True, 0
+        elif seen:
+            misses += 1
+            if misses >= 3:
+                return "chief-finished"
+        elif now - start >= startup_timeout:
+            return "chief-never-started"
+        sleep(poll_seconds)
+
+
+def main() -> int:
+    """`python -m kerastrain.cluster`: serve this `worker`/`ps` task until the chief ends."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    reason = serve()
+    logger.info("server stopping: %s", reason)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

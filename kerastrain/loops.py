@@ -1,0 +1,247 @@
+"""Compiled inner loops: many steps per `tf.function` call, reduced exactly across replicas.
+
+Each replica returns one flat float32 vector per step:
+`[sum of per-example losses (+ regularization x examples), examples, metric deltas...]`
+where the metric deltas are the change of every metric variable, computed with
+Keras's stateless metric API from a zero state. The loop sums that vector across
+replicas with `strategy.reduce(SUM)` and across its steps, and returns it. The
+host adds loops up in float64 and turns the totals back into metric results.
+
+Why not Keras's own metric variables: they are `on_read` variables, which
+parameter-server training turns into caching variables that lose updates
+(measured: 336 of 480 examples counted). Returned values are also counted once
+even when the coordinator retries a closure after a worker failure.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from kerastrain import _compat
+
+logger = logging.getLogger("kerastrain")
+
+
+def unpack(data):
+    if len(data) == 2:
+        return data[0], data[1], None
+    return data[0], data[1], data[2]
+
+
+class MetricState:
+    """The metric variables kerastrain reduces, and how to read results from totals."""
+
+    def __init__(self, model):
+        self.parts = []  # (metric, [variables])
+        containers = [_compat.compile_metrics(model)]
+        loss = _compat.compile_loss(model)
+        if loss is not None:
+            containers.extend(getattr(loss, "metrics", []) or [])
+        for metric in containers:
+            if metric is not None and metric.variables:
+                self.parts.append((metric, list(metric.variables)))
+        self.variables = [v for _, vs in self.parts for v in vs]
+        self.sizes = [int(np.prod(v.shape)) for v in self.variables]
+        odd = sorted({v.path for v in self.variables if getattr(v, "aggregation", "sum") != "sum"})
+        if odd:
+            logger.warning("metric variables %s are not sums; kerastrain adds them across "
+                           "replicas and steps anyway", odd)
+
+    @property
+    def width(self) -> int:
+        return 2 + sum(self.sizes)
+
+    def zeros(self):
+        import tensorflow as tf
+        return [tf.zeros(v.shape, v.dtype) for v in self.variables]
+
+    def flatten(self, values):
+        import tensorflow as tf
+        return [tf.reshape(tf.cast(v, tf.float32), [-1]) for v in values]
+
+    def results(self, totals) -> dict:
+        """Epoch logs (`loss` first, then every metric) from a float64 totals vector."""
+        import tensorflow as tf
+
+        loss_sum, count = float(totals[0]), float(totals[1])
+        logs = {"loss": loss_sum / count if count else float("nan")}
+        offset = 2
+        for metric, variables in self.parts:
+            values = []
+            for v in variables:
+                size = int(np.prod(v.shape))
+                chunk = np.asarray(totals[offset:offset + size]).reshape(v.shape)
+                values.append(tf.constant(chunk, dtype=v.dtype))
+                offset += size
+            result = metric.stateless_result(values)
+            if isinstance(result, dict):
+                logs.update({k: float(r) for k, r in result.items()})
+            else:
+                logs[metric.name] = float(result)
+        return logs
+
+
+class Loops:
+    """Builds the compiled train and evaluation loops for one model under one strategy."""
+
+    def __init__(self, built, model, global_step):
+        self.built = built
+        self.strategy = built.strategy
+        self.model = model
+        self.global_step = global_step
+        self.metrics = MetricState(model)
+        self._train = None
+        self._eval = None
+        self._eval_local = None
+
+    # -- per-replica steps ---------------------------------------------------
+
+    def _batch_size(self, x):
+        import tensorflow as tf
+        return tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+
+    def _losses_and_metrics(self, x, y, y_pred, sw, training):
+        """Keras's compiled loss (scaled 1/replicas by Keras) and metric deltas."""
+        model = self.model
+        variables = self.metrics.variables
+        with _compat.stateless_scope(list(zip(variables, self.metrics.zeros()))) as scope:
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw,
+                                      training=training)
+            cm = _compat.compile_metrics(model)
+            if cm is not None:
+                cm.update_state(y, y_pred, sw)
+            new = [scope.get_current_value(v) for v in variables]
+        return loss, new
+
+    def _pack(self, loss_sum, n, new_state):
+        import tensorflow as tf
+        return tf.concat([tf.stack([loss_sum, n])] + self.metrics.flatten(new_state), axis=0)
+
+    def _train_step(self, data):
+        import tensorflow as tf
+
+        model, optimizer = self.model, self.model.optimizer
+        x, y, sw = unpack(data)
+        n = self._batch_size(x)
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        global_n = n
+        if replicas > 1:
+            global_n = tf.distribute.get_replica_context().all_reduce("sum", n)
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True)
+            # Keras returned (local mean + regularization) / replicas. Weighting each
+            # replica by its share of the global batch makes the summed gradient the
+            # gradient of the global mean, also when the last batch is partial.
+            loss_sum = loss * (replicas * n)
+            objective = tf.math.divide_no_nan(loss_sum, global_n)
+            if hasattr(optimizer, "scale_loss"):
+                objective = optimizer.scale_loss(objective)
+        variables = model.trainable_variables
+        grads = tape.gradient(objective, variables)
+        optimizer.apply(grads, variables)
+        return self._pack(loss_sum, n, state)
+
+    def _eval_step(self, data):
+        import tensorflow as tf
+
+        # The replica count Keras divided by (1 for coordinator-side evaluation).
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        x, y, sw = unpack(data)
+        n = self._batch_size(x)
+        y_pred = self.model(x, training=False)
+        loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=False)
+        return self._pack(loss * (replicas * n), n, state)
+
+    # -- compiled loops ------------------------------------------------------
+
+    def _reduce(self, per_replica):
+        return self.strategy.reduce("SUM", per_replica, axis=None)
+
+    def train_loop(self):
+        """`fn(iterator, num_steps) -> (totals float32[width], steps int32)`.
+
+        Synchronous strategies stop early at the end of a finite dataset; under
+        parameter servers the per-worker data repeats and exactly `num_steps` run.
+        """
+        import tensorflow as tf
+
+        if self._train is not None:
+            return self._train
+        width = self.metrics.width
+        strategy, step_counter = self.strategy, self.global_step
+        iterations = self.model.optimizer.iterations
+
+        if self.built.is_parameter_server:
+            @tf.function
+            def loop(iterator, num_steps):
+                totals = tf.zeros([width], tf.float32)
+                for _ in tf.range(num_steps):
+                    # Keras's own counter loses increments under asynchronous PS
+                    # training; schedules and Adam's bias correction read it, so
+                    # give it the exact step before each update.
+                    iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
+                    totals += self._reduce(strategy.run(self._train_step, args=(next(iterator),)))
+                    step_counter.assign_add(1)
+                return totals, num_steps
+        else:
+            @tf.function
+            def loop(iterator, num_steps):
+                totals = tf.zeros([width], tf.float32)
+                steps = tf.constant(0, tf.int32)
+                for _ in tf.range(num_steps):
+                    optional = iterator.get_next_as_optional()
+                    if not optional.has_value():
+                        break
+                    totals += self._reduce(
+                        strategy.run(self._train_step, args=(optional.get_value(),)))
+                    steps += 1
+                step_counter.assign_add(tf.cast(steps, step_counter.dtype))
+                return totals, steps
+        self._train = loop
+        return loop
+
+    def eval_loop(self):
+        """`fn(iterator, num_steps) -> (totals, steps)` over distributed data (sync strategies)."""
+        import tensorflow as tf
+
+        if self._eval is None:
+            width, strategy = self.metrics.width, self.strategy
+
+            @tf.function
+            def loop(iterator, num_steps):
+                totals = tf.zeros([width], tf.float32)
+                steps = tf.constant(0, tf.int32)
+                for _ in tf.range(num_steps):
+                    optional = iterator.get_next_as_optional()
+                    if not optional.has_value():
+                        break
+                    totals += self._reduce(
+                        strategy.run(self._eval_step, args=(optional.get_value(),)))
+                    steps += 1
+                return totals, steps
+            self._eval = loop
+        return self._eval
+
+    def eval_loop_local(self):
+        """Coordinator-side evaluation under PS: a plain loop reading variables from the ps."""
+        import tensorflow as tf
+
+        if self._eval_local is None:
+            width = self.metrics.width
+
+            @tf.function
+            def loop(iterator, num_steps):
+                totals = tf.zeros([width], tf.float32)
+                steps = tf.constant(0, tf.int32)
+                for _ in tf.range(num_steps):
+                    optional = iterator.get_next_as_optional()
+                    if not optional.has_value():
+                        break
+                    totals += self._eval_step(optional.get_value())
+                    steps += 1
+                return totals, steps
+            self._eval_local = loop
+        return self._eval_local

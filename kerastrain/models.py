@@ -1,0 +1,100 @@
+"""Getting a compiled Keras model whose variables live where the strategy wants them."""
+
+from __future__ import annotations
+
+import keras
+
+from kerastrain import _compat
+
+_DEFAULT_OPTIMIZER = "rmsprop"  # what keras.Model.compile uses when none is given
+
+
+def _created_in_scope(strategy, variable) -> bool:
+    return strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))
+
+
+def _fresh(obj):
+    """A copy of an optimizer or metric instance, so its variables are made in scope."""
+    if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+        return obj.__class__.from_config(obj.get_config())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_fresh(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _fresh(v) for k, v in obj.items()}
+    return obj
+
+
+def materialize(model, built, *, optimizer=None, loss=None, metrics=None):
+    """Return a compiled `keras.Model` built under `built.strategy`'s scope.
+
+    Call inside `strategy.scope()`.
+
+    Raises:
+        TypeError: `model` is neither a keras.Model nor a function returning one.
+        ValueError: the model cannot be rebuilt in scope, or is not compiled.
+    """
+    strategy = built.strategy
+    if isinstance(model, keras.Model):
+        instance = model
+        needs_scope = built.places_variables
+        if needs_scope and instance.variables and not all(
+                _created_in_scope(strategy, v) for v in instance.variables):
+            instance = _rebuild(instance)
+        elif needs_scope and getattr(instance, "optimizer", None) is not None and not all(
+                _created_in_scope(strategy, v) for v in instance.optimizer.variables):
+            _recompile(instance, _compat.compile_args(instance) or {}, fresh=True)
+    elif callable(model):
+        instance = model()
+        if not isinstance(instance, keras.Model):
+            raise TypeError(
+                "The model function must return a keras.Model. "
+                f"Received: an object of type {type(instance).__name__} from {model!r}")
+    else:
+        raise TypeError(
+            "`model` must be a compiled keras.Model or a zero-argument function returning one. "
+            f"Received: model={model!r} of type {type(model).__name__}")
+
+    overrides = {k: v for k, v in (("optimizer", optimizer), ("loss", loss),
+                                   ("metrics", metrics)) if v is not None}
+    if overrides:
+        args = dict(_compat.compile_args(instance) or {}) if getattr(
+            instance, "compiled", False) else {}
+        args.update(overrides)
+        args.setdefault("optimizer", _DEFAULT_OPTIMIZER)
+        _recompile(instance, args, fresh=built.places_variables)
+    if not _compat.is_compiled(instance) or instance.optimizer is None:
+        raise ValueError(
+            "The model is not compiled and no `loss=` was given, so kerastrain does not know "
+            "what to minimise. Call `model.compile(optimizer=..., loss=...)` in your model "
+            "function, or pass `Trainer(..., optimizer='adam', loss='mse')`. "
+            f"Received: model {instance.name!r} with compiled={getattr(instance, 'compiled', False)}")
+    return instance
+
+
+def _recompile(model, args, *, fresh):
+    args = dict(args)
+    if fresh:
+        # Optimizer and metric objects hold variables made when they were created;
+        # copies made here get them inside the strategy's scope.
+        args["optimizer"] = _fresh(args.get("optimizer") or _DEFAULT_OPTIMIZER)
+        for key in ("metrics", "weighted_metrics"):
+            if args.get(key) is not None:
+                args[key] = _fresh(args[key])
+    model.compile(**args)
+
+
+def _rebuild(model):
+    """Clone a model made outside the scope, copy its weights and compile settings."""
+    try:
+        clone = keras.models.clone_model(model)
+    except Exception as e:  # clone_model raises several types for unclonable models
+        raise ValueError(
+            f"The model {model.name!r} was created outside the strategy's scope and cannot be "
+            f"rebuilt inside it ({type(e).__name__}: {e}). Pass a function that builds and "
+            "compiles the model instead, e.g. `Trainer(build_model, ...)`; kerastrain calls it "
+            "inside the scope.") from None
+    clone.set_weights(model.get_weights())
+    args = _compat.compile_args(model)
+    if args is not None and getattr(model, "compiled", False):
+        _recompile(clone, args, fresh=True)
+    return clone

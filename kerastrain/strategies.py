@@ -1,0 +1,343 @@
+"""Strategy names and options -> built `tf.distribute` strategies, and the "auto" choice."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+from typing import Any, Callable, Mapping
+
+from kerastrain import cluster as cluster_lib
+
+logger = logging.getLogger("kerastrain")
+
+
+@dataclasses.dataclass
+class BuiltStrategy:
+    """A strategy plus what the trainer needs to know about it."""
+
+    strategy: Any
+    name: str
+    reason: str
+    is_chief: bool = True
+    coordinator: Any = None          # ClusterCoordinator under parameter servers
+    num_workers: int = 1             # input pipelines / PS workers
+    keep_alive: tuple = ()           # in-process servers of a local cluster
+
+    @property
+    def is_parameter_server(self) -> bool:
+        return self.coordinator is not None
+
+    @property
+    def places_variables(self) -> bool:
+        """Whether variables must be created inside the scope to be placed right."""
+        return self.name not in ("default", "one_device")
+
+
+# ---------------------------------------------------------------------------
+# Option checking
+
+
+def _check_int(name, minimum):
+    def check(key, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(
+                f"Strategy option `{key}` must be an int >= {minimum}. Received: {key}={value!r}")
+        return value
+    return check
+
+
+def _check_choice(*choices):
+    def check(key, value):
+        if value not in choices:
+            raise ValueError(
+                f"Strategy option `{key}` must be one of {list(choices)}. "
+                f"Received: {key}={value!r}")
+        return value
+    return check
+
+
+def _check_str(key, value):
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"Strategy option `{key}` must be a device string such as "
+                         f"'/cpu:0' or '/gpu:0'. Received: {key}={value!r}")
+    return value
+
+
+def _check_devices(key, value):
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value or not all(
+            isinstance(d, str) and d for d in value):
+        raise ValueError(f"Strategy option `{key}` must be a non-empty list of device strings "
+                         f"such as ['/gpu:0', '/gpu:1']. Received: {key}={value!r}")
+    return list(value)
+
+
+_COMMON = {"cpu_devices": _check_int("cpu_devices", 1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    build: Callable[..., BuiltStrategy]
+    options: Mapping[str, Callable]
+
+
+_REGISTRY: dict[str, _Spec] = {}
+_ALIASES = {"parameter_server": "ps", "mwm": "multi_worker_mirrored",
+            "multi_worker": "multi_worker_mirrored", "onedevice": "one_device"}
+
+
+def _register(name, **options):
+    def wrap(fn):
+        _REGISTRY[name] = _Spec(fn, {**_COMMON, **options})
+        return fn
+    return wrap
+
+
+def strategy_names() -> list[str]:
+    return sorted(_REGISTRY) + sorted(_ALIASES)
+
+
+def normalize(strategy, strategy_options=None) -> tuple[str, dict]:
+    """Split `strategy=` (a name or {"name": ..., **options}) into a checked name and options.
+
+    Raises:
+        ValueError: unknown name or option, or an option of the wrong type.
+    """
+    options = {}
+    if isinstance(strategy, Mapping):
+        options = dict(strategy)
+        if "name" not in options:
+            raise ValueError("A strategy mapping needs a `name` key, e.g. "
+                             f"{{'name': 'mirrored', 'devices': ['/gpu:0']}}. Received: strategy={strategy!r}")
+        strategy = options.pop("name")
+    if strategy is None:
+        strategy = "auto"
+    if not isinstance(strategy, str):
+        raise TypeError(
+            "`strategy` must be a strategy name or a mapping {'name': ..., **options}; "
+            f"build the tf.distribute strategy inside kerastrain. Received: strategy={strategy!r} "
+            f"of type {type(strategy).__name__}")
+    name = _ALIASES.get(strategy.lower(), strategy.lower())
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(strategy.lower(), strategy_names(), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"Unknown strategy {strategy!r}.{hint} Valid names: {strategy_names()}. "
+                         f"Received: strategy={strategy!r}")
+    options.update(strategy_options or {})
+    spec = _REGISTRY[name]
+    checked = {}
+    for key, value in options.items():
+        if key not in spec.options:
+            close = difflib.get_close_matches(key, list(spec.options), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"Unknown option {key!r} for strategy {name!r}.{hint} "
+                             f"Valid options: {sorted(spec.options)}. Received: {key}={value!r}")
+        checked[key] = spec.options[key](key, value)
+    return name, checked
+
+
+def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
+    """Build a `tf.distribute` strategy from a name plus options.
+
+    Example:
+        >>> built = build_strategy({"name": "mirrored", "cpu_devices": 2})
+        >>> built.strategy.num_replicas_in_sync
+        2
+    """
+    name, options = normalize(strategy, strategy_options)
+    if "cpu_devices" in options:
+        configure_cpu_devices(options["cpu_devices"])
+    built = _REGISTRY[name].build(**options)
+    logger.info("strategy: %s (%s)", built.name, built.reason)
+    return built
+
+
+# ---------------------------------------------------------------------------
+# Devices
+
+
+def configure_cpu_devices(n: int) -> None:
+    """Split the host CPU into `n` logical devices (before TensorFlow initialises).
+
+    Raises:
+        RuntimeError: TensorFlow already runs with a different number of CPU devices.
+    """
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        return
+    except RuntimeError:
+        pass  # Already initialised: fine if the layout is the one asked for.
+    current = len(tf.config.list_logical_devices("CPU"))
+    if current != n:
+        raise RuntimeError(
+            f"`cpu_devices={n}` must be set before TensorFlow initialises its devices, but "
+            f"TensorFlow already runs with {current} logical CPU device(s). Create the Trainer "
+            f"(or call kerastrain.configure_cpu_devices({n})) before running any TensorFlow "
+            f"operation, or start a new Python process. Received: cpu_devices={n}")
+
+
+def _gpus():
+    import tensorflow as tf
+    return tf.config.list_logical_devices("GPU")
+
+
+def _local_devices():
+    """All GPUs, else every logical CPU device."""
+    import tensorflow as tf
+    gpus = _gpus()
+    if gpus:
+        return [d.name for d in gpus]
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+# ---------------------------------------------------------------------------
+# Builders
+
+
+@_register("auto")
+def _build_auto(cpu_devices=None):
+    config = cluster_lib.read_tf_config()
+    if config is not None and config.num_ps:
+        built = _build_ps()
+        built.reason = f"auto: TF_CONFIG has {config.num_ps} ps task(s)"
+        return built
+    if config is not None and config.num_workers > 1:
+        built = _build_mwm()
+        built.reason = f"auto: TF_CONFIG has {config.num_workers} workers"
+        return built
+    gpus = _gpus()
+    if len(gpus) > 1:
+        built = _build_mirrored()
+        built.reason = f"auto: {len(gpus)} GPUs on this machine"
+        return built
+    if gpus:
+        built = _build_one_device(device="/gpu:0")
+        built.reason = "auto: one GPU on this machine"
+        return built
+    if cpu_devices and cpu_devices > 1:
+        built = _build_mirrored()
+        built.reason = f"auto: no GPU, CPU split into {cpu_devices} logical devices"
+        return built
+    built = _build_default()
+    built.reason = "auto: no GPU and no cluster, training on the CPU"
+    return built
+
+
+@_register("default")
+def _build_default(cpu_devices=None):
+    import tensorflow as tf
+    return BuiltStrategy(tf.distribute.get_strategy(), "default", "requested")
+
+
+@_register("one_device", device=_check_str)
+def _build_one_device(device=None, cpu_devices=None):
+    import tensorflow as tf
+    device = device or ("/gpu:0" if _gpus() else "/cpu:0")
+    return BuiltStrategy(tf.distribute.OneDeviceStrategy(device), "one_device", f"on {device}")
+
+
+_CROSS_DEVICE_OPS = {
+    "nccl": lambda tf: tf.distribute.NcclAllReduce(),
+    "hierarchical_copy": lambda tf: tf.distribute.HierarchicalCopyAllReduce(),
+    "reduction_to_one_device": lambda tf: tf.distribute.ReductionToOneDevice(),
+}
+
+
+@_register("mirrored", devices=_check_devices,
+           cross_device_ops=_check_choice(*_CROSS_DEVICE_OPS))
+def _build_mirrored(devices=None, cross_device_ops=None, cpu_devices=None):
+    import tensorflow as tf
+    devices = devices or _local_devices()
+    ops = _CROSS_DEVICE_OPS[cross_device_ops](tf) if cross_device_ops else None
+    strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
+    return BuiltStrategy(strategy, "mirrored", f"{len(devices)} replicas on {devices}")
+
+
+@_register("central_storage", compute_devices=_check_devices, parameter_device=_check_str)
+def _build_central_storage(compute_devices=None, parameter_device=None, cpu_devices=None):
+    import tensorflow as tf
+    devices = compute_devices or _local_devices()
+    strategy = tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=devices, parameter_device=parameter_device)
+    return BuiltStrategy(strategy, "central_storage",
+                         f"{len(devices)} replicas on {devices}, variables on "
+                         f"{parameter_device or 'the CPU'}")
+
+
+@_register("multi_worker_mirrored", communication=_check_choice("auto", "ring", "nccl"))
+def _build_mwm(communication="auto", cpu_devices=None):
+    import tensorflow as tf
+    config = cluster_lib.read_tf_config()
+    implementation = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }[communication]
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=implementation))
+    except RuntimeError as e:
+        raise RuntimeError(
+            "`multi_worker_mirrored` must be built before TensorFlow runs any operation in "
+            "this process (TensorFlow configures collectives at start-up). Create the Trainer "
+            f"first thing in your program. TensorFlow said: {e}") from None
+    if config is None:
+        return BuiltStrategy(strategy, "multi_worker_mirrored",
+                             "no TF_CONFIG: one local worker")
+    return BuiltStrategy(
+        strategy, "multi_worker_mirrored",
+        f"{config.num_workers} workers from TF_CONFIG, this is {config.task_type}:{config.task_index}",
+        is_chief=config.is_chief, num_workers=config.num_workers)
+
+
+_LOCAL_PS_CACHE: dict = {}
+
+
+@_register("ps", num_workers=_check_int("num_workers", 1), num_ps=_check_int("num_ps", 1),
+           num_gpus_per_worker=_check_int("num_gpus_per_worker", 0))
+def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=None):
+    import tensorflow as tf
+    config = cluster_lib.read_tf_config()
+    if config is None:
+        num_workers, num_ps = num_workers or 2, num_ps or 1
+        key = (num_workers, num_ps, num_gpus_per_worker)
+        if key not in _LOCAL_PS_CACHE:
+            # A process connects to one cluster; reuse it for every Trainer that asks.
+            resolver, servers = cluster_lib.start_local_ps_cluster(
+                num_workers, num_ps, num_gpus_per_worker)
+            strategy = tf.distribute.ParameterServerStrategy(resolver)
+            coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+            _LOCAL_PS_CACHE[key] = (strategy, coordinator, tuple(servers))
+        strategy, coordinator, servers = _LOCAL_PS_CACHE[key]
+        return BuiltStrategy(
+            strategy, "ps",
+            f"no cluster configured: started a local in-process cluster of {num_workers} "
+            f"worker(s) and {num_ps} ps on 127.0.0.1",
+            coordinator=coordinator, num_workers=num_workers, keep_alive=servers)
+    if not config.num_ps or "worker" not in config.cluster:
+        raise ValueError(
+            "Strategy 'ps' needs a cluster with `ps` and `worker` tasks in TF_CONFIG. "
+            f"Received: cluster jobs {sorted(config.cluster)}. Add ps tasks, or use "
+            "'multi_worker_mirrored' for a cluster of workers only.")
+    if config.task_type in ("worker", "ps"):
+        raise RuntimeError(
+            f"This process is task {config.task_type}:{config.task_index} of a parameter-server "
+            "cluster; only the chief (coordinator) builds a Trainer. Run "
+            "`python -m kerastrain.cluster` (kerastrain.cluster.serve()) on worker and ps tasks.")
+    if num_workers is not None or num_ps is not None:
+        raise ValueError(
+            "Options `num_workers`/`num_ps` size a local cluster, but TF_CONFIG already "
+            f"describes one ({config.num_workers} workers, {config.num_ps} ps). Remove them.")
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    return BuiltStrategy(
+        strategy, "ps",
+        f"{len(config.cluster['worker'])} workers and {config.num_ps} ps from TF_CONFIG",
+        coordinator=coordinator, num_workers=len(config.cluster["worker"]),
+        is_chief=config.task_type == "chief")

@@ -1,0 +1,339 @@
+"""Trainer: builds the strategy and model, decides when to train and evaluate, drives callbacks."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import numpy as np
+
+from kerastrain import callbacks as callbacks_lib
+from kerastrain import data as data_lib
+from kerastrain import loops as loops_lib
+from kerastrain import models as models_lib
+from kerastrain import strategies
+
+logger = logging.getLogger("kerastrain")
+
+_AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
+
+
+class Trainer:
+    """Trains a Keras model under any `tf.distribute` strategy, chosen by name.
+
+    Args:
+        model: a compiled `keras.Model`, or a zero-argument function returning one
+            (called inside the strategy's scope; preferred).
+        dataset_fn: a function `InputContext -> tf.data.Dataset` of per-replica
+            batches `(x, y)` or `(x, y, sample_weight)`. May instead be given to `fit`.
+        strategy: a name (`"auto"`, `"default"`, `"one_device"`, `"mirrored"`,
+            `"central_storage"`, `"multi_worker_mirrored"`, `"ps"`) or a mapping
+            `{"name": ..., **options}`.
+        strategy_options: options for the strategy, as keywords.
+        model_dir: where the run's outputs go (None: nowhere).
+        seed: seeds Python, NumPy, TensorFlow and Keras before the model is built.
+        steps_per_loop: steps run by one compiled call, or `"auto"`.
+        optimizer, loss, metrics: override what the model was compiled with.
+        verbose: 0, 1, 2 or `"auto"` as in `model.fit` (non-chief tasks: 0).
+
+    Example:
+        >>> trainer = Trainer(build_model, dataset_fn, strategy="mirrored", seed=0)
+        >>> history = trainer.fit(epochs=2, steps_per_epoch=100)
+        >>> history.history["loss"]
+    """
+
+    def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
+                 model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
+                 metrics=None, verbose="auto"):
+        if dataset_fn is not None:
+            data_lib.check_dataset_fn(dataset_fn)
+        if steps_per_loop != "auto" and (isinstance(steps_per_loop, bool) or not isinstance(
+                steps_per_loop, int) or steps_per_loop < 1):
+            raise ValueError("`steps_per_loop` must be a positive int or 'auto'. "
+                             f"Received: steps_per_loop={steps_per_loop!r}")
+        if verbose not in (0, 1, 2, "auto"):
+            raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+        # Check names and options before TensorFlow does anything heavy.
+        strategies.normalize(strategy, strategy_options)
+        self._built = strategies.build_strategy(strategy, strategy_options)
+        self.model_dir = None if model_dir is None else str(model_dir)
+        self._seed = seed
+        self._steps_per_loop = steps_per_loop
+        self._verbose = verbose
+        self._dataset_fn = dataset_fn
+        self._eval_dataset_fn = None
+        if seed is not None:
+            import keras
+            keras.utils.set_random_seed(seed)
+
+        import tensorflow as tf
+        with self._built.strategy.scope():
+            self._model = models_lib.materialize(
+                model, self._built, optimizer=optimizer, loss=loss, metrics=metrics)
+            self._global_step = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="global_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self._loops = None
+        self._inputs = {}
+
+    # -- public properties ----------------------------------------------------
+
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def strategy(self):
+        return self._built.strategy
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken, exact under every strategy (a Python int)."""
+        return int(self._global_step.numpy())
+
+    @property
+    def is_chief(self) -> bool:
+        return self._built.is_chief
+
+    # -- set-up helpers -------------------------------------------------------
+
+    def _input(self, dataset_fn, argument, for_training):
+        key = (id(dataset_fn), argument)
+        if key not in self._inputs or self._inputs[key][0] is not dataset_fn:
+            self._inputs[key] = (dataset_fn, data_lib.DistributedInput(
+                self._built, dataset_fn, argument=argument, for_training=for_training))
+        return self._inputs[key][1]
+
+    def _ensure_built(self, element_spec):
+        if self._loops is not None:
+            return
+        from kerastrain import _compat
+        with self.strategy.scope():
+            _compat.symbolic_build(self._model, element_spec)
+            self._model.optimizer.build(self._model.trainable_variables)
+        self._loops = loops_lib.Loops(self._built, self._model, self._global_step)
+
+    def _resolve_verbose(self, verbose):
+        verbose = self._verbose if verbose is None else verbose
+        if verbose == "auto":
+            if not self.is_chief:
+                return 0
+            return 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
+        return verbose
+
+    def _resolve_steps_per_loop(self, callbacks):
+        if self._steps_per_loop != "auto":
+            return self._steps_per_loop
+        if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
+            return 1  # a user's batch hooks see every batch, as under model.fit
+        return _AUTO_STEPS_PER_LOOP
+
+    # -- training -------------------------------------------------------------
+
+    def fit(self, dataset_fn=None, *, epochs=1, steps_per_epoch=None, validation_dataset_fn=None,
+            validation_steps=None, callbacks=None, verbose=None, initial_epoch=0):
+        """Train for `epochs` epochs and return a `keras.callbacks.History`.
+
+        Args:
+            dataset_fn: overrides the Trainer's `dataset_fn`.
+            epochs: epochs to train (epoch indices `initial_epoch .. epochs-1`).
+            steps_per_epoch: steps per epoch; None runs each epoch to the end of
+                the data (required for infinite data and under parameter servers
+                unless the data is finite).
+            validation_dataset_fn, validation_steps: evaluated at each epoch end,
+                logged with a `val_` prefix.
+            callbacks: Keras callbacks. Batch hooks run once per compiled loop of
+                `steps_per_loop` steps (every step when a user callback defines
+                batch hooks and `steps_per_loop="auto"`).
+            verbose: overrides the Trainer's `verbose`.
+            initial_epoch: epoch to start from, as in `model.fit`.
+
+        Raises:
+            ValueError: missing data, or infinite data without `steps_per_epoch`.
+        """
+        dataset_fn = dataset_fn if dataset_fn is not None else self._dataset_fn
+        if dataset_fn is None:
+            raise ValueError("No training data: pass `dataset_fn` to `Trainer(...)` or to "
+                             "`fit(...)`. Received: dataset_fn=None")
+        _check_count("epochs", epochs, minimum=0)
+        _check_count("initial_epoch", initial_epoch, minimum=0)
+        if steps_per_epoch is not None:
+            _check_count("steps_per_epoch", steps_per_epoch, minimum=1)
+        if validation_steps is not None:
+            _check_count("validation_steps", validation_steps, minimum=1)
+        callbacks = callbacks_lib.check_callbacks(callbacks)
+        train_input = self._input(dataset_fn, "dataset_fn", True)
+        steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
+        val_input = None
+        if validation_dataset_fn is not None:
+            val_input = self._input(validation_dataset_fn, "validation_dataset_fn", False)
+            self._eval_dataset_fn = validation_dataset_fn
+        self._ensure_built(train_input.element_spec)
+
+        verbose = self._resolve_verbose(verbose)
+        steps_per_loop = self._resolve_steps_per_loop(callbacks)
+        cbs = callbacks_lib.callback_list(callbacks, model=self._model, verbose=verbose,
+                                          epochs=epochs, steps=steps_per_epoch)
+        batch_logs_wanted = bool(callbacks) or verbose == 1
+        model = self._model
+        model.stop_training = False
+        runner = _PSRunner(self) if self._built.is_parameter_server else _SyncRunner(self)
+        cbs.on_train_begin()
+        logs = {}
+        for epoch in range(initial_epoch, epochs):
+            cbs.on_epoch_begin(epoch)
+            totals = np.zeros(self._loops.metrics.width, np.float64)
+            step = 0
+            for totals_part, ran in runner.train_epoch(train_input, steps_per_epoch,
+                                                       steps_per_loop):
+                totals += totals_part
+                if ran and batch_logs_wanted:
+                    cbs.on_train_batch_end(step + ran - 1, self._loops.metrics.results(totals))
+                step += ran
+                if model.stop_training:
+                    break
+            if step == 0:
+                raise ValueError(
+                    f"`{'dataset_fn'}` produced no batches in epoch {epoch}. Check that the "
+                    "dataset is not empty and that each input pipeline gets data.")
+            logs = self._loops.metrics.results(totals)
+            if val_input is not None:
+                val_logs = self._evaluate_input(val_input, validation_steps)
+                logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            cbs.on_epoch_end(epoch, logs)
+            if model.stop_training:
+                break
+        cbs.on_train_end(logs)
+        return callbacks_lib.history_of(cbs)
+
+    def _epoch_length(self, train_input, steps_per_epoch):
+        if steps_per_epoch is not None:
+            return steps_per_epoch
+        n = train_input.cardinality
+        if n == data_lib.INFINITE:
+            raise ValueError(
+                "The training data is infinite (it repeats), so an epoch has no end: pass "
+                "`steps_per_epoch`. Received: steps_per_epoch=None")
+        if self._built.is_parameter_server:
+            if n == data_lib.UNKNOWN:
+                raise ValueError(
+                    "Under parameter-server training the coordinator schedules a fixed number "
+                    "of steps per epoch, and the size of this dataset is unknown (e.g. after "
+                    "`filter`): pass `steps_per_epoch`. Received: steps_per_epoch=None")
+            # Every worker reads its own copy of the data (TensorFlow gives each a
+            # one-pipeline InputContext), so one epoch is one pass: n steps in all.
+            logger.info("steps_per_epoch=None under parameter servers: one epoch is %d steps "
+                        "(the dataset's size), spread over %d workers", n, self._built.num_workers)
+            return n
+        return None
+
+    # -- evaluation -----------------------------------------------------------
+
+    def evaluate(self, dataset_fn=None, *, steps=None):
+        """Evaluate the model exactly over the data and return `{"loss": ..., ...}` floats.
+
+        `dataset_fn` defaults to the last `validation_dataset_fn` given to `fit`,
+        then to the training `dataset_fn`. Under parameter servers the
+        coordinator evaluates the whole dataset itself, reading variables from
+        the ps tasks, so every example counts exactly once.
+        """
+        dataset_fn = dataset_fn or self._eval_dataset_fn or self._dataset_fn
+        if dataset_fn is None:
+            raise ValueError("No evaluation data: pass `dataset_fn`. Received: dataset_fn=None")
+        if steps is not None:
+            _check_count("steps", steps, minimum=1)
+        eval_input = self._input(dataset_fn, "dataset_fn", False)
+        self._ensure_built(eval_input.element_spec)
+        return self._evaluate_input(eval_input, steps)
+
+    def _evaluate_input(self, eval_input, steps):
+        import tensorflow as tf
+
+        if steps is None and eval_input.cardinality == data_lib.INFINITE:
+            raise ValueError("The evaluation data is infinite (it repeats): pass `steps` "
+                             "(`validation_steps` in fit). Received: steps=None")
+        if self._built.is_parameter_server:
+            iterator = iter(eval_input.local_dataset())
+            loop = self._loops.eval_loop_local()
+        else:
+            iterator = iter(eval_input.distributed())
+            loop = self._loops.eval_loop()
+        totals = np.zeros(self._loops.metrics.width, np.float64)
+        remaining = steps
+        chunk = 1000
+        while remaining is None or remaining > 0:
+            n = chunk if remaining is None else min(chunk, remaining)
+            part, ran = loop(iterator, tf.constant(n, tf.int32))
+            totals += np.asarray(part, np.float64)
+            ran = int(ran)
+            if remaining is not None:
+                remaining -= ran
+            if ran < n:
+                break
+        return self._loops.metrics.results(totals)
+
+
+def _check_count(name, value, *, minimum):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}. Received: {name}={value!r}")
+
+
+class _SyncRunner:
+    """Runs epochs under synchronous strategies (one device, mirrored, multi-worker)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self._iterator = None
+
+    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop):
+        import tensorflow as tf
+
+        loop = self.trainer._loops.train_loop()
+        if steps_per_epoch is None or self._iterator is None:
+            self._iterator = iter(train_input.distributed())
+        done = 0
+        restarted = False
+        while steps_per_epoch is None or done < steps_per_epoch:
+            n = steps_per_loop if steps_per_epoch is None else min(
+                steps_per_loop, steps_per_epoch - done)
+            part, ran = loop(self._iterator, tf.constant(n, tf.int32))
+            ran = int(ran)
+            done += ran
+            yield np.asarray(part, np.float64), ran
+            if self.trainer._model.stop_training:
+                return
+            if ran < n:
+                if steps_per_epoch is None:
+                    return
+                if ran == 0 and restarted:
+                    return  # empty dataset; fit() reports it
+                # The data ended before `steps_per_epoch`: start another pass.
+                self._iterator = iter(train_input.distributed())
+                restarted = True
+
+
+class _PSRunner:
+    """Schedules loops on parameter-server workers and joins them at epoch end."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop):
+        import tensorflow as tf
+
+        loop = self.trainer._loops.train_loop()
+        coordinator = self.trainer._built.coordinator
+        iterator = train_input.per_worker_iterator()
+        scheduled = []
+        done = 0
+        while done < steps_per_epoch:
+            n = min(steps_per_loop, steps_per_epoch - done)
+            scheduled.append((coordinator.schedule(
+                loop, args=(iterator, tf.constant(n, tf.int32))), n))
+            done += n
+        coordinator.join()
+        for remote, n in scheduled:
+            part, ran = remote.fetch()
+            yield np.asarray(part, np.float64), int(ran)

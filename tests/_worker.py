@@ -1,0 +1,45 @@
+"""Subprocess entry for multi-process tests: train as told by a JSON job, save results.
+
+Usage: python tests/_worker.py JOB_JSON OUT_PREFIX
+"""
+
+import json
+import sys
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+
+import helpers  # noqa: E402
+
+
+def main():
+    job = json.loads(sys.argv[1])
+    out = sys.argv[2]
+    import kerastrain as kt  # the strategy must be built before any TF op runs
+    import numpy as np
+    import tensorflow as tf
+
+    if job.get("data") == "infinite":
+        def dataset_fn(ctx):
+            x, y = helpers.arrays(job.get("n", 96))
+            return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=1).repeat().batch(
+                ctx.get_per_replica_batch_size(helpers.GLOBAL_BATCH))
+    else:
+        dataset_fn = helpers.global_batch_dataset_fn(job.get("n", 96))
+    trainer = kt.Trainer(helpers.build_model, dataset_fn, strategy=job["strategy"], seed=0,
+                         verbose=0, steps_per_loop=job.get("steps_per_loop", "auto"))
+    history = trainer.fit(epochs=job["epochs"], steps_per_epoch=job.get("steps_per_epoch"))
+    result = {
+        "history": history.history,
+        "global_step": trainer.global_step,
+        "is_chief": trainer.is_chief,
+        "devices": sorted({v.value.device for v in trainer.model.variables}),
+        "evaluate": trainer.evaluate(helpers.global_batch_dataset_fn(job.get("n", 96)))
+        if job.get("evaluate") else None,
+    }
+    np.savez(out + ".npz", *[np.asarray(w) for w in trainer.model.get_weights()])
+    with open(out + ".json", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Tiny models and data shared by in-process tests and subprocess workers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+FEATURES = 6
+GLOBAL_BATCH = 16
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def arrays(n=96, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(n, FEATURES).astype("float32")
+    y = (x[:, :2].sum(axis=1, keepdims=True) > 0).astype("float32")
+    return x, y
+
+
+def build_model(optimizer="adam", l2=0.0):
+    import keras
+    reg = keras.regularizers.L2(l2) if l2 else None
+    model = keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(8, activation="relu", kernel_regularizer=reg),
+        keras.layers.Dense(1, activation="sigmoid"),
+    ])
+    model.compile(optimizer=optimizer, loss="binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def global_batch_dataset_fn(n=96, global_batch=GLOBAL_BATCH, seed=0):
+    """A dataset_fn whose k-th global batch holds the same examples under every strategy.
+
+    Each input pipeline takes its contiguous slice of every global batch, then
+    splits it into per-replica batches, so replica r of pipeline p always sees
+    the same examples as a single device would in that position.
+    """
+    def dataset_fn(ctx):
+        import tensorflow as tf
+        x, y = arrays(n, seed)
+        per_pipeline = global_batch // ctx.num_input_pipelines
+        per_replica = ctx.get_per_replica_batch_size(global_batch)
+        start = ctx.input_pipeline_id * per_pipeline
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+        ds = ds.map(lambda a, b: (a[start:start + per_pipeline], b[start:start + per_pipeline]))
+        return ds.unbatch().batch(per_replica)
+    return dataset_fn
+
+
+def run_python(code_or_args, env=None, timeout=420):
+    """Run a Python process with the repo importable; return CompletedProcess."""
+    full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    full_env.pop("TF_CONFIG", None)
+    full_env.update(env or {})
+    args = code_or_args if isinstance(code_or_args, list) else ["-c", code_or_args]
+    return subprocess.run([sys.executable, *args], env=full_env, capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def tf_config(cluster, task_type, index):
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
