@@ -39,7 +39,7 @@ def check_dataset_fn(dataset_fn, argument="dataset_fn"):
             f"Received a function with required arguments {[p.name for p in params]}.")
 
 
-def _describe(spec):
+def describe(spec):
     import tensorflow as tf
 
     def one(s):
@@ -61,13 +61,13 @@ def check_element_spec(dataset, argument="dataset_fn"):
     if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
         raise ValueError(
             f"The dataset from `{argument}` must yield batches of (x, y) or "
-            f"(x, y, sample_weight). Received: element_spec={_describe(spec)}. Map it to a "
+            f"(x, y, sample_weight). Received: element_spec={describe(spec)}. Map it to a "
             "tuple, e.g. `ds.map(lambda d: (d['features'], d['label']))`.")
     x = tf.nest.flatten(spec[0])
     if not x or any(not isinstance(s, tf.TensorSpec) or s.shape.rank == 0 for s in x):
         raise ValueError(
             f"The inputs (x) from `{argument}` must be batched tensors with a batch dimension. "
-            f"Received: element_spec={_describe(spec)}. Did you forget `.batch(...)`?")
+            f"Received: element_spec={describe(spec)}. Did you forget `.batch(...)`?")
 
 
 def cardinality(dataset) -> int:
@@ -151,3 +151,21 @@ class DistributedInput:
         ds = self._fn(ctx)
         check_element_spec(ds, self._argument)
         return ds
+
+
+def check_against_model(element_spec, model):
+    """Catch the commonest mismatch (unbatched data) before Keras fails deep inside."""
+    import tensorflow as tf
+
+    inputs = getattr(model, "inputs", None)
+    try:
+        expected = [len(t.shape) for t in tf.nest.flatten(inputs)] if inputs else None
+    except (AttributeError, TypeError, ValueError):
+        expected = None
+    got = [s.shape.rank for s in tf.nest.flatten(element_spec[0])]
+    if expected and len(expected) == len(got) and all(
+            g is not None and g == e - 1 for g, e in zip(got, expected)):
+        raise ValueError(
+            f"The inputs (x) have rank {got} but the model expects rank {expected} (with a batch "
+            f"dimension). Received: element_spec={describe(element_spec)}. "
+            "Did you forget `.batch(...)` in the dataset_fn?")

@@ -106,7 +106,13 @@ class Loops:
         """Keras's compiled loss (scaled 1/replicas by Keras) and metric deltas."""
         model = self.model
         variables = self.metrics.variables
-        with _compat.stateless_scope(list(zip(variables, self.metrics.zeros()))) as scope:
+        # Inside a stateless scope unmapped variables read as None, and weight
+        # regularizers read theirs: map them to their live values (read inside the
+        # tape, so gradients still flow to them).
+        live = [(v, v.value) for v in model.trainable_variables
+                if getattr(v, "regularizer", None) is not None]
+        mapping = list(zip(variables, self.metrics.zeros())) + live
+        with _compat.stateless_scope(mapping) as scope:
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw,
                                       training=training)
             cm = _compat.compile_metrics(model)

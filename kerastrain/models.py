@@ -88,11 +88,12 @@ def _rebuild(model):
     try:
         clone = keras.models.clone_model(model)
     except Exception as e:  # clone_model raises several types for unclonable models
+        cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise ValueError(
             f"The model {model.name!r} was created outside the strategy's scope and cannot be "
-            f"rebuilt inside it ({type(e).__name__}: {e}). Pass a function that builds and "
-            "compiles the model instead, e.g. `Trainer(build_model, ...)`; kerastrain calls it "
-            "inside the scope.") from None
+            "rebuilt inside it (Keras cannot clone it from its config). Pass a function that "
+            "builds and compiles the model instead, e.g. `Trainer(build_model, ...)`; kerastrain "
+            f"calls it inside the scope. Cause: {type(e).__name__}: {cause}") from None
     clone.set_weights(model.get_weights())
     args = _compat.compile_args(model)
     if args is not None and getattr(model, "compiled", False):

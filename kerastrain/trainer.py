@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from kerastrain import _logging
 from kerastrain import callbacks as callbacks_lib
 from kerastrain import data as data_lib
 from kerastrain import loops as loops_lib
@@ -55,6 +56,7 @@ class Trainer:
             raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+        _logging.ensure_visible()
         # Check names and options before TensorFlow does anything heavy.
         strategies.normalize(strategy, strategy_options)
         self._built = strategies.build_strategy(strategy, strategy_options)
@@ -110,8 +112,14 @@ class Trainer:
         if self._loops is not None:
             return
         from kerastrain import _compat
+        data_lib.check_against_model(element_spec, self._model)
         with self.strategy.scope():
-            _compat.symbolic_build(self._model, element_spec)
+            try:
+                _compat.symbolic_build(self._model, element_spec)
+            except (ValueError, TypeError) as e:
+                raise ValueError(
+                    "The model cannot run on the batches the dataset yields. Received: "
+                    f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
             self._model.optimizer.build(self._model.trainable_variables)
         self._loops = loops_lib.Loops(self._built, self._model, self._global_step)
 
@@ -176,7 +184,7 @@ class Trainer:
         steps_per_loop = self._resolve_steps_per_loop(callbacks)
         cbs = callbacks_lib.callback_list(callbacks, model=self._model, verbose=verbose,
                                           epochs=epochs, steps=steps_per_epoch)
-        batch_logs_wanted = bool(callbacks) or verbose == 1
+        batch_logs_wanted = bool(callbacks) or verbose != 0
         model = self._model
         model.stop_training = False
         runner = _PSRunner(self) if self._built.is_parameter_server else _SyncRunner(self)

@@ -1,0 +1,105 @@
+"""Keras callbacks behave as under model.fit."""
+
+import csv
+
+import keras
+import numpy as np
+import pytest
+
+import helpers
+import kerastrain as kt
+
+
+def dataset_fn(ctx):
+    import tensorflow as tf
+    x, y = helpers.arrays(96)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(ctx.get_per_replica_batch_size(16))
+
+
+def make(strategy="default", **kwargs):
+    return kt.Trainer(helpers.build_model, dataset_fn, strategy=strategy, seed=0, verbose=0,
+                      **kwargs)
+
+
+def test_early_stopping_stops_training():
+    # min_delta is unreachable, so it stops after patience + 1 epochs, as in model.fit.
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=1, min_delta=10.0)
+    history = make().fit(epochs=10, callbacks=[stop])
+    assert len(history.history["loss"]) == 2
+    assert stop.stopped_epoch == 1
+
+
+def test_csv_logger_writes_one_row_per_epoch(tmp_path, two_cpus):
+    path = tmp_path / "log.csv"
+    trainer = make({"name": "mirrored", **two_cpus})
+    history = trainer.fit(epochs=3, callbacks=[keras.callbacks.CSVLogger(str(path))],
+                          validation_dataset_fn=dataset_fn)
+    rows = list(csv.DictReader(path.open()))
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2]
+    assert set(rows[0]) == {"epoch", "loss", "accuracy", "val_loss", "val_accuracy"}
+    np.testing.assert_allclose([float(r["loss"]) for r in rows], history.history["loss"],
+                               rtol=1e-6)
+
+
+def test_learning_rate_scheduler_sets_rate_each_epoch():
+    seen = []
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.01 / (epoch + 1))
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: seen.append(
+            float(trainer.model.optimizer.learning_rate.numpy())))
+    trainer = make()
+    history = trainer.fit(epochs=3, callbacks=[schedule, record])
+    assert seen == pytest.approx([0.01, 0.005, 0.01 / 3])
+    assert history.history["learning_rate"] == pytest.approx(seen)
+
+
+def test_user_batch_hooks_see_every_batch_with_auto_loops():
+    batches = []
+
+    class Count(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            batches.append((batch, logs["loss"]))
+
+    make().fit(epochs=2, callbacks=[Count()])
+    assert [b for b, _ in batches] == list(range(6)) * 2
+    assert all(np.isfinite(loss) for _, loss in batches)
+
+
+def test_explicit_steps_per_loop_calls_batch_hooks_once_per_loop():
+    ends = []
+    cb = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: ends.append(b))
+    make(steps_per_loop=4).fit(epochs=1, callbacks=[cb])
+    assert ends == [3, 5]
+
+
+def test_stop_training_set_by_a_callback_is_respected():
+    class StopAfterFirstEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = True
+
+    trainer = make()
+    history = trainer.fit(epochs=5, callbacks=[StopAfterFirstEpoch()])
+    assert len(history.history["loss"]) == 1
+    assert trainer.global_step == 6
+
+
+def test_terminate_on_nan_stops():
+    def nan_fn(ctx):
+        import tensorflow as tf
+        x, y = helpers.arrays(96)
+        x[40] = np.nan
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+    trainer = kt.Trainer(helpers.build_model, nan_fn, strategy="default", verbose=0)
+    history = trainer.fit(epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()])
+    assert trainer.model.stop_training
+    assert len(history.history.get("loss", [])) <= 1
+
+
+def test_progress_on_a_pipe_prints_one_line_per_epoch(capfd):
+    make().fit(epochs=2, verbose=2)
+    out = capfd.readouterr().out
+    lines = [line for line in out.splitlines() if "loss" in line]
+    assert len(lines) == 2 and all("accuracy" in line for line in lines), out
+    make().fit(epochs=2, verbose=0)
+    assert "loss" not in capfd.readouterr().out

@@ -1,0 +1,164 @@
+"""Every user mistake gets one clear error: what was wrong, the value received, what to do."""
+
+import json
+
+import keras
+import pytest
+
+import helpers
+import kerastrain as kt
+from kerastrain import cluster, strategies
+
+
+def dataset_fn(ctx):
+    import tensorflow as tf
+    x, y = helpers.arrays(32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+
+def test_unknown_strategy_lists_valid_names_and_a_close_match():
+    with pytest.raises(ValueError) as e:
+        kt.Trainer(helpers.build_model, dataset_fn, strategy="mirored")
+    msg = str(e.value)
+    assert "Did you mean 'mirrored'?" in msg and "strategy='mirored'" in msg
+    assert "multi_worker_mirrored" in msg and "central_storage" in msg
+
+
+def test_unknown_and_mistyped_strategy_options():
+    with pytest.raises(ValueError, match=r"Unknown option 'device' for strategy 'mirrored'.*"
+                                         r"Did you mean 'devices'"):
+        strategies.normalize({"name": "mirrored", "device": "/gpu:0"})
+    with pytest.raises(ValueError, match=r"`cross_device_ops` must be one of .*nccl.*"
+                                         r"Received: cross_device_ops='ring'"):
+        strategies.normalize("mirrored", {"cross_device_ops": "ring"})
+    with pytest.raises(ValueError, match=r"`num_workers` must be an int >= 1. Received: num_workers=0"):
+        strategies.normalize("parameter_server", {"num_workers": 0})
+    with pytest.raises(TypeError, match="build the tf.distribute strategy inside kerastrain"):
+        strategies.normalize(object())
+
+
+def test_ps_on_infinite_data_without_steps_per_epoch(tmp_path):
+    code = """
+import kerastrain as kt, tensorflow as tf, sys
+sys.path.insert(0, "tests"); import helpers
+def fn(ctx):
+    x, y = helpers.arrays(32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+t = kt.Trainer(helpers.build_model, strategy={"name": "ps", "num_workers": 1}, verbose=0)
+try:
+    t.fit(fn, epochs=1)
+except ValueError as e:
+    print("ERROR:", e)
+"""
+    proc = helpers.run_python(code)
+    assert "ERROR: The training data is infinite" in proc.stdout, proc.stderr[-3000:]
+    assert "pass `steps_per_epoch`. Received: steps_per_epoch=None" in proc.stdout
+
+
+def test_dataset_with_wrong_structure():
+    def only_x(ctx):
+        import tensorflow as tf
+        return tf.data.Dataset.from_tensor_slices(helpers.arrays(32)[0]).batch(8)
+
+    trainer = kt.Trainer(helpers.build_model, strategy="default", verbose=0)
+    with pytest.raises(ValueError, match=r"must yield batches of \(x, y\) or \(x, y, "
+                                         r"sample_weight\). Received: element_spec=Tensor"):
+        trainer.fit(only_x)
+
+    def unbatched(ctx):
+        import tensorflow as tf
+        return tf.data.Dataset.from_tensor_slices(helpers.arrays(32))
+
+    with pytest.raises(ValueError, match=r"Did you forget `.batch\(...\)`"):
+        trainer.fit(unbatched)
+    with pytest.raises(TypeError, match=r"must be a function taking a tf.distribute.InputContext"):
+        trainer.fit(dataset_fn(None))
+
+
+def test_model_not_compiled_and_no_loss():
+    def uncompiled():
+        return keras.Sequential([keras.Input((helpers.FEATURES,)), keras.layers.Dense(1)])
+
+    with pytest.raises(ValueError, match=r"not compiled and no `loss=` was given.*"
+                                         r"Trainer\(..., optimizer='adam', loss='mse'\)"):
+        kt.Trainer(uncompiled, dataset_fn, strategy="default")
+    # ...and `loss=` fixes it.
+    trainer = kt.Trainer(uncompiled, dataset_fn, strategy="default", loss="mse", verbose=0)
+    assert trainer.fit(epochs=1).history["loss"][0] > 0
+
+
+def test_cpu_devices_after_tensorflow_initialised():
+    import tensorflow as tf
+    tf.constant(1.0)  # conftest made 2 logical CPUs; TensorFlow is now running
+    with pytest.raises(RuntimeError) as e:
+        kt.Trainer(helpers.build_model, dataset_fn, strategy={"name": "mirrored", "cpu_devices": 3})
+    msg = str(e.value)
+    assert "already runs with 2 logical CPU device(s)" in msg
+    assert "start a new Python process" in msg and "cpu_devices=3" in msg
+
+
+def test_subclassed_model_outside_scope_asks_for_a_factory(two_cpus):
+    class Tiny(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Tiny()
+    model(helpers.arrays(4)[0])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match=r"created outside the strategy's scope and cannot be "
+                                         r"rebuilt.*Pass a function that builds"):
+        kt.Trainer(model, dataset_fn, strategy={"name": "mirrored", **two_cpus})
+
+
+def test_bad_arguments_show_the_value():
+    with pytest.raises(ValueError, match=r"steps_per_loop=0"):
+        kt.Trainer(helpers.build_model, dataset_fn, strategy="default", steps_per_loop=0)
+    trainer = kt.Trainer(helpers.build_model, dataset_fn, strategy="default", verbose=0)
+    with pytest.raises(ValueError, match=r"`epochs` must be an int >= 0. Received: epochs=-1"):
+        trainer.fit(epochs=-1)
+    with pytest.raises(ValueError, match="No training data"):
+        kt.Trainer(helpers.build_model, strategy="default").fit()
+    with pytest.raises(TypeError, match="`model` must be a compiled keras.Model"):
+        kt.Trainer("model.keras", dataset_fn)
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}),
+     "must name a job of the cluster"),
+    (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}),
+     "must be between 0 and 0"),
+    (json.dumps({"cluster": {"wrker": ["a:1"]}, "task": {"type": "wrker", "index": 0}}),
+     "unknown job names ['wrker']"),
+])
+def test_malformed_tf_config(raw, fragment):
+    with pytest.raises(ValueError) as e:
+        cluster.read_tf_config({"TF_CONFIG": raw})
+    assert fragment in str(e.value)
+
+
+def test_tf_config_roles():
+    c = cluster.read_tf_config({"TF_CONFIG": json.dumps(
+        {"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"], "chief": ["d:4"]},
+         "task": {"type": "worker", "index": 0}})})
+    assert (c.num_workers, c.num_ps, c.is_chief) == (3, 1, False)
+    assert cluster.read_tf_config({}) is None
+
+
+def test_serve_stops_when_the_chief_has_finished():
+    # A fake clock: the chief answers twice, then stops answering.
+    answers = iter([True, True, False, False, False])
+    times = iter(range(100))
+    original = cluster._reachable
+    cluster._reachable = lambda address, timeout=1.0: next(answers)
+    try:
+        config = cluster.ClusterConfig({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+                                        "ps": ["127.0.0.1:3"]}, "ps", 0)
+        reason = cluster.serve(config, clock=lambda: next(times), sleep=lambda s: None)
+    finally:
+        cluster._reachable = original
+    assert reason == "chief-finished"

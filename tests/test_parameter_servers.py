@@ -1,0 +1,66 @@
+"""Parameter-server training: local in-process cluster and a TF_CONFIG cluster of processes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+import kerastrain as kt
+
+pytestmark = pytest.mark.multiprocess
+
+EPOCHS, STEPS = 3, 12
+
+
+def check_result(result):
+    loss = result["history"]["loss"]
+    assert len(loss) == EPOCHS
+    assert loss[-1] < loss[0], loss
+    # Exact even though Keras's own optimizer.iterations loses increments here.
+    assert result["global_step"] == EPOCHS * STEPS
+    assert result["devices"] and all("/job:ps/" in d for d in result["devices"]), result["devices"]
+    assert result["is_chief"]
+
+
+def test_ps_without_cluster_starts_local_in_process_cluster(tmp_path):
+    job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
+                      "epochs": EPOCHS, "steps_per_epoch": STEPS, "data": "infinite",
+                      "steps_per_loop": 4, "evaluate": True})
+    proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "local in-process cluster of 2 worker(s) and 1 ps on 127.0.0.1" in proc.stderr
+    result = json.loads((tmp_path / "chief.json").read_text())
+    check_result(result)
+    # Coordinator-side evaluation saw every example once: 96 examples, exact accuracy.
+    assert result["evaluate"]["accuracy"] * 96 == pytest.approx(round(result["evaluate"]["accuracy"] * 96), abs=1e-3)
+
+
+def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):
+    port = kt.cluster.free_port
+    cluster = {"chief": [f"127.0.0.1:{port()}"],
+               "worker": [f"127.0.0.1:{port()}", f"127.0.0.1:{port()}"],
+               "ps": [f"127.0.0.1:{port()}"]}
+    env_base = dict(__import__("os").environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    servers = []
+    for task_type, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+        env = dict(env_base, TF_CONFIG=helpers.tf_config(cluster, task_type, index))
+        servers.append(subprocess.Popen(
+            [sys.executable, "-m", "kerastrain.cluster"], env=env, cwd=helpers.REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        job = json.dumps({"strategy": "ps", "epochs": EPOCHS, "steps_per_epoch": STEPS,
+                          "data": "infinite", "steps_per_loop": 4})
+        chief = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")],
+                                   env={"TF_CONFIG": helpers.tf_config(cluster, "chief", 0)})
+        assert chief.returncode == 0, chief.stdout[-3000:] + chief.stderr[-5000:]
+        check_result(json.loads((tmp_path / "chief.json").read_text()))
+        # Worker and ps servers notice that the chief has finished and stop by themselves.
+        for server in servers:
+            out = server.communicate(timeout=60)[0]
+            assert server.returncode == 0, out[-2000:]
+            assert "chief-finished" in out, out[-2000:]
+    finally:
+        for server in servers:
+            server.kill()
