@@ -86,7 +86,9 @@ class MetricState:
 class Loops:
     """Builds the compiled train and evaluation loops for one model under one strategy."""
 
-    def __init__(self, built, model, global_step):
+    def __init__(self, built, model, global_step, jit_compile=False):
+        import tensorflow as tf
+
         self.built = built
         self.strategy = built.strategy
         self.model = model
@@ -95,6 +97,9 @@ class Loops:
         self._train = None
         self._eval = None
         self._eval_local = None
+        # XLA fuses the forward pass, gradients and optimizer update of one step.
+        self._train_replica = (tf.function(self._train_step, jit_compile=True)
+                               if jit_compile else self._train_step)
 
     # -- per-replica steps ---------------------------------------------------
 
@@ -189,7 +194,7 @@ class Loops:
                     # training; schedules and Adam's bias correction read it, so
                     # give it the exact step before each update.
                     iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
-                    totals += self._reduce(strategy.run(self._train_step, args=(next(iterator),)))
+                    totals += self._reduce(strategy.run(self._train_replica, args=(next(iterator),)))
                     step_counter.assign_add(1)
                 return totals, num_steps
         else:
@@ -202,7 +207,7 @@ class Loops:
                     if not optional.has_value():
                         break
                     totals += self._reduce(
-                        strategy.run(self._train_step, args=(optional.get_value(),)))
+                        strategy.run(self._train_replica, args=(optional.get_value(),)))
                     steps += 1
                 step_counter.assign_add(tf.cast(steps, step_counter.dtype))
                 return totals, steps

@@ -36,6 +36,9 @@ class Trainer:
         steps_per_loop: steps run by one compiled call, or `"auto"`.
         optimizer, loss, metrics: override what the model was compiled with.
         verbose: 0, 1, 2 or `"auto"` as in `model.fit` (non-chief tasks: 0).
+        jit_compile: compile each step with XLA. None follows the model's compile
+            setting, which Keras resolves to False on CPU-only machines; True is
+            allowed with the `default` and `one_device` strategies only.
 
     Example:
         >>> trainer = Trainer(build_model, dataset_fn, strategy="mirrored", seed=0)
@@ -45,7 +48,7 @@ class Trainer:
 
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
-                 metrics=None, verbose="auto"):
+                 metrics=None, verbose="auto", jit_compile=None):
         if dataset_fn is not None:
             data_lib.check_dataset_fn(dataset_fn)
         if steps_per_loop != "auto" and (isinstance(steps_per_loop, bool) or not isinstance(
@@ -54,12 +57,21 @@ class Trainer:
                              f"Received: steps_per_loop={steps_per_loop!r}")
         if verbose not in (0, 1, 2, "auto"):
             raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
+        if jit_compile not in (None, True, False):
+            raise ValueError("`jit_compile` must be None, True or False. "
+                             f"Received: jit_compile={jit_compile!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
         _logging.ensure_visible()
         # Check names and options before TensorFlow does anything heavy.
         strategies.normalize(strategy, strategy_options)
         self._built = strategies.build_strategy(strategy, strategy_options)
+        if jit_compile and self._built.places_variables:
+            raise ValueError(
+                f"`jit_compile=True` works with the 'default' and 'one_device' strategies; under "
+                f"{self._built.name!r} a step holds cross-device or remote-variable operations "
+                "XLA cannot compile. Remove it. Received: jit_compile=True")
+        self._jit_compile = jit_compile
         self.model_dir = None if model_dir is None else str(model_dir)
         self._seed = seed
         self._steps_per_loop = steps_per_loop
@@ -121,7 +133,10 @@ class Trainer:
                     "The model cannot run on the batches the dataset yields. Received: "
                     f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
             self._model.optimizer.build(self._model.trainable_variables)
-        self._loops = loops_lib.Loops(self._built, self._model, self._global_step)
+        jit = self._jit_compile
+        if jit is None:
+            jit = bool(getattr(self._model, "jit_compile", False)) and not self._built.places_variables
+        self._loops = loops_lib.Loops(self._built, self._model, self._global_step, jit_compile=jit)
 
     def _resolve_verbose(self, verbose):
         verbose = self._verbose if verbose is None else verbose

@@ -89,3 +89,19 @@ def test_learning_rate_schedule_sees_the_true_step():
     assert trainer.global_step == 12
     assert int(trainer.model.optimizer.iterations.numpy()) == 12
     assert float(trainer.model.optimizer.learning_rate.numpy()) == pytest.approx(0.001)
+
+
+def test_jit_compile_gives_the_same_training():
+    fn = per_replica_dataset_fn(100, 16)
+    runs = []
+    for jit in (False, True):
+        trainer = kt.Trainer(helpers.build_model, fn, strategy="one_device", seed=0, verbose=0,
+                             jit_compile=jit)
+        runs.append((trainer.fit(epochs=2).history["loss"], trainer.model.get_weights()))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], atol=1e-5)
+    for a, b in zip(runs[1][1], runs[0][1]):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    with pytest.raises(ValueError, match="`jit_compile=True` works with the 'default' and "
+                                         "'one_device' strategies"):
+        kt.Trainer(helpers.build_model, fn, strategy={"name": "mirrored", "cpu_devices": 2},
+                   jit_compile=True)

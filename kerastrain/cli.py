@@ -1,0 +1,111 @@
+"""The `kerastrain` command line (a thin layer over the Python API)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import yaml
+
+EXAMPLES = """examples:
+  kerastrain quickstart                          # auto strategy on this machine
+  kerastrain quickstart --strategy mirrored --cpu-devices 2
+  kerastrain quickstart --strategy ps --epochs 2 --steps-per-epoch 50
+  kerastrain info                                # what "auto" would choose here
+"""
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="kerastrain", description="Keras 3 training under every tf.distribute strategy.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command")
+    quick = sub.add_parser(
+        "quickstart", help="train the built-in example model for real on this machine",
+        description="Train a 2x256 MLP on 65,536 synthetic examples (binary target).",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    quick.add_argument("--strategy", default="auto", help="strategy name (default: auto)")
+    quick.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                       help="strategy option, value parsed as YAML (repeatable)")
+    quick.add_argument("--cpu-devices", type=int, default=None,
+                       help="split the CPU into N logical devices (mirrored without GPUs)")
+    quick.add_argument("--epochs", type=int, default=3)
+    quick.add_argument("--steps-per-epoch", type=int, default=None)
+    quick.add_argument("--examples", type=int, default=65536)
+    quick.add_argument("--batch-size", type=int, default=256, help="global batch size")
+    quick.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None)
+    sub.add_parser("info", help="show devices, TF_CONFIG and the strategy 'auto' would choose")
+    return parser
+
+
+def _options(pairs):
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"kerastrain: --option must look like KEY=VALUE. Received: {pair!r}")
+        options[key] = yaml.safe_load(value)
+    return options
+
+
+def _quickstart(args):
+    import kerastrain as kt
+    from kerastrain import examples
+
+    options = _options(args.option)
+    if args.cpu_devices:
+        options["cpu_devices"] = args.cpu_devices
+    repeat = args.strategy in ("ps", "parameter_server") and args.steps_per_epoch is not None
+    trainer = kt.Trainer(
+        lambda: examples.build_mlp(), strategy={"name": args.strategy, **options}, seed=0,
+        verbose="auto" if args.verbose is None else args.verbose)
+    start = time.perf_counter()
+    history = trainer.fit(
+        examples.synthetic_dataset_fn(args.examples, global_batch=args.batch_size, repeat=repeat),
+        epochs=args.epochs, steps_per_epoch=args.steps_per_epoch)
+    seconds = time.perf_counter() - start
+    final = {k: round(v[-1], 4) for k, v in history.history.items()}
+    print(f"kerastrain: trained {trainer.global_step} steps in {seconds:.1f}s under "
+          f"{trainer._built.name} ({trainer.strategy.num_replicas_in_sync} replica(s)); "
+          f"final {json.dumps(final)}")
+    return 0
+
+
+def _info():
+    import tensorflow as tf
+
+    from kerastrain import cluster, strategies
+    config = cluster.read_tf_config()
+    print(f"tensorflow {tf.__version__}, keras {__import__('keras').__version__}")
+    print("devices:", [d.name for d in tf.config.list_logical_devices()])
+    print("TF_CONFIG:", "none" if config is None else
+          f"{config.task_type}:{config.task_index} of {json.dumps(config.cluster)}")
+    if config is None or config.task_type not in ("worker", "ps") or not config.num_ps:
+        built = strategies.build_strategy("auto")
+        print(f"auto strategy: {built.name} ({built.reason})")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.version:
+        from kerastrain import __version__
+        print(__version__)
+        return 0
+    try:
+        if args.command == "quickstart":
+            return _quickstart(args)
+        if args.command == "info":
+            return _info()
+    except (ValueError, TypeError, RuntimeError) as e:
+        print(f"kerastrain: error: {e}", file=sys.stderr)
+        return 2
+    _parser().print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

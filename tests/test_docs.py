@@ -1,0 +1,24 @@
+"""Every Python example in docs/strategies.md runs as written (each in a fresh process)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import helpers
+
+DOC = Path(helpers.REPO) / "docs" / "strategies.md"
+BLOCKS = re.findall(r"```python\n(.+?)```", DOC.read_text(), flags=re.S)
+
+
+def test_every_strategy_has_an_example():
+    text = "\n".join(BLOCKS)
+    for name in ("one_device", "mirrored", "central_storage", '"ps"', "multi_worker_mirrored"):
+        assert name in text
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_strategy_example_runs(index):
+    proc = helpers.run_python(BLOCKS[index])
+    assert proc.returncode == 0, BLOCKS[index] + proc.stdout[-2000:] + proc.stderr[-4000:]
