@@ -1,12 +1,17 @@
 """Core throughput benchmark: kerastrain defaults vs model.fit vs a bare tf.function ceiling.
 
 Workload (issue 2): 65,536 synthetic examples of 64 float32 features, binary
-target, Dense(256, relu) -> Dense(256, relu) -> Dense(1), Adam, global batch 256,
-one warm-up epoch then 3 timed epochs per configuration. Configurations run
-interleaved in one process for `--repeats` rounds; the figure is the median of
-all timed epochs, in examples/second.
+target, Dense(256, relu) -> Dense(256, relu) -> Dense(1), Adam, global batch 256.
+Every configuration is built and trained for one warm-up epoch first; then the
+configurations take turns, one epoch each, for `--rounds` rounds (3 timed epochs
+each at the default). This machine's speed drifts by 2x over minutes (shared
+host), so epochs of different configurations are compared within a round,
+seconds apart: ratios are medians over rounds of within-round ratios.
 
-    python bench/core.py [--repeats 3] [--json out.json]
+Also reported: examples per CPU-second of this process (all threads), which
+time stolen by other tenants does not distort.
+
+    python bench/core.py [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,128 +27,157 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-N, FEATURES, BATCH, TIMED = 65536, 64, 256, 3
+N, FEATURES, BATCH = 65536, 64, 256
 
 
-class EpochTimer:
-    def __init__(self):
+class KerastrainDefaults:
+    options = {}
+
+    def __init__(self, x, y):
+        import kerastrain as kt
+        from kerastrain import examples
+        self.trainer = kt.Trainer(examples.build_mlp,
+                                  examples.synthetic_dataset_fn(N, FEATURES, BATCH),
+                                  seed=0, verbose=0, **self.options)
+        self.epochs = 0
+        self.epoch()  # warm-up: tracing, first pass
+
+    def epoch(self):
+        self.epochs += 1
+        self.trainer.fit(epochs=self.epochs, initial_epoch=self.epochs - 1)
+
+
+class KerastrainJit(KerastrainDefaults):
+    # Not a default (Keras keeps XLA off on CPU-only machines); shown for reference.
+    options = {"jit_compile": True}
+
+
+class ModelFit:
+    steps_per_execution = 1
+
+    def __init__(self, x, y):
         import keras
+        from kerastrain import examples
+        keras.utils.set_random_seed(0)
+        self.model = examples.build_mlp()
+        if self.steps_per_execution != 1:
+            self.model.compile(
+                optimizer=keras.optimizers.Adam(1e-3),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                metrics=[keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")],
+                steps_per_execution=self.steps_per_execution)
+        self.x, self.y = x, y
+        self.epoch()
 
-        timer = self
-
-        class _Callback(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                timer.start = time.perf_counter()
-
-            def on_epoch_end(self, epoch, logs=None):
-                timer.seconds.append(time.perf_counter() - timer.start)
-
-        self.seconds = []
-        self.callback = _Callback()
-
-
-def run_kerastrain(x, y, **options):
-    import kerastrain as kt
-    from kerastrain import examples
-    timer = EpochTimer()
-    trainer = kt.Trainer(examples.build_mlp, examples.synthetic_dataset_fn(N, FEATURES, BATCH),
-                         seed=0, verbose=0, **options)
-    trainer.fit(epochs=1 + TIMED, callbacks=[timer.callback])
-    return timer.seconds[1:]
+    def epoch(self):
+        self.model.fit(self.x, self.y, batch_size=BATCH, epochs=1, verbose=0)
 
 
-def run_model_fit(x, y, steps_per_execution=1):
-    import keras
-    from kerastrain import examples
-    keras.utils.set_random_seed(0)
-    model = examples.build_mlp()
-    if steps_per_execution != 1:
-        model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                      loss=keras.losses.BinaryCrossentropy(from_logits=True),
-                      metrics=[keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")],
-                      steps_per_execution=steps_per_execution)
-    timer = EpochTimer()
-    model.fit(x, y, batch_size=BATCH, epochs=1 + TIMED, verbose=0, callbacks=[timer.callback])
-    return timer.seconds[1:]
+class ModelFit32(ModelFit):
+    steps_per_execution = 32
 
 
-def run_ceiling(x, y):
+class ModelFit32SameData(ModelFit32):
+    """model.fit fed the very dataset kerastrain reads, for a like-for-like input path."""
+
+    def __init__(self, x, y):
+        import tensorflow as tf
+        from kerastrain import examples
+        self.dataset = examples.synthetic_dataset_fn(N, FEATURES, BATCH)(
+            tf.distribute.InputContext(1, 0, 1))
+        super().__init__(x, y)
+
+    def epoch(self):
+        self.model.fit(self.dataset, epochs=1, verbose=0)
+
+
+class Ceiling:
     """Bare loop: batches already in memory as one tensor, one tf.function call per epoch."""
-    import keras
-    import tensorflow as tf
-    from kerastrain import examples
-    keras.utils.set_random_seed(0)
-    model = examples.build_mlp()
-    loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
-    optimizer = model.optimizer
-    optimizer.build(model.trainable_variables)
-    steps = N // BATCH
-    xb = tf.constant(x[:steps * BATCH].reshape(steps, BATCH, FEATURES))
-    yb = tf.constant(y[:steps * BATCH].reshape(steps, BATCH, 1))
 
-    @tf.function
-    def epoch():
-        for i in tf.range(steps):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb[i], model(xb[i], training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
+    def __init__(self, x, y):
+        import keras
+        import tensorflow as tf
+        from kerastrain import examples
+        keras.utils.set_random_seed(0)
+        model = examples.build_mlp()
+        loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+        optimizer = model.optimizer
+        optimizer.build(model.trainable_variables)
+        steps = N // BATCH
+        xb = tf.constant(x[:steps * BATCH].reshape(steps, BATCH, FEATURES))
+        yb = tf.constant(y[:steps * BATCH].reshape(steps, BATCH, 1))
 
-    seconds = []
-    for e in range(1 + TIMED):
-        start = time.perf_counter()
-        epoch()
-        seconds.append(time.perf_counter() - start)
-    return seconds[1:]
+        @tf.function
+        def epoch():
+            for i in tf.range(steps):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(yb[i], model(xb[i], training=True))
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply(grads, model.trainable_variables)
+
+        self.epoch = epoch
+        self.epoch()
 
 
 CONFIGS = {
-    "kerastrain defaults": run_kerastrain,
-    "model.fit defaults": run_model_fit,
-    "model.fit steps_per_execution=32": lambda x, y: run_model_fit(x, y, 32),
-    "bare tf.function loop (ceiling)": run_ceiling,
-    # Not a default (Keras keeps XLA off on CPU-only machines); shown for reference.
-    "kerastrain jit_compile=True": lambda x, y: run_kerastrain(x, y, jit_compile=True),
+    "kerastrain defaults": KerastrainDefaults,
+    "model.fit defaults": ModelFit,
+    "model.fit steps_per_execution=32": ModelFit32,
+    "model.fit spe=32, kerastrain's data": ModelFit32SameData,
+    "bare tf.function loop (ceiling)": Ceiling,
+    "kerastrain jit_compile=True": KerastrainJit,
 }
+CEILING, FIT = "bare tf.function loop (ceiling)", "model.fit defaults"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="timed epochs per configuration")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     import keras
     import tensorflow as tf
     from kerastrain import examples
     x, y = examples.synthetic_binary(N, FEATURES)
-    seconds = {name: [] for name in CONFIGS}
-    for r in range(args.repeats):
-        for name, fn in CONFIGS.items():
-            seconds[name].extend(fn(x, y))
-            print(f"round {r + 1}: {name}: {N / statistics.median(seconds[name][-TIMED:]):,.0f} ex/s",
-                  flush=True)
-    rates = {name: N / statistics.median(s) for name, s in seconds.items()}
-    # This machine's speed drifts by 2x over minutes (shared host), so also compare
-    # configurations within each round, where they ran seconds apart.
-    per_round = {name: [N / statistics.median(s[r * TIMED:(r + 1) * TIMED])
-                        for r in range(args.repeats)] for name, s in seconds.items()}
-    ceiling_name, fit_name = "bare tf.function loop (ceiling)", "model.fit defaults"
+    runners = {name: cls(x, y) for name, cls in CONFIGS.items()}
+    wall = {name: [] for name in CONFIGS}
+    cpu = {name: [] for name in CONFIGS}
+    for r in range(args.rounds):
+        names = list(CONFIGS)
+        names = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+        for name in names:
+            w0, c0 = time.perf_counter(), time.process_time()
+            runners[name].epoch()
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.process_time() - c0)
+        print(f"round {r + 1}: " + ", ".join(f"{n.split(' (')[0]} {N / wall[n][-1]:,.0f}"
+                                             for n in CONFIGS), flush=True)
 
-    def round_ratio(name, base):
-        return statistics.median(a / b for a, b in zip(per_round[name], per_round[base]))
+    def ratio(name, base, table):
+        return statistics.median(b / a for a, b in zip(table[name], table[base]))
 
-    print(f"\n{'configuration':<36}{'examples/s':>12}{'x ceiling':>11}{'x model.fit':>13}")
-    for name, rate in rates.items():
-        print(f"{name:<36}{rate:>12,.0f}{round_ratio(name, ceiling_name):>11.2f}"
-              f"{round_ratio(name, fit_name):>13.2f}")
-    print("(examples/s: median of all timed epochs; ratios: median over rounds of the ratio "
-          "within a round)")
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, TF {tf.__version__}, Keras {keras.__version__}"
-    print(f"\n{time.strftime('%Y-%m-%d')} on {machine}; median of {args.repeats}x{TIMED} timed epochs")
+    print(f"\n{'configuration':<34}{'ex/s':>9}{'x ceiling':>10}{'x fit':>7}"
+          f"{'ex/cpu-s':>10}{'x ceiling':>10}{'x fit':>7}")
+    rows = {}
+    for name in CONFIGS:
+        rows[name] = {
+            "examples_per_s": N / statistics.median(wall[name]),
+            "x_ceiling": ratio(name, CEILING, wall), "x_model_fit": ratio(name, FIT, wall),
+            "examples_per_cpu_s": N / statistics.median(cpu[name]),
+            "cpu_x_ceiling": ratio(name, CEILING, cpu), "cpu_x_model_fit": ratio(name, FIT, cpu),
+        }
+        r = rows[name]
+        print(f"{name:<34}{r['examples_per_s']:>9,.0f}{r['x_ceiling']:>10.2f}"
+              f"{r['x_model_fit']:>7.2f}{r['examples_per_cpu_s']:>10,.0f}"
+              f"{r['cpu_x_ceiling']:>10.2f}{r['cpu_x_model_fit']:>7.2f}")
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, TF {tf.__version__}, "
+               f"Keras {keras.__version__}")
+    print(f"\n{time.strftime('%Y-%m-%d')} on {machine}; {args.rounds} timed epochs each, "
+          "interleaved; ratios are medians of within-round ratios")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rates": rates, "per_round": per_round, "machine": machine, "date": time.strftime("%Y-%m-%d"),
-                       "seconds": seconds}, f, indent=1)
+            json.dump({"rows": rows, "wall": wall, "cpu": cpu, "machine": machine,
+                       "date": time.strftime("%Y-%m-%d")}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -63,5 +63,11 @@ def synthetic_dataset_fn(num_examples: int = 65536, features: int = 64, global_b
         else:
             ds = seeds.take(1).flat_map(one_pass).apply(
                 tf.data.experimental.assert_cardinality(batches))
-        return ds.prefetch(tf.data.AUTOTUNE)
+        # One gather per batch needs one thread. tf.data's default pool and autotuning
+        # start more, and on a two-core host they pre-empt the model's matmul
+        # threads: measured 0.80x -> 1.03x of a bare in-memory loop with this setting.
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = 1
+        options.autotune.enabled = False
+        return ds.prefetch(2).with_options(options)
     return dataset_fn
