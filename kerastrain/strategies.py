@@ -198,32 +198,26 @@ def _local_devices():
 # Builders
 
 
+def choose_auto(config, num_gpus, cpu_devices=None):
+    """The `auto` rule as a pure function: (strategy name, reason)."""
+    if config is not None and config.num_ps:
+        return "ps", f"auto: TF_CONFIG has {config.num_ps} ps task(s)"
+    if config is not None and config.num_workers > 1:
+        return "multi_worker_mirrored", f"auto: TF_CONFIG has {config.num_workers} workers"
+    if num_gpus > 1:
+        return "mirrored", f"auto: {num_gpus} GPUs on this machine"
+    if num_gpus == 1:
+        return "one_device", "auto: one GPU on this machine"
+    if cpu_devices and cpu_devices > 1:
+        return "mirrored", f"auto: no GPU, CPU split into {cpu_devices} logical devices"
+    return "default", "auto: no GPU and no cluster, training on the CPU"
+
+
 @_register("auto")
 def _build_auto(cpu_devices=None):
-    config = cluster_lib.read_tf_config()
-    if config is not None and config.num_ps:
-        built = _build_ps()
-        built.reason = f"auto: TF_CONFIG has {config.num_ps} ps task(s)"
-        return built
-    if config is not None and config.num_workers > 1:
-        built = _build_mwm()
-        built.reason = f"auto: TF_CONFIG has {config.num_workers} workers"
-        return built
-    gpus = _gpus()
-    if len(gpus) > 1:
-        built = _build_mirrored()
-        built.reason = f"auto: {len(gpus)} GPUs on this machine"
-        return built
-    if gpus:
-        built = _build_one_device(device="/gpu:0")
-        built.reason = "auto: one GPU on this machine"
-        return built
-    if cpu_devices and cpu_devices > 1:
-        built = _build_mirrored()
-        built.reason = f"auto: no GPU, CPU split into {cpu_devices} logical devices"
-        return built
-    built = _build_default()
-    built.reason = "auto: no GPU and no cluster, training on the CPU"
+    name, reason = choose_auto(cluster_lib.read_tf_config(), len(_gpus()), cpu_devices)
+    built = _REGISTRY[name].build()
+    built.reason = reason
     return built
 
 
@@ -329,10 +323,13 @@ def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=
             f"This process is task {config.task_type}:{config.task_index} of a parameter-server "
             "cluster; only the chief (coordinator) builds a Trainer. Run "
             "`python -m kerastrain.cluster` (kerastrain.cluster.serve()) on worker and ps tasks.")
-    if num_workers is not None or num_ps is not None:
+    if num_workers is not None or num_ps is not None or num_gpus_per_worker:
         raise ValueError(
-            "Options `num_workers`/`num_ps` size a local cluster, but TF_CONFIG already "
-            f"describes one ({config.num_workers} workers, {config.num_ps} ps). Remove them.")
+            "Options `num_workers`, `num_ps` and `num_gpus_per_worker` size a local cluster, but "
+            f"TF_CONFIG already describes one ({len(config.cluster['worker'])} workers, "
+            f"{config.num_ps} ps; TensorFlow finds the workers' GPUs itself). Remove them. "
+            f"Received: num_workers={num_workers}, num_ps={num_ps}, "
+            f"num_gpus_per_worker={num_gpus_per_worker}")
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)

@@ -162,3 +162,28 @@ def test_serve_stops_when_the_chief_has_finished():
     finally:
         cluster._reachable = original
     assert reason == "chief-finished"
+
+
+@pytest.mark.parametrize("spec, gpus, cpu_devices, expected", [
+    (None, 0, None, "default"),
+    (None, 0, 2, "mirrored"),
+    (None, 1, None, "one_device"),
+    (None, 4, None, "mirrored"),
+    ({"worker": ["a:1", "b:2"]}, 0, None, "multi_worker_mirrored"),
+    ({"worker": ["a:1"], "chief": ["c:3"]}, 0, None, "multi_worker_mirrored"),
+    ({"worker": ["a:1"]}, 2, None, "mirrored"),
+    ({"worker": ["a:1"], "ps": ["p:1"], "chief": ["c:3"]}, 8, None, "ps"),
+])
+def test_auto_strategy_rule(spec, gpus, cpu_devices, expected):
+    config = None if spec is None else cluster.ClusterConfig(
+        spec, "chief" if "chief" in spec else "worker", 0)
+    name, reason = strategies.choose_auto(config, gpus, cpu_devices)
+    assert name == expected and reason.startswith("auto: ")
+
+
+def test_auto_builds_what_it_chose_and_logs_why(caplog, two_cpus):
+    import logging
+    with caplog.at_level(logging.INFO, logger="kerastrain"):
+        built = strategies.build_strategy("auto", two_cpus)
+    assert built.name == "mirrored" and built.strategy.num_replicas_in_sync == 2
+    assert "strategy: mirrored (auto: no GPU, CPU split into 2 logical devices)" in caplog.text

@@ -38,3 +38,11 @@ def test_cli_reports_a_bad_strategy_with_exit_code_2():
     proc = helpers.run_python(["-m", "kerastrain.cli", "quickstart", "--strategy", "mirorred"])
     assert proc.returncode == 2
     assert "Did you mean 'mirrored'?" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_info_shows_the_auto_choice():
+    import helpers
+    proc = helpers.run_python(["-m", "kerastrain.cli", "info"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "TF_CONFIG: none" in proc.stdout
+    assert "auto strategy: default (auto: no GPU and no cluster, training on the CPU)" in proc.stdout
