@@ -198,61 +198,45 @@ class Loops:
                     step_counter.assign_add(1)
                 return totals, num_steps
         else:
-            @tf.function
-            def loop(iterator, num_steps):
-                totals = tf.zeros([width], tf.float32)
-                steps = tf.constant(0, tf.int32)
-                for _ in tf.range(num_steps):
-                    optional = iterator.get_next_as_optional()
-                    if not optional.has_value():
-                        break
-                    totals += self._reduce(
-                        strategy.run(self._train_replica, args=(optional.get_value(),)))
-                    steps += 1
+            def count(steps):
                 step_counter.assign_add(tf.cast(steps, step_counter.dtype))
-                return totals, steps
+            loop = self._until_end(
+                lambda data: self._reduce(strategy.run(self._train_replica, args=(data,))),
+                after=count)
         self._train = loop
+        return loop
+
+    def _until_end(self, run_one, after=None):
+        """A compiled loop of up to `num_steps` batches that stops where the data ends."""
+        import tensorflow as tf
+
+        width = self.metrics.width
+
+        @tf.function
+        def loop(iterator, num_steps):
+            totals = tf.zeros([width], tf.float32)
+            steps = tf.constant(0, tf.int32)
+            for _ in tf.range(num_steps):
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                totals += run_one(optional.get_value())
+                steps += 1
+            if after is not None:
+                after(steps)
+            return totals, steps
         return loop
 
     def eval_loop(self):
         """`fn(iterator, num_steps) -> (totals, steps)` over distributed data (sync strategies)."""
-        import tensorflow as tf
-
         if self._eval is None:
-            width, strategy = self.metrics.width, self.strategy
-
-            @tf.function
-            def loop(iterator, num_steps):
-                totals = tf.zeros([width], tf.float32)
-                steps = tf.constant(0, tf.int32)
-                for _ in tf.range(num_steps):
-                    optional = iterator.get_next_as_optional()
-                    if not optional.has_value():
-                        break
-                    totals += self._reduce(
-                        strategy.run(self._eval_step, args=(optional.get_value(),)))
-                    steps += 1
-                return totals, steps
-            self._eval = loop
+            strategy = self.strategy
+            self._eval = self._until_end(
+                lambda data: self._reduce(strategy.run(self._eval_step, args=(data,))))
         return self._eval
 
     def eval_loop_local(self):
         """Coordinator-side evaluation under PS: a plain loop reading variables from the ps."""
-        import tensorflow as tf
-
         if self._eval_local is None:
-            width = self.metrics.width
-
-            @tf.function
-            def loop(iterator, num_steps):
-                totals = tf.zeros([width], tf.float32)
-                steps = tf.constant(0, tf.int32)
-                for _ in tf.range(num_steps):
-                    optional = iterator.get_next_as_optional()
-                    if not optional.has_value():
-                        break
-                    totals += self._eval_step(optional.get_value())
-                    steps += 1
-                return totals, steps
-            self._eval_local = loop
+            self._eval_local = self._until_end(self._eval_step)
         return self._eval_local
