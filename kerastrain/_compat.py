@@ -66,3 +66,15 @@ def is_compiled(model) -> bool:
 
 def stateless_scope(mapping):
     return keras.StatelessScope(state_mapping=mapping)
+
+
+def learning_rate_schedule(optimizer):
+    """The optimizer's LearningRateSchedule, or None for a fixed (variable) rate.
+
+    Keras 3 keeps it only as `optimizer._learning_rate`; `optimizer.learning_rate`
+    evaluates it at the *next* step, and we log the rate a step actually used.
+    """
+    lr = getattr(optimizer, "_learning_rate", None)
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        return lr
+    return None

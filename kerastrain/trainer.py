@@ -12,7 +12,9 @@ from kerastrain import callbacks as callbacks_lib
 from kerastrain import data as data_lib
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
+from kerastrain import outputs as outputs_lib
 from kerastrain import strategies
+from kerastrain import summaries
 
 logger = logging.getLogger("kerastrain")
 
@@ -39,6 +41,11 @@ class Trainer:
         jit_compile: compile each step with XLA. None follows the model's compile
             setting, which Keras resolves to False on CPU-only machines; True is
             allowed with the `default` and `one_device` strategies only.
+        tensorboard: with a `model_dir`, the chief writes TensorBoard logs to
+            `model_dir/logs/{train,validation}`. True (defaults), False, a dict of
+            `TensorBoardOptions` fields, or a `TensorBoardOptions`.
+        writers: more `kerastrain.summaries.MetricWriter`s (CSV, logging...)
+            that receive the same scalars, on the chief only.
 
     Example:
         >>> trainer = Trainer(build_model, dataset_fn, strategy="mirrored", seed=0)
@@ -48,7 +55,7 @@ class Trainer:
 
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
-                 metrics=None, verbose="auto", jit_compile=None):
+                 metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None):
         if dataset_fn is not None:
             data_lib.check_dataset_fn(dataset_fn)
         if steps_per_loop != "auto" and (isinstance(steps_per_loop, bool) or not isinstance(
@@ -72,6 +79,14 @@ class Trainer:
                 f"{self._built.name!r} a step holds cross-device or remote-variable operations "
                 "XLA cannot compile. Remove it. Received: jit_compile=True")
         self._jit_compile = jit_compile
+        self._tb_options = summaries.TensorBoardOptions.coerce(tensorboard)
+        writers = list(writers or [])
+        for w in writers:
+            if not isinstance(w, summaries.MetricWriter):
+                raise TypeError("`writers` must be kerastrain.summaries.MetricWriter instances. "
+                                f"Received an item of type {type(w).__name__}: {w!r}")
+        self._extra_writers = writers
+        self._writer = None
         self.model_dir = None if model_dir is None else str(model_dir)
         self._seed = seed
         self._steps_per_loop = steps_per_loop
@@ -91,6 +106,15 @@ class Trainer:
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._loops = None
         self._inputs = {}
+        self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
+        self._settings = {
+            "strategy": self._built.name, "strategy_reason": self._built.reason,
+            "strategy_options": strategies.normalize(strategy, strategy_options)[1],
+            "replicas": self.strategy.num_replicas_in_sync, "workers": self._built.num_workers,
+            "seed": seed, "steps_per_loop": steps_per_loop, "model_dir": self.model_dir,
+            "model": self._model.name,
+            "optimizer": type(self._model.optimizer).__name__,
+        }
 
     # -- public properties ----------------------------------------------------
 
@@ -140,11 +164,61 @@ class Trainer:
 
     def _resolve_verbose(self, verbose):
         verbose = self._verbose if verbose is None else verbose
+        interactive = getattr(sys.stdout, "isatty", lambda: False)() or "ipykernel" in sys.modules
         if verbose == "auto":
             if not self.is_chief:
                 return 0
-            return 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
+            return 1 if interactive else 2
+        if verbose == 1 and not interactive:
+            return 2  # a progress bar on a pipe is one line per update: keep logs readable
         return verbose
+
+    def _metric_writer(self):
+        """The chief's writers (TensorBoard under model_dir/logs, plus the user's); else None."""
+        if not self.is_chief:
+            return None
+        if self._writer is None:
+            writers = list(self._extra_writers)
+            logdir = self._outputs.dir("logs") if self._tb_options else None
+            if logdir:
+                writers.insert(0, summaries.TensorBoardWriter(logdir))
+            if writers:
+                self._writer = writers[0] if len(writers) == 1 else summaries.MultiWriter(writers)
+        return self._writer
+
+    def _monitor(self):
+        import yaml
+
+        from kerastrain import _compat
+        writer = self._metric_writer()
+        optimizer = self._model.optimizer
+        schedule = _compat.learning_rate_schedule(optimizer)
+
+        def learning_rate(step):
+            # The rate the step just taken used: the schedule at its iteration.
+            if schedule is not None:
+                return float(schedule(max(step - 1, 0)))
+            return float(np.asarray(optimizer.learning_rate))
+
+        def weights():
+            return {v.path: np.asarray(v.numpy()) for v in self._model.weights}
+
+        tb = getattr(writer, "train_dir", None)
+        if isinstance(writer, summaries.MultiWriter):
+            tb = next((w.train_dir for w in writer.writers if hasattr(w, "train_dir")), None)
+        return summaries.Monitor(writer, self._tb_options, learning_rate_fn=learning_rate,
+                                 weights_fn=weights, train_logdir=tb), yaml.safe_dump(
+                                     self._settings, sort_keys=False)
+
+    def _forward_graph(self, element_spec):
+        import tensorflow as tf
+        x_spec = element_spec[0]
+        try:
+            return tf.function(lambda x: self._model(x, training=False)).get_concrete_function(
+                x_spec).graph
+        except Exception as e:  # the graph is a nicety; never fail training for it
+            logger.warning("could not trace the model's graph for TensorBoard: %s", e)
+            return None
 
     def _resolve_steps_per_loop(self, callbacks):
         if self._steps_per_loop != "auto":
@@ -203,31 +277,46 @@ class Trainer:
         model = self._model
         model.stop_training = False
         runner = _PSRunner(self) if self._built.is_parameter_server else _SyncRunner(self)
+        monitor, settings_text = self._monitor()
+        step = self.global_step
+        monitor.start(step, texts={"config": "```\n" + settings_text + "```"},
+                      graph=self._forward_graph(train_input.element_spec)
+                      if monitor.active and monitor.options.write_graph else None)
+        metrics = self._loops.metrics
         cbs.on_train_begin()
         logs = {}
-        for epoch in range(initial_epoch, epochs):
-            cbs.on_epoch_begin(epoch)
-            totals = np.zeros(self._loops.metrics.width, np.float64)
-            step = 0
-            for totals_part, ran in runner.train_epoch(train_input, steps_per_epoch,
-                                                       steps_per_loop):
-                totals += totals_part
-                if ran and batch_logs_wanted:
-                    cbs.on_train_batch_end(step + ran - 1, self._loops.metrics.results(totals))
-                step += ran
+        try:
+            for epoch in range(initial_epoch, epochs):
+                cbs.on_epoch_begin(epoch)
+                totals = np.zeros(metrics.width, np.float64)
+                batch = 0
+                for totals_part, ran in runner.train_epoch(
+                        train_input, steps_per_epoch, steps_per_loop, step,
+                        monitor.steps_to_boundary):
+                    totals += totals_part
+                    batch += ran
+                    step += ran
+                    monitor.after_loop(step, float(totals_part[1]),
+                                       lambda: metrics.results(totals),
+                                       timed=not self._built.is_parameter_server)
+                    if ran and batch_logs_wanted:
+                        cbs.on_train_batch_end(batch - 1, metrics.results(totals))
+                    if model.stop_training:
+                        break
+                if batch == 0:
+                    raise ValueError(
+                        f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
+                        "dataset is not empty and that each input pipeline gets data.")
+                logs = metrics.results(totals)
+                if val_input is not None:
+                    val_logs = self._evaluate_input(val_input, validation_steps)
+                    logs.update({f"val_{k}": v for k, v in val_logs.items()})
+                monitor.epoch_end(epoch, step, logs)
+                cbs.on_epoch_end(epoch, logs)
                 if model.stop_training:
                     break
-            if step == 0:
-                raise ValueError(
-                    f"`{'dataset_fn'}` produced no batches in epoch {epoch}. Check that the "
-                    "dataset is not empty and that each input pipeline gets data.")
-            logs = self._loops.metrics.results(totals)
-            if val_input is not None:
-                val_logs = self._evaluate_input(val_input, validation_steps)
-                logs.update({f"val_{k}": v for k, v in val_logs.items()})
-            cbs.on_epoch_end(epoch, logs)
-            if model.stop_training:
-                break
+        finally:
+            monitor.close()
         cbs.on_train_end(logs)
         return callbacks_lib.history_of(cbs)
 
@@ -303,6 +392,15 @@ def _check_count(name, value, *, minimum):
         raise ValueError(f"`{name}` must be an int >= {minimum}. Received: {name}={value!r}")
 
 
+def _loop_size(steps_per_loop, steps_per_epoch, done, to_boundary):
+    n = steps_per_loop
+    if steps_per_epoch is not None:
+        n = min(n, steps_per_epoch - done)
+    if to_boundary:
+        n = min(n, to_boundary)
+    return n
+
+
 class _SyncRunner:
     """Runs epochs under synchronous strategies (one device, mirrored, multi-worker)."""
 
@@ -310,7 +408,8 @@ class _SyncRunner:
         self.trainer = trainer
         self._iterator = None
 
-    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop):
+    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
+        """Yield (totals, steps) per compiled loop; loops stop at `boundary(step)` steps."""
         import tensorflow as tf
 
         loop = self.trainer._loops.train_loop()
@@ -319,11 +418,11 @@ class _SyncRunner:
         done = 0
         restarted = False
         while steps_per_epoch is None or done < steps_per_epoch:
-            n = steps_per_loop if steps_per_epoch is None else min(
-                steps_per_loop, steps_per_epoch - done)
+            n = _loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
             part, ran = loop(self._iterator, tf.constant(n, tf.int32))
             ran = int(ran)
             done += ran
+            step += ran
             yield np.asarray(part, np.float64), ran
             if self.trainer._model.stop_training:
                 return
@@ -343,7 +442,7 @@ class _PSRunner:
     def __init__(self, trainer):
         self.trainer = trainer
 
-    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop):
+    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
         import tensorflow as tf
 
         loop = self.trainer._loops.train_loop()
@@ -352,10 +451,12 @@ class _PSRunner:
         scheduled = []
         done = 0
         while done < steps_per_epoch:
-            n = min(steps_per_loop, steps_per_epoch - done)
+            # Cut at boundaries too, so results can be logged at exactly those steps.
+            n = _loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
             scheduled.append((coordinator.schedule(
                 loop, args=(iterator, tf.constant(n, tf.int32))), n))
             done += n
+            step += n
         coordinator.join()
         for remote, n in scheduled:
             part, ran = remote.fetch()

@@ -26,7 +26,9 @@ def main():
     else:
         dataset_fn = helpers.global_batch_dataset_fn(job.get("n", 96))
     trainer = kt.Trainer(helpers.build_model, dataset_fn, strategy=job["strategy"], seed=0,
-                         verbose=0, steps_per_loop=job.get("steps_per_loop", "auto"))
+                         verbose=job.get("verbose", 0), model_dir=job.get("model_dir"),
+                         steps_per_loop=job.get("steps_per_loop", "auto"),
+                         tensorboard=job.get("tensorboard", True))
     history = trainer.fit(epochs=job["epochs"], steps_per_epoch=job.get("steps_per_epoch"))
     result = {
         "history": history.history,

@@ -1,0 +1,28 @@
+"""The one place that decides whether this task keeps what it writes (chief) or writes nothing."""
+
+from __future__ import annotations
+
+import os
+
+
+class Outputs:
+    """Paths under `model_dir` for the chief; None for every other task or without a model_dir.
+
+    Every task asks; only the chief gets a directory, so no two workers ever
+    write the same file (tensorflow#38635, #31252).
+    """
+
+    def __init__(self, model_dir: str | None, is_chief: bool):
+        self.model_dir = model_dir
+        self.is_chief = is_chief
+
+    @property
+    def enabled(self) -> bool:
+        return self.model_dir is not None and self.is_chief
+
+    def dir(self, *parts: str) -> str | None:
+        if not self.enabled:
+            return None
+        path = os.path.join(self.model_dir, *parts)
+        os.makedirs(path, exist_ok=True)
+        return path

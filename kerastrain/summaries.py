@@ -1,0 +1,362 @@
+"""Metric writers (TensorBoard, logging, CSV) and the schedule that decides when they write."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+import os
+from typing import Mapping
+
+import numpy as np
+
+logger = logging.getLogger("kerastrain")
+
+VALIDATION_PREFIX = "val_"
+
+
+class MetricWriter:
+    """Where scalars go. Subclass and override what you need; the rest does nothing.
+
+    Keys starting with `val_` are validation values; a writer may route them
+    apart (TensorBoard writes them to the `validation` run without the prefix).
+    """
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        pass
+
+    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
+        pass
+
+    def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.flush()
+
+
+class MultiWriter(MetricWriter):
+    def __init__(self, writers):
+        self.writers = list(writers)
+
+    def write_scalars(self, step, scalars):
+        for w in self.writers:
+            w.write_scalars(step, scalars)
+
+    def write_texts(self, step, texts):
+        for w in self.writers:
+            w.write_texts(step, texts)
+
+    def write_histograms(self, step, arrays):
+        for w in self.writers:
+            w.write_histograms(step, arrays)
+
+    def flush(self):
+        for w in self.writers:
+            w.flush()
+
+    def close(self):
+        for w in self.writers:
+            w.close()
+
+
+def _split(scalars):
+    train, validation = {}, {}
+    for key, value in scalars.items():
+        if key.startswith(VALIDATION_PREFIX):
+            validation[key[len(VALIDATION_PREFIX):]] = value
+        else:
+            train[key] = value
+    return train, validation
+
+
+class TensorBoardWriter(MetricWriter):
+    """Event files in `logdir/train` and `logdir/validation`, Keras's layout (two runs)."""
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+        self._writers = {}
+
+    def _writer(self, run):
+        import tensorflow as tf
+        if run not in self._writers:
+            self._writers[run] = tf.summary.create_file_writer(os.path.join(self.logdir, run))
+        return self._writers[run]
+
+    @property
+    def train_dir(self):
+        return os.path.join(self.logdir, "train")
+
+    def write_scalars(self, step, scalars):
+        import tensorflow as tf
+        for run, values in zip(("train", "validation"), _split(scalars)):
+            if values:
+                with self._writer(run).as_default(step=step):
+                    for tag, value in values.items():
+                        tf.summary.scalar(tag, value)
+
+    def write_texts(self, step, texts):
+        import tensorflow as tf
+        with self._writer("train").as_default(step=step):
+            for tag, text in texts.items():
+                tf.summary.text(tag, text)
+
+    def write_histograms(self, step, arrays):
+        import tensorflow as tf
+        with self._writer("train").as_default(step=step):
+            for tag, value in arrays.items():
+                tf.summary.histogram(tag, value)
+
+    def write_graph(self, graph):
+        import tensorflow as tf
+        with self._writer("train").as_default(step=0):
+            tf.summary.graph(graph)
+
+    def flush(self):
+        for w in self._writers.values():
+            w.flush()
+
+    def close(self):
+        for w in self._writers.values():
+            w.close()
+        self._writers = {}
+
+
+class LoggingWriter(MetricWriter):
+    """One `kerastrain` log line per write: `step 200: loss=0.3412 accuracy=0.8750`."""
+
+    def __init__(self, level=logging.INFO):
+        self.level = level
+
+    def write_scalars(self, step, scalars):
+        text = " ".join(f"{k}={v:.4g}" for k, v in scalars.items())
+        logger.log(self.level, "step %d: %s", step, text)
+
+
+class CSVWriter(MetricWriter):
+    """Long-format rows `step,name,value` appended to one file."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._file = None
+
+    def write_scalars(self, step, scalars):
+        if self._file is None:
+            new = not os.path.exists(self.path)
+            self._file = open(self.path, "a", newline="")
+            if new:
+                self._file.write("step,name,value\n")
+        w = csv.writer(self._file)
+        for name, value in scalars.items():
+            w.writerow([step, name, repr(float(value))])
+
+    def flush(self):
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorBoardOptions:
+    """What the chief writes under `model_dir/logs`.
+
+    Attributes:
+        log_every_steps: write the running epoch loss and metrics, the learning
+            rate, examples per second and step time every this many steps (and at
+            every epoch end). 0 writes at epoch ends only.
+        histograms_every_epochs: weight histograms every N epochs (0: never).
+        write_graph: the model's forward graph, once.
+        write_config: the trainer's resolved settings as text, once per fit.
+        profile_steps: `(first, last)` global steps to profile with TensorBoard's
+            profiler, or None.
+    """
+
+    log_every_steps: int = 100
+    histograms_every_epochs: int = 0
+    write_graph: bool = False
+    write_config: bool = False
+    profile_steps: tuple | None = None
+
+    def __post_init__(self):
+        for name in ("log_every_steps", "histograms_every_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`{name}` must be an int >= 0. Received: {name}={value!r}")
+        p = self.profile_steps
+        if p is not None:
+            if (not isinstance(p, (tuple, list)) or len(p) != 2
+                    or not all(isinstance(s, int) and not isinstance(s, bool) for s in p)
+                    or not 0 <= p[0] < p[1]):
+                raise ValueError("`profile_steps` must be a pair (first, last) of steps with "
+                                 f"0 <= first < last. Received: profile_steps={p!r}")
+            object.__setattr__(self, "profile_steps", tuple(p))
+
+    @classmethod
+    def coerce(cls, value) -> "TensorBoardOptions | None":
+        """Accept True/False/None, a mapping of fields, or an instance."""
+        if value is True:
+            return cls()
+        if value is False or value is None:
+            return None
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            fields = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - fields)
+            if unknown:
+                raise ValueError(f"Unknown TensorBoard option(s) {unknown}. Valid: "
+                                 f"{sorted(fields)}. Received: tensorboard={dict(value)!r}")
+            return cls(**value)
+        raise TypeError("`tensorboard` must be True, False, a dict of options or "
+                        f"TensorBoardOptions. Received: tensorboard={value!r}")
+
+
+class Schedule:
+    """Decides, from the global step alone, where loops must stop and what happens there."""
+
+    def __init__(self, log_every_steps=0, profile_steps=None):
+        self.log_every_steps = log_every_steps
+        self.profile_steps = profile_steps
+
+    def steps_to_boundary(self, step: int) -> int | None:
+        """Steps until the next step at which something must happen (None: none ahead)."""
+        candidates = []
+        if self.log_every_steps:
+            candidates.append(self.log_every_steps - step % self.log_every_steps)
+        if self.profile_steps:
+            candidates.extend(s - step for s in self.profile_steps if s > step)
+        return min(candidates) if candidates else None
+
+    def log_due(self, step: int) -> bool:
+        return bool(self.log_every_steps) and step > 0 and step % self.log_every_steps == 0
+
+    def profile_action(self, step: int) -> str | None:
+        if not self.profile_steps:
+            return None
+        first, last = self.profile_steps
+        if step == first:
+            return "start"
+        if step == last:
+            return "stop"
+        return None
+
+
+class Monitor:
+    """Writes what the chief logs during one `fit`, at the steps the Schedule names.
+
+    Step-level scalars are the *running epoch* values (as a progress bar shows
+    them), so the value written at an epoch's last step equals `history`.
+    Throughput covers the steps since the previous write. Time comes from
+    `clock`, so tests need no sleeps.
+    """
+
+    def __init__(self, writer, options, *, learning_rate_fn, weights_fn, train_logdir=None,
+                 clock=None):
+        import time
+        self.writer = writer
+        self.options = options or TensorBoardOptions(log_every_steps=0)
+        self.schedule = Schedule(self.options.log_every_steps, self.options.profile_steps)
+        self.learning_rate_fn = learning_rate_fn
+        self.weights_fn = weights_fn
+        self.train_logdir = train_logdir
+        self.clock = clock or time.perf_counter
+        self._mark = None  # (step, examples, time) at the previous write
+        self._examples = 0.0
+        self._last_written_step = None
+        self._profiling = False
+
+    @property
+    def active(self) -> bool:
+        return self.writer is not None
+
+    def start(self, step, texts=None, graph=None):
+        self._mark = (step, self._examples, self.clock())
+        if not self.active:
+            return
+        if texts and self.options.write_config:
+            self.writer.write_texts(step, texts)
+        if graph is not None and self.options.write_graph and hasattr(self.writer, "write_graph"):
+            self.writer.write_graph(graph)
+        self._profile(step)
+
+    def steps_to_boundary(self, step):
+        return self.schedule.steps_to_boundary(step) if self.active else None
+
+    def _profile(self, step):
+        action = self.schedule.profile_action(step)
+        if action == "start" and not self._profiling and self.train_logdir:
+            import tensorflow as tf
+            tf.profiler.experimental.start(self.train_logdir)
+            self._profiling = True
+        elif action == "stop" and self._profiling:
+            import tensorflow as tf
+            tf.profiler.experimental.stop()
+            self._profiling = False
+
+    def _write_step(self, step, logs, timed=True):
+        if step == self._last_written_step:
+            return
+        scalars = dict(logs)
+        scalars["learning_rate"] = self.learning_rate_fn(step)
+        if timed:
+            now = self.clock()
+            mark_step, mark_examples, mark_time = self._mark
+            elapsed = now - mark_time
+            if step > mark_step and elapsed > 0:
+                scalars["examples_per_second"] = (self._examples - mark_examples) / elapsed
+                scalars["step_time_seconds"] = elapsed / (step - mark_step)
+            self._mark = (step, self._examples, now)
+        self.writer.write_scalars(step, scalars)
+        self._last_written_step = step
+
+    def after_loop(self, step, examples, running_logs_fn, timed=True):
+        """Called after each compiled loop; `running_logs_fn()` gives the epoch's logs so far.
+
+        `timed=False` when results arrive later than they were computed (parameter
+        servers deliver an epoch's loops after joining): throughput is then
+        measured over the whole epoch at its end instead.
+        """
+        self._examples += examples
+        if not self.active:
+            return
+        if self.schedule.log_due(step):
+            self._write_step(step, running_logs_fn(), timed=timed)
+        self._profile(step)
+
+    def epoch_end(self, epoch, step, logs):
+        if not self.active:
+            return
+        self._write_step(step, {k: v for k, v in logs.items()
+                                if not k.startswith(VALIDATION_PREFIX)})
+        validation = {k: v for k, v in logs.items() if k.startswith(VALIDATION_PREFIX)}
+        if validation:
+            self.writer.write_scalars(step, validation)
+        # Keras's per-epoch tags, so TensorBoard shows the same charts as for model.fit.
+        per_epoch = {}
+        for key, value in logs.items():
+            if key.startswith(VALIDATION_PREFIX):
+                per_epoch[VALIDATION_PREFIX + "epoch_" + key[len(VALIDATION_PREFIX):]] = value
+            else:
+                per_epoch["epoch_" + key] = value
+        self.writer.write_scalars(epoch, per_epoch)
+        every = self.options.histograms_every_epochs
+        if every and (epoch + 1) % every == 0:
+            self.writer.write_histograms(epoch, self.weights_fn())
+        self.writer.flush()
+        # Validation and epoch-end work are not training throughput.
+        self._mark = (step, self._examples, self.clock())
+
+    def close(self):
+        if self._profiling:
+            import tensorflow as tf
+            tf.profiler.experimental.stop()
+            self._profiling = False
+        if self.active:
+            self.writer.flush()

@@ -1,0 +1,205 @@
+"""TensorBoard event files, a real TensorBoard server, chief-only writing, console output."""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import keras
+import numpy as np
+import pytest
+
+import helpers
+import kerastrain as kt
+from kerastrain import summaries
+
+EPOCHS, N = 2, 96  # 6 steps per epoch
+
+
+def read_scalars(run_dir):
+    """{tag: [(step, value), ...]} read back with TensorBoard's own event reader."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+    acc = event_accumulator.EventAccumulator(run_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags()["tensors"]:
+        events = acc.Tensors(tag)
+        if events and events[0].tensor_proto.dtype == tf.float32.as_datatype_enum:
+            out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("run")
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=3, decay_rate=0.5)
+    trainer = kt.Trainer(
+        lambda: helpers.build_model(optimizer=keras.optimizers.Adam(schedule)),
+        helpers.global_batch_dataset_fn(N), strategy="default", model_dir=model_dir, verbose=0,
+        tensorboard={"log_every_steps": 2})
+    history = trainer.fit(epochs=EPOCHS, validation_dataset_fn=helpers.global_batch_dataset_fn(48))
+    return model_dir, history.history, schedule
+
+
+def test_event_files_hold_every_logged_step_and_equal_history_at_epoch_ends(run):
+    model_dir, history, _ = run
+    train = read_scalars(str(model_dir / "logs" / "train"))
+    assert {"loss", "accuracy", "learning_rate", "examples_per_second", "step_time_seconds",
+            "epoch_loss", "epoch_accuracy"} <= set(train)
+    assert [s for s, _ in train["loss"]] == [2, 4, 6, 8, 10, 12]
+    values = dict(train["loss"])
+    np.testing.assert_allclose([values[6], values[12]], history["loss"], rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in train["epoch_accuracy"]], history["accuracy"],
+                               rtol=1e-6)
+    assert all(v > 0 for _, v in train["examples_per_second"])
+    validation = read_scalars(str(model_dir / "logs" / "validation"))
+    assert [s for s, _ in validation["loss"]] == [6, 12]
+    np.testing.assert_allclose([v for _, v in validation["epoch_loss"]], history["val_loss"],
+                               rtol=1e-6)
+    # Off by default: no histograms, graph, config text or profile.
+    assert "config" not in train and not glob.glob(str(model_dir / "logs/train/plugins/*"))
+
+
+def test_learning_rate_scalar_follows_the_schedule_exactly(run):
+    model_dir, _, schedule = run
+    lr = read_scalars(str(model_dir / "logs" / "train"))["learning_rate"]
+    # The rate the last step before each logged step used: schedule(step - 1).
+    for step, value in lr:
+        assert value == pytest.approx(float(schedule(step - 1)), rel=1e-6)
+
+
+def test_real_tensorboard_server_serves_the_scalars(run):
+    model_dir, history, _ = run
+    port = kt.cluster.free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(model_dir / "logs"),
+         "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?run=train&tag=epoch_loss"
+        deadline, points = time.monotonic() + 90, None
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    points = json.loads(response.read())
+                if len(points) == EPOCHS:
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        assert points is not None, "TensorBoard did not answer within 90 s"
+        assert [p[1] for p in points] == [0, 1]  # [wall_time, step, value]
+        np.testing.assert_allclose([p[2] for p in points], history["loss"], rtol=1e-6)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5) as r:
+            assert set(json.loads(r.read())) == {"train", "validation"}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_optional_outputs_when_enabled(tmp_path):
+    trainer = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(N),
+                         strategy="default", model_dir=tmp_path, verbose=0,
+                         tensorboard={"histograms_every_epochs": 1, "write_graph": True,
+                                      "write_config": True, "profile_steps": (2, 4)})
+    trainer.fit(epochs=2)
+    from tensorboard.backend.event_processing import event_accumulator
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "logs" / "train"),
+                                             size_guidance={"tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert tags["graph"]
+    assert "config" in tags["tensors"]
+    assert any(re.search(r"dense(_\d+)?/kernel$", t) for t in tags["tensors"])
+    assert glob.glob(str(tmp_path / "logs/train/plugins/profile/*/*.xplane.pb"))
+
+
+def test_tensorboard_false_and_no_model_dir_write_nothing(tmp_path):
+    kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(N), strategy="default",
+               model_dir=tmp_path, tensorboard=False, verbose=0).fit(epochs=1)
+    assert not os.path.exists(tmp_path / "logs")
+    with pytest.raises(ValueError, match=r"Unknown TensorBoard option\(s\) \['log_every'\]"):
+        kt.Trainer(helpers.build_model, strategy="default", tensorboard={"log_every": 5})
+    with pytest.raises(ValueError, match=r"profile_steps=\(5, 2\)"):
+        summaries.TensorBoardOptions(profile_steps=(5, 2))
+
+
+def test_pluggable_writers_receive_the_same_scalars(tmp_path):
+    class Recorder(summaries.MetricWriter):
+        def __init__(self):
+            self.calls = []
+
+        def write_scalars(self, step, scalars):
+            self.calls.append((step, dict(scalars)))
+
+    recorder = Recorder()
+    csv_path = tmp_path / "metrics.csv"
+    trainer = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(N),
+                         strategy="default", verbose=0, tensorboard={"log_every_steps": 3},
+                         writers=[recorder, summaries.CSVWriter(str(csv_path))])
+    history = trainer.fit(epochs=2).history
+    steps = [s for s, scalars in recorder.calls if "loss" in scalars]
+    assert steps == [3, 6, 9, 12]
+    epoch_rows = [scalars["epoch_loss"] for _, scalars in recorder.calls if "epoch_loss" in scalars]
+    np.testing.assert_allclose(epoch_rows, history["loss"], rtol=1e-6)
+    rows = csv_path.read_text().splitlines()
+    assert rows[0] == "step,name,value" and any(r.startswith("12,loss,") for r in rows)
+    with pytest.raises(TypeError, match="MetricWriter instances"):
+        kt.Trainer(helpers.build_model, strategy="default", writers=[print])
+
+
+def test_monitor_throughput_with_a_fake_clock():
+    times = iter([0.0, 2.0, 3.0])
+    written = []
+
+    class W(summaries.MetricWriter):
+        def write_scalars(self, step, scalars):
+            written.append((step, scalars))
+
+    monitor = summaries.Monitor(W(), summaries.TensorBoardOptions(log_every_steps=10),
+                                learning_rate_fn=lambda s: 0.1, weights_fn=dict,
+                                clock=lambda: next(times))
+    monitor.start(0)
+    assert monitor.steps_to_boundary(0) == 10 and monitor.steps_to_boundary(7) == 3
+    monitor.after_loop(10, 640.0, lambda: {"loss": 1.0})   # 640 examples in 2 s
+    monitor.after_loop(20, 640.0, lambda: {"loss": 0.5})   # 640 examples in 1 s
+    assert [s for s, _ in written] == [10, 20]
+    assert written[0][1]["examples_per_second"] == 320.0
+    assert written[1][1]["examples_per_second"] == 640.0
+    assert written[1][1]["step_time_seconds"] == 0.1
+
+
+def test_console_one_line_per_epoch_on_a_pipe_and_silence_at_zero(capfd):
+    trainer = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(N),
+                         strategy="default", steps_per_loop=2)
+    trainer.fit(epochs=2, verbose=1)  # capfd is a pipe, not a terminal
+    out = capfd.readouterr().out
+    lines = [line for line in out.splitlines() if "loss" in line]
+    assert len(lines) == 2 and all("accuracy" in line and "6/6" in line for line in lines), out
+    trainer.fit(epochs=2, verbose=0)
+    assert capfd.readouterr().out == ""
+
+
+@pytest.mark.multiprocess
+def test_multi_worker_only_the_chief_writes(tmp_path):
+    cluster = {"worker": [f"127.0.0.1:{kt.cluster.free_port()}" for _ in range(2)]}
+    procs = []
+    for i in range(2):
+        job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": 1,
+                          "model_dir": str(tmp_path / f"dir{i}"), "verbose": "auto"})
+        env = dict(os.environ, TF_CONFIG=helpers.tf_config(cluster, "worker", i),
+                   PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+        procs.append(subprocess.Popen(
+            [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
+            cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
+    assert glob.glob(str(tmp_path / "dir0/logs/train/events.out.tfevents.*"))
+    assert not os.path.exists(tmp_path / "dir1")
+    assert "6/6 - " in outs[0] and "- loss:" in outs[0]
+    assert "- loss:" not in outs[1]  # non-chief tasks are silent by default
