@@ -47,6 +47,15 @@ class KerastrainDefaults:
         self.trainer.fit(epochs=self.epochs, initial_epoch=self.epochs - 1)
 
 
+class KerastrainTensorBoard(KerastrainDefaults):
+    """Defaults plus a model_dir: TensorBoard logs at the default cadence (100 steps)."""
+
+    def __init__(self, x, y):
+        import tempfile
+        self.options = {"model_dir": tempfile.mkdtemp(prefix="kerastrain-bench-")}
+        super().__init__(x, y)
+
+
 class KerastrainJit(KerastrainDefaults):
     # Not a default (Keras keeps XLA off on CPU-only machines); shown for reference.
     options = {"jit_compile": True}
@@ -121,6 +130,7 @@ class Ceiling:
 
 CONFIGS = {
     "kerastrain defaults": KerastrainDefaults,
+    "kerastrain + TensorBoard logging": KerastrainTensorBoard,
     "model.fit defaults": ModelFit,
     "model.fit steps_per_execution=32": ModelFit32,
     "model.fit spe=32, kerastrain's data": ModelFit32SameData,
@@ -134,7 +144,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed epochs per configuration")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated configuration names to run (default: all)")
     args = parser.parse_args()
+    global CONFIGS
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",")]
+        unknown = [n for n in wanted if n not in CONFIGS]
+        if unknown:
+            parser.error(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
+        CONFIGS = {n: CONFIGS[n] for n in wanted}
     import keras
     import tensorflow as tf
     from kerastrain import examples
@@ -154,6 +173,8 @@ def main():
                                              for n in CONFIGS), flush=True)
 
     def ratio(name, base, table):
+        if base not in table:
+            return float("nan")
         return statistics.median(b / a for a, b in zip(table[name], table[base]))
 
     print(f"\n{'configuration':<34}{'ex/s':>9}{'x ceiling':>10}{'x fit':>7}"
@@ -172,6 +193,13 @@ def main():
               f"{r['cpu_x_ceiling']:>10.2f}{r['cpu_x_model_fit']:>7.2f}")
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, TF {tf.__version__}, "
                f"Keras {keras.__version__}")
+    if {"kerastrain + TensorBoard logging", "kerastrain defaults"} <= set(wall):
+        pairs = list(zip(wall["kerastrain + TensorBoard logging"], wall["kerastrain defaults"]))
+        cpu_pairs = list(zip(cpu["kerastrain + TensorBoard logging"], cpu["kerastrain defaults"]))
+        print(f"\nTensorBoard logging at the default cadence: epoch time x"
+              f"{statistics.median(a / b for a, b in pairs):.3f} (wall), "
+              f"x{statistics.median(a / b for a, b in cpu_pairs):.3f} (CPU), medians of "
+              "within-round ratios")
     print(f"\n{time.strftime('%Y-%m-%d')} on {machine}; {args.rounds} timed epochs each, "
           "interleaved; ratios are medians of within-round ratios")
     if args.json:

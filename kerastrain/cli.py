@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   kerastrain quickstart                          # auto strategy on this machine
   kerastrain quickstart --strategy mirrored --cpu-devices 2
   kerastrain quickstart --strategy ps --epochs 2 --steps-per-epoch 50
+  kerastrain quickstart --model-dir runs/quick   # then: tensorboard --logdir runs/quick/logs
   kerastrain info                                # what "auto" would choose here
 """
 
@@ -37,6 +38,8 @@ def _parser():
     quick.add_argument("--examples", type=int, default=65536)
     quick.add_argument("--batch-size", type=int, default=256, help="global batch size")
     quick.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None)
+    quick.add_argument("--model-dir", default=None,
+                       help="where TensorBoard logs go (model_dir/logs); default: nowhere")
     sub.add_parser("info", help="show devices, TF_CONFIG and the strategy 'auto' would choose")
     return parser
 
@@ -61,16 +64,21 @@ def _quickstart(args):
     repeat = args.strategy in ("ps", "parameter_server") and args.steps_per_epoch is not None
     trainer = kt.Trainer(
         lambda: examples.build_mlp(), strategy={"name": args.strategy, **options}, seed=0,
+        model_dir=args.model_dir,
         verbose="auto" if args.verbose is None else args.verbose)
     start = time.perf_counter()
-    history = trainer.fit(
-        examples.synthetic_dataset_fn(args.examples, global_batch=args.batch_size, repeat=repeat),
-        epochs=args.epochs, steps_per_epoch=args.steps_per_epoch)
+    data = examples.synthetic_dataset_fn(args.examples, global_batch=args.batch_size,
+                                         repeat=repeat)
+    validation = examples.synthetic_dataset_fn(max(args.examples // 8, args.batch_size),
+                                               global_batch=args.batch_size, seed=1)
+    history = trainer.fit(data, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+                          validation_dataset_fn=validation)
     seconds = time.perf_counter() - start
     final = {k: round(v[-1], 4) for k, v in history.history.items()}
     print(f"kerastrain: trained {trainer.global_step} steps in {seconds:.1f}s under "
           f"{trainer._built.name} ({trainer.strategy.num_replicas_in_sync} replica(s)); "
-          f"final {json.dumps(final)}")
+          f"final {json.dumps(final)}"
+          + (f"; TensorBoard logs in {args.model_dir}/logs" if args.model_dir else ""))
     return 0
 
 

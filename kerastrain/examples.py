@@ -5,11 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 
-def synthetic_binary(num_examples: int = 65536, features: int = 64, seed: int = 0):
-    """A learnable binary task: the label is the sign of a fixed random projection."""
+def synthetic_binary(num_examples: int = 65536, features: int = 64, seed: int = 0,
+                     task_seed: int = 1234):
+    """A learnable binary task: the label is the sign of a fixed random projection.
+
+    `task_seed` fixes the projection (the task); `seed` draws the examples, so a
+    validation set from another `seed` is new data of the same task.
+    """
+    w = np.random.RandomState(task_seed).randn(features).astype("float32")
     rng = np.random.RandomState(seed)
     x = rng.randn(num_examples, features).astype("float32")
-    w = rng.randn(features).astype("float32")
     y = (x @ w + 0.5 * rng.randn(num_examples) > 0).astype("float32")[:, None]
     return x, y
 
