@@ -270,6 +270,7 @@ class Monitor:
         self._mark = None  # (step, examples, time) at the previous write
         self._examples = 0.0
         self._last_written_step = None
+        self._last_timed = False
         self._profiling = False
 
     @property
@@ -301,10 +302,12 @@ class Monitor:
             self._profiling = False
 
     def _write_step(self, step, logs, timed=True):
-        if step == self._last_written_step:
+        already = step == self._last_written_step
+        if already and (self._last_timed or not timed):
             return
-        scalars = dict(logs)
-        scalars["learning_rate"] = self.learning_rate_fn(step)
+        # A step first written untimed (results that arrived late) still gets its
+        # throughput when a timed write for it follows (the epoch end under PS).
+        scalars = {} if already else dict(logs, learning_rate=self.learning_rate_fn(step))
         if timed:
             now = self.clock()
             mark_step, mark_examples, mark_time = self._mark
@@ -313,8 +316,9 @@ class Monitor:
                 scalars["examples_per_second"] = (self._examples - mark_examples) / elapsed
                 scalars["step_time_seconds"] = elapsed / (step - mark_step)
             self._mark = (step, self._examples, now)
-        self.writer.write_scalars(step, scalars)
-        self._last_written_step = step
+        if scalars:
+            self.writer.write_scalars(step, scalars)
+        self._last_written_step, self._last_timed = step, timed
 
     def after_loop(self, step, examples, running_logs_fn, timed=True):
         """Called after each compiled loop; `running_logs_fn()` gives the epoch's logs so far.

@@ -203,3 +203,25 @@ def test_multi_worker_only_the_chief_writes(tmp_path):
     assert not os.path.exists(tmp_path / "dir1")
     assert "6/6 - " in outs[0] and "- loss:" in outs[0]
     assert "- loss:" not in outs[1]  # non-chief tasks are silent by default
+
+
+def test_monitor_late_results_get_epoch_throughput():
+    times = iter([0.0, 4.0, 4.5])
+    written = []
+
+    class W(summaries.MetricWriter):
+        def write_scalars(self, step, scalars):
+            written.append((step, dict(scalars)))
+
+    monitor = summaries.Monitor(W(), summaries.TensorBoardOptions(log_every_steps=5),
+                                learning_rate_fn=lambda s: 0.1, weights_fn=dict,
+                                clock=lambda: next(times))
+    monitor.start(0)
+    for step in (5, 10):  # parameter servers: both loops' results arrive after the join
+        monitor.after_loop(step, 100.0, lambda: {"loss": 1.0}, timed=False)
+    monitor.epoch_end(0, 10, {"loss": 0.9})
+    by_step = [(s, sorted(v)) for s, v in written]
+    assert by_step[0] == (5, ["learning_rate", "loss"])
+    assert by_step[1] == (10, ["learning_rate", "loss"])
+    assert by_step[2] == (10, ["examples_per_second", "step_time_seconds"])
+    assert written[2][1]["examples_per_second"] == 50.0  # 200 examples over the 4 s epoch

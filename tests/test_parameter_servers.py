@@ -27,12 +27,22 @@ def check_result(result):
 def test_ps_without_cluster_starts_local_in_process_cluster(tmp_path):
     job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
                       "epochs": EPOCHS, "steps_per_epoch": STEPS, "data": "infinite",
-                      "steps_per_loop": 4, "evaluate": True})
+                      "steps_per_loop": 4, "evaluate": True, "model_dir": str(tmp_path / "run"),
+                      "tensorboard": {"log_every_steps": 6}})
     proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "local in-process cluster of 2 worker(s) and 1 ps on 127.0.0.1" in proc.stderr
     result = json.loads((tmp_path / "chief.json").read_text())
     check_result(result)
+    # The coordinator (chief) wrote TensorBoard logs: running values every 6 steps, and at
+    # each epoch end the epoch's value, although results arrive only after each join.
+    from test_monitoring import read_scalars
+    train = read_scalars(str(tmp_path / "run" / "logs" / "train"))
+    assert [s for s, _ in train["loss"]] == list(range(6, EPOCHS * STEPS + 1, 6))
+    epoch_ends = dict(train["loss"])
+    assert [epoch_ends[(e + 1) * STEPS] for e in range(EPOCHS)] == pytest.approx(
+        result["history"]["loss"], rel=1e-6)
+    assert [s for s, _ in train["examples_per_second"]] == [STEPS * (e + 1) for e in range(EPOCHS)]
     # Coordinator-side evaluation saw every example once: 96 examples, exact accuracy.
     assert result["evaluate"]["accuracy"] * 96 == pytest.approx(round(result["evaluate"]["accuracy"] * 96), abs=1e-3)
 
