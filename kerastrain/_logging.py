@@ -18,5 +18,8 @@ def ensure_visible():
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("kerastrain: %(message)s"))
     logger.addHandler(handler)
+    # TensorFlow's absl may give the root logger a handler later; without this,
+    # every line would then print twice.
+    logger.propagate = False
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)

@@ -227,6 +227,21 @@ class Loops:
             return totals, steps
         return loop
 
+    def skip_loop(self):
+        """`fn(iterator, n) -> skipped`: read and drop up to n batches (resuming mid-pass)."""
+        import tensorflow as tf
+
+        @tf.function
+        def skip(iterator, num_steps):
+            skipped = tf.constant(0, tf.int32)
+            for _ in tf.range(num_steps):
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                skipped += 1
+            return skipped
+        return skip
+
     def eval_loop(self):
         """`fn(iterator, num_steps) -> (totals, steps)` over distributed data (sync strategies)."""
         if self._eval is None:

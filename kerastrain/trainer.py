@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
+import tempfile
 
 import numpy as np
 
 from kerastrain import _logging
 from kerastrain import callbacks as callbacks_lib
+from kerastrain import checkpoints
 from kerastrain import data as data_lib
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
@@ -46,6 +50,10 @@ class Trainer:
             `TensorBoardOptions` fields, or a `TensorBoardOptions`.
         writers: more `kerastrain.summaries.MetricWriter`s (CSV, logging...)
             that receive the same scalars, on the chief only.
+        checkpoint: with a `model_dir`, the chief keeps checkpoints in
+            `model_dir/checkpoints` (every epoch end by default), `fit` resumes from
+            the latest, and `model_dir/export` gets the trained model. True, False,
+            a dict of `CheckpointOptions` fields, or a `CheckpointOptions`.
 
     Example:
         >>> trainer = Trainer(build_model, dataset_fn, strategy="mirrored", seed=0)
@@ -55,7 +63,8 @@ class Trainer:
 
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
-                 metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None):
+                 metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
+                 checkpoint=True):
         if dataset_fn is not None:
             data_lib.check_dataset_fn(dataset_fn)
         if steps_per_loop != "auto" and (isinstance(steps_per_loop, bool) or not isinstance(
@@ -87,6 +96,9 @@ class Trainer:
                                 f"Received an item of type {type(w).__name__}: {w!r}")
         self._extra_writers = writers
         self._writer = None
+        self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
+        self._checkpointer = None
+        self._restored = False
         self.model_dir = None if model_dir is None else str(model_dir)
         self._seed = seed
         self._steps_per_loop = steps_per_loop
@@ -104,9 +116,19 @@ class Trainer:
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            # Where training stands, saved with every checkpoint: the epoch in
+            # progress, steps into it, and the data position (passes begun over the
+            # training data, batches into the current pass).
+            self._state = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+                           for name in ("epoch", "step_in_epoch", "data_pass", "data_offset")}
         self._loops = None
         self._inputs = {}
         self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
+        self._lock = None
+        if self._outputs.enabled:
+            self._lock = checkpoints.ModelDirLock(self.model_dir)
+            self._lock.acquire()
+            atexit.register(self._lock.release)
         self._settings = {
             "strategy": self._built.name, "strategy_reason": self._built.reason,
             "strategy_options": strategies.normalize(strategy, strategy_options)[1],
@@ -161,6 +183,65 @@ class Trainer:
         if jit is None:
             jit = bool(getattr(self._model, "jit_compile", False)) and not self._built.places_variables
         self._loops = loops_lib.Loops(self._built, self._model, self._global_step, jit_compile=jit)
+        import tensorflow as tf
+        with self.strategy.scope():
+            self._epoch_totals = tf.Variable(np.zeros(self._loops.metrics.width), dtype=tf.float64,
+                                             trainable=False, name="epoch_totals")
+        options = self._ckpt_options
+        if options and (self.model_dir or options.restore not in ("latest", "none")):
+            directory = os.path.join(self.model_dir, "checkpoints") if self.model_dir else None
+            self._checkpointer = checkpoints.Checkpointer(
+                directory, options, is_chief=self.is_chief, model=self._model,
+                optimizer=self._model.optimizer, global_step=self._global_step,
+                epoch_totals=self._epoch_totals, **self._state)
+
+    def close(self):
+        """Flush writers and release the model_dir lock (also done at interpreter exit)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._lock is not None:
+            self._lock.release()
+
+    def _maybe_restore(self):
+        """On the first fit, restore the latest checkpoint; return where training stood."""
+        if self._restored or self._checkpointer is None:
+            return None
+        self._restored = True
+        path = self._checkpointer.restore()
+        if path is None:
+            return None
+        info = {k: int(v.numpy()) for k, v in self._state.items()}
+        info["totals"] = np.asarray(self._epoch_totals.numpy(), np.float64)
+        logger.info("resumed from %s: step %d, epoch %d%s", path, self.global_step,
+                    info["epoch"] + 1, f", {info['step_in_epoch']} steps into it"
+                    if info["step_in_epoch"] else " (at its start)")
+        return info
+
+    def _save(self, step, epoch, batch, totals, runner):
+        for name, value in (("epoch", epoch), ("step_in_epoch", batch),
+                            ("data_pass", runner.passes), ("data_offset", runner.offset)):
+            self._state[name].assign(value)
+        self._epoch_totals.assign(totals)
+        self._checkpointer.save(step)
+
+    def _export(self):
+        """The chief exports to model_dir/export; other workers take part in a removed temp dir."""
+        if not (self._ckpt_options and self._ckpt_options.export and self.model_dir):
+            return None
+        if self.is_chief:
+            paths = checkpoints.export(self._model, self._outputs.dir("export"))
+            logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
+            return paths
+        if self._built.name == "multi_worker_mirrored":
+            # Reading on-read (metric) variables is collective: every worker must save.
+            scratch = tempfile.mkdtemp(prefix="kerastrain-nonchief-")
+            try:
+                checkpoints.export(self._model, scratch)
+            finally:
+                import shutil
+                shutil.rmtree(scratch, ignore_errors=True)
+        return None
 
     def _resolve_verbose(self, verbose):
         verbose = self._verbose if verbose is None else verbose
@@ -277,30 +358,56 @@ class Trainer:
         model = self._model
         model.stop_training = False
         runner = _PSRunner(self) if self._built.is_parameter_server else _SyncRunner(self)
+        resumed = self._maybe_restore()
+        if resumed is not None:
+            initial_epoch = max(initial_epoch, resumed["epoch"])
+            runner.fast_forward(train_input, resumed["data_pass"], resumed["data_offset"])
         monitor, settings_text = self._monitor()
+        ckpt = self._checkpointer
+        every = ckpt.options.every_steps if ckpt else None
+
+        def boundary(at):
+            # Loops stop where something must happen: a log line, a profile, a save.
+            found = [b for b in (monitor.steps_to_boundary(at),
+                                 every - at % every if every else None) if b]
+            return min(found) if found else None
+
         step = self.global_step
         monitor.start(step, texts={"config": "```\n" + settings_text + "```"},
                       graph=self._forward_graph(train_input.element_spec)
                       if monitor.active and monitor.options.write_graph else None)
         metrics = self._loops.metrics
         cbs.on_train_begin()
-        logs = {}
+        logs, diverged = {}, False
         try:
             for epoch in range(initial_epoch, epochs):
                 cbs.on_epoch_begin(epoch)
                 totals = np.zeros(metrics.width, np.float64)
                 batch = 0
+                if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
+                    totals, batch = resumed["totals"].copy(), resumed["step_in_epoch"]
+                remaining = None if steps_per_epoch is None else steps_per_epoch - batch
                 for totals_part, ran in runner.train_epoch(
-                        train_input, steps_per_epoch, steps_per_loop, step,
-                        monitor.steps_to_boundary):
+                        train_input, remaining, steps_per_loop, step, boundary):
                     totals += totals_part
                     batch += ran
                     step += ran
+                    if not np.isfinite(totals_part[0]):
+                        diverged = True
+                        logger.error(
+                            "the loss became %s by step %d (epoch %d); training stopped. Nothing "
+                            "was saved after the last finite step, so the latest checkpoint is "
+                            "the last good one.", totals_part[0], step, epoch + 1)
+                        model.stop_training = True
+                        break
                     monitor.after_loop(step, float(totals_part[1]),
                                        lambda: metrics.results(totals),
                                        timed=not self._built.is_parameter_server)
                     if ran and batch_logs_wanted:
                         cbs.on_train_batch_end(batch - 1, metrics.results(totals))
+                    if ckpt is not None and ckpt.due(step, epoch_end=False) and (
+                            steps_per_epoch is None or batch < steps_per_epoch):
+                        self._save(step, epoch, batch, totals, runner)
                     if model.stop_training:
                         break
                 if batch == 0:
@@ -308,16 +415,24 @@ class Trainer:
                         f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
                         "dataset is not empty and that each input pipeline gets data.")
                 logs = metrics.results(totals)
+                if diverged:
+                    cbs.on_epoch_end(epoch, logs)
+                    break
                 if val_input is not None:
                     val_logs = self._evaluate_input(val_input, validation_steps)
                     logs.update({f"val_{k}": v for k, v in val_logs.items()})
                 monitor.epoch_end(epoch, step, logs)
+                runner.epoch_done(steps_per_epoch)
+                if ckpt is not None and ckpt.due(step, epoch_end=True):
+                    self._save(step, epoch + 1, 0, np.zeros_like(totals), runner)
                 cbs.on_epoch_end(epoch, logs)
                 if model.stop_training:
                     break
         finally:
             monitor.close()
         cbs.on_train_end(logs)
+        if not diverged:
+            self._export()
         return callbacks_lib.history_of(cbs)
 
     def _epoch_length(self, train_input, steps_per_epoch):
@@ -402,19 +517,53 @@ def _loop_size(steps_per_loop, steps_per_epoch, done, to_boundary):
 
 
 class _SyncRunner:
-    """Runs epochs under synchronous strategies (one device, mirrored, multi-worker)."""
+    """Runs epochs under synchronous strategies (one device, mirrored, multi-worker).
+
+    It tracks the data position as (passes begun, batches into the current
+    pass), which checkpoints keep: a resumed run re-creates that many iterators
+    (each advances the data's reshuffling exactly as the first run did) and skips
+    the batches already trained on, so it sees the batches the first run would have.
+    """
 
     def __init__(self, trainer):
         self.trainer = trainer
         self._iterator = None
+        self._continue_pass = False
+        self.passes = 0
+        self.offset = 0
+
+    def _new_iterator(self, train_input):
+        self._iterator = iter(train_input.distributed())
+        self.passes += 1
+        self.offset = 0
+
+    def fast_forward(self, train_input, passes, offset):
+        import tensorflow as tf
+
+        dataset = train_input.distributed()
+        for _ in range(passes - (1 if offset else 0)):
+            iter(dataset)
+        self.passes = passes - (1 if offset else 0)
+        if offset:
+            self._new_iterator(train_input)
+            skip = self.trainer._loops.skip_loop()
+            skipped = int(skip(self._iterator, tf.constant(offset, tf.int32)))
+            self.offset = skipped
+            self._continue_pass = True
+
+    def epoch_done(self, steps_per_epoch):
+        if steps_per_epoch is None:
+            self.offset = 0  # the pass ended with the epoch; the next epoch starts a new one
 
     def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
         """Yield (totals, steps) per compiled loop; loops stop at `boundary(step)` steps."""
         import tensorflow as tf
 
         loop = self.trainer._loops.train_loop()
-        if steps_per_epoch is None or self._iterator is None:
-            self._iterator = iter(train_input.distributed())
+        if self._continue_pass:
+            self._continue_pass = False
+        elif steps_per_epoch is None or self._iterator is None:
+            self._new_iterator(train_input)
         done = 0
         restarted = False
         while steps_per_epoch is None or done < steps_per_epoch:
@@ -423,6 +572,7 @@ class _SyncRunner:
             ran = int(ran)
             done += ran
             step += ran
+            self.offset += ran
             yield np.asarray(part, np.float64), ran
             if self.trainer._model.stop_training:
                 return
@@ -432,15 +582,27 @@ class _SyncRunner:
                 if ran == 0 and restarted:
                     return  # empty dataset; fit() reports it
                 # The data ended before `steps_per_epoch`: start another pass.
-                self._iterator = iter(train_input.distributed())
+                self._new_iterator(train_input)
                 restarted = True
 
 
 class _PSRunner:
-    """Schedules loops on parameter-server workers and joins them at epoch end."""
+    """Schedules loops on parameter-server workers and joins them at epoch end.
+
+    Workers read repeated per-worker datasets, so there is no shared data
+    position to save: a resumed run continues with fresh data passes.
+    """
 
     def __init__(self, trainer):
         self.trainer = trainer
+        self.passes = 0
+        self.offset = 0
+
+    def fast_forward(self, train_input, passes, offset):
+        pass
+
+    def epoch_done(self, steps_per_epoch):
+        pass
 
     def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
         import tensorflow as tf
@@ -448,6 +610,7 @@ class _PSRunner:
         loop = self.trainer._loops.train_loop()
         coordinator = self.trainer._built.coordinator
         iterator = train_input.per_worker_iterator()
+        checkpointer = self.trainer._checkpointer
         scheduled = []
         done = 0
         while done < steps_per_epoch:
@@ -457,6 +620,14 @@ class _PSRunner:
                 loop, args=(iterator, tf.constant(n, tf.int32))), n))
             done += n
             step += n
+            if done < steps_per_epoch and checkpointer is not None and checkpointer.due(
+                    step, epoch_end=False):
+                # A mid-epoch save must see the variables of exactly this step.
+                coordinator.join()
+                for remote, _ in scheduled:
+                    part, ran = remote.fetch()
+                    yield np.asarray(part, np.float64), int(ran)
+                scheduled = []
         coordinator.join()
         for remote, n in scheduled:
             part, ran = remote.fetch()

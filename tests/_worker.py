@@ -18,7 +18,12 @@ def main():
     import numpy as np
     import tensorflow as tf
 
-    if job.get("data") == "infinite":
+    if job.get("data") == "shuffled":
+        def dataset_fn(ctx):
+            x, y = helpers.arrays(job.get("n", 96))
+            return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=7).batch(
+                ctx.get_per_replica_batch_size(helpers.GLOBAL_BATCH))
+    elif job.get("data") == "infinite":
         def dataset_fn(ctx):
             x, y = helpers.arrays(job.get("n", 96))
             return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=1).repeat().batch(
@@ -28,8 +33,17 @@ def main():
     trainer = kt.Trainer(helpers.build_model, dataset_fn, strategy=job["strategy"], seed=0,
                          verbose=job.get("verbose", 0), model_dir=job.get("model_dir"),
                          steps_per_loop=job.get("steps_per_loop", "auto"),
-                         tensorboard=job.get("tensorboard", True))
-    history = trainer.fit(epochs=job["epochs"], steps_per_epoch=job.get("steps_per_epoch"))
+                         tensorboard=job.get("tensorboard", True),
+                         checkpoint=job.get("checkpoint", True))
+    callbacks = []
+    if job.get("sleep_per_step"):
+        import time
+
+        import keras
+        callbacks.append(keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda b, logs: time.sleep(job["sleep_per_step"])))
+    history = trainer.fit(epochs=job["epochs"], steps_per_epoch=job.get("steps_per_epoch"),
+                          callbacks=callbacks)
     result = {
         "history": history.history,
         "global_step": trainer.global_step,
@@ -38,6 +52,16 @@ def main():
         "evaluate": trainer.evaluate(helpers.global_batch_dataset_fn(job.get("n", 96)))
         if job.get("evaluate") else None,
     }
+    if job.get("fresh_restore"):
+        # A fresh trainer on the same model_dir asked for the same epochs: it restores
+        # and has nothing left to train.
+        again = kt.Trainer(helpers.build_model, dataset_fn, strategy=job["strategy"], seed=1,
+                           verbose=0, model_dir=job.get("model_dir"))
+        again.fit(epochs=job["epochs"], steps_per_epoch=job.get("steps_per_epoch"))
+        result["fresh_global_step"] = again.global_step
+        result["fresh_max_weight_diff"] = max(
+            float(np.max(np.abs(a - b))) for a, b in zip(again.model.get_weights(),
+                                                          trainer.model.get_weights()))
     np.savez(out + ".npz", *[np.asarray(w) for w in trainer.model.get_weights()])
     with open(out + ".json", "w") as f:
         json.dump(result, f)

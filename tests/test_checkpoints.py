@@ -1,0 +1,200 @@
+"""Checkpoints never lose work: resume, crash consistency, fallback, lock, NaN, export."""
+
+import glob
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import helpers
+import kerastrain as kt
+from kerastrain import checkpoints
+
+
+def shuffled_fn(ctx):
+    import tensorflow as tf
+    x, y = helpers.arrays(96)
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=7).batch(
+        ctx.get_per_replica_batch_size(helpers.GLOBAL_BATCH))
+
+
+def trainer(model_dir=None, strategy="default", **kwargs):
+    return kt.Trainer(helpers.build_model, shuffled_fn, strategy=strategy, seed=0, verbose=0,
+                      model_dir=model_dir, **kwargs)
+
+
+def test_fit_resumes_to_the_requested_total_with_identical_results(tmp_path, caplog):
+    reference = trainer()
+    ref_history = reference.fit(epochs=3).history
+    trainer(tmp_path).fit(epochs=2)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [
+        "checkpoint", "ckpt-12.data-00000-of-00001", "ckpt-12.index",
+        "ckpt-6.data-00000-of-00001", "ckpt-6.index"]
+    with caplog.at_level(logging.INFO, logger="kerastrain"):
+        resumed = trainer(tmp_path)
+        history = resumed.fit(epochs=3).history
+    assert "resumed from" in caplog.text and "step 12, epoch 3 (at its start)" in caplog.text
+    assert resumed.global_step == 18
+    np.testing.assert_allclose(history["loss"], ref_history["loss"][2:], rtol=1e-6)
+    for a, b in zip(resumed.model.get_weights(), reference.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # restore="none" starts over.
+    fresh = trainer(tmp_path, checkpoint={"restore": "none"})
+    fresh.fit(epochs=1)
+    assert fresh.global_step == 6
+
+
+def test_mid_epoch_checkpoint_resumes_the_epoch_exactly(tmp_path, caplog):
+    import keras
+    reference = trainer()
+    ref_history = reference.fit(epochs=2).history
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_fifth_step(batch, logs):
+        if batch == 4:
+            raise Crash()
+
+    first = trainer(tmp_path, checkpoint={"every_steps": 4})
+    with pytest.raises(Crash):
+        first.fit(epochs=2, callbacks=[keras.callbacks.LambdaCallback(
+            on_train_batch_end=crash_at_fifth_step)])
+    with caplog.at_level(logging.INFO, logger="kerastrain"):
+        resumed = trainer(tmp_path, checkpoint={"every_steps": 4})
+        history = resumed.fit(epochs=2).history
+    assert "step 4, epoch 1, 4 steps into it" in caplog.text
+    assert resumed.global_step == 12
+    # Epoch 1's first 4 steps come from the checkpoint: the same epoch loss as uninterrupted.
+    np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=1e-6)
+    for a, b in zip(resumed.model.get_weights(), reference.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["default", {"name": "mirrored", "cpu_devices": 2}])
+def test_sigkill_mid_training_then_rerun_gives_identical_weights(tmp_path, strategy):
+    epochs = 3
+    reference = trainer(strategy=strategy if strategy == "default" else {"name": "mirrored"})
+    reference.fit(epochs=epochs)
+    model_dir = tmp_path / "run"
+    job = json.dumps({"strategy": strategy, "epochs": epochs, "data": "shuffled",
+                      "model_dir": str(model_dir), "checkpoint": {"every_steps": 4},
+                      "sleep_per_step": 0.15})
+    env = dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    args = [sys.executable, "tests/_worker.py", job, str(tmp_path / "out")]
+    proc = subprocess.Popen(args, env=env, cwd=helpers.REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(model_dir / "checkpoints" / "ckpt-4.index"):
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)  # a step or two past the checkpoint, before the next one (step 8)
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not os.path.exists(tmp_path / "out.json")  # it really died mid-training
+    rerun = subprocess.run(args, env=env, cwd=helpers.REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resumed from" in rerun.stderr and "ckpt-" in rerun.stderr
+    assert json.loads((tmp_path / "out.json").read_text())["global_step"] == 18
+    weights = list(np.load(tmp_path / "out.npz").values())
+    for a, b in zip(weights, reference.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_truncated_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+    trainer(tmp_path).fit(epochs=2)
+    data = tmp_path / "checkpoints" / "ckpt-12.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:100])
+    with caplog.at_level(logging.INFO, logger="kerastrain"):
+        resumed = trainer(tmp_path)
+        resumed.fit(epochs=2)
+    assert "ckpt-12 is unreadable" in caplog.text
+    assert "resumed from" in caplog.text and "ckpt-6" in caplog.text
+    assert resumed.global_step == 12  # epoch 2 trained again from step 6
+    assert os.path.exists(tmp_path / "checkpoints" / "ckpt-6.index")  # never deleted
+
+
+def test_a_second_live_run_is_refused_and_a_stale_lock_is_taken_over(tmp_path, caplog):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = tmp_path / checkpoints.ModelDirLock.NAME
+        import socket
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid,
+                                    "since": time.time()}))
+        with pytest.raises(checkpoints.ModelDirInUse, match=rf"in use by another run .*pid "
+                                                            rf"{sleeper.pid}.*Use another model_dir"):
+            trainer(tmp_path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with caplog.at_level(logging.WARNING, logger="kerastrain"):
+        t = trainer(tmp_path)  # the holder is dead now
+    assert f"left by process {sleeper.pid}, which is gone" in caplog.text
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
+    t.close()
+    assert not lock.exists()
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caplog):
+    def nan_in_second_epoch(ctx):
+        import tensorflow as tf
+        x, y = helpers.arrays(96)
+        clean = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+        x[50] = np.nan
+        bad = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+        return clean.concatenate(bad)
+
+    t = kt.Trainer(helpers.build_model, nan_in_second_epoch, strategy="default", verbose=0,
+                   model_dir=tmp_path, checkpoint={"every_steps": 3, "at_epoch_end": False})
+    with caplog.at_level(logging.ERROR, logger="kerastrain"):
+        t.fit(epochs=1)
+    # Example 50 of the second pass is in step 10, inside the loop of steps 10-12.
+    assert "the loss became nan by step 12" in caplog.text
+    import tensorflow as tf
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-9")
+    assert not os.path.exists(tmp_path / "export")
+
+
+def test_export_loads_without_kerastrain_and_predicts_the_same(tmp_path):
+    t = trainer(tmp_path)
+    t.fit(epochs=1)
+    x = helpers.arrays(8)[0]
+    expected = t.model.predict(x, verbose=0)
+    np.save(tmp_path / "x.npy", x)
+    code = f"""
+import numpy as np, tensorflow as tf, sys
+assert "kerastrain" not in sys.modules
+served = tf.saved_model.load({str(tmp_path / 'export' / 'saved_model')!r})
+print(np.asarray(served.serve(tf.constant(np.load({str(tmp_path / 'x.npy')!r})))).tolist())
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(json.loads(proc.stdout.strip().splitlines()[-1]), expected,
+                               atol=1e-6)
+    import keras
+    reloaded = keras.models.load_model(tmp_path / "export" / "model.keras")
+    np.testing.assert_allclose(reloaded.predict(x, verbose=0), expected, atol=1e-6)
+
+
+def test_bad_checkpoint_options():
+    with pytest.raises(ValueError, match=r"Unknown checkpoint option\(s\) \['every_step'\]"):
+        trainer(checkpoint={"every_step": 5})
+    with pytest.raises(ValueError, match=r"`max_to_keep` must be an int >= 1.*max_to_keep=0"):
+        checkpoints.CheckpointOptions(max_to_keep=0)
+
+
+def test_explicit_restore_path_that_does_not_exist(tmp_path):
+    t = trainer(checkpoint={"restore": str(tmp_path / "nope" / "ckpt-3")})
+    with pytest.raises(FileNotFoundError, match=r"Cannot restore `restore=.*ckpt-3"):
+        t.fit(epochs=1)
