@@ -170,6 +170,7 @@ class Checkpointer:
                 checkpoint_name="ckpt")
         self.last_save_time = time.monotonic()
         self.last_saved_step = None
+        self.last_path = None
 
     def save(self, step: int) -> str | None:
         if self.last_saved_step == step:
@@ -185,6 +186,7 @@ class Checkpointer:
             path = None
         self.last_save_time = time.monotonic()
         self.last_saved_step = step
+        self.last_path = path or self.last_path
         if path:
             logger.info("checkpoint saved at step %d: %s", step, path)
         return path

@@ -86,10 +86,11 @@ class MetricState:
 class Loops:
     """Builds the compiled train and evaluation loops for one model under one strategy."""
 
-    def __init__(self, built, model, global_step, jit_compile=False):
+    def __init__(self, built, model, global_step, jit_compile=False, stop_flag=None):
         import tensorflow as tf
 
         self.built = built
+        self.stop_flag = stop_flag  # a bool variable; True ends a training loop before a step
         self.strategy = built.strategy
         self.model = model
         self.global_step = global_step
@@ -202,11 +203,11 @@ class Loops:
                 step_counter.assign_add(tf.cast(steps, step_counter.dtype))
             loop = self._until_end(
                 lambda data: self._reduce(strategy.run(self._train_replica, args=(data,))),
-                after=count)
+                after=count, stop_flag=self.stop_flag)
         self._train = loop
         return loop
 
-    def _until_end(self, run_one, after=None):
+    def _until_end(self, run_one, after=None, stop_flag=None):
         """A compiled loop of up to `num_steps` batches that stops where the data ends."""
         import tensorflow as tf
 
@@ -217,6 +218,8 @@ class Loops:
             totals = tf.zeros([width], tf.float32)
             steps = tf.constant(0, tf.int32)
             for _ in tf.range(num_steps):
+                if stop_flag is not None and stop_flag.read_value():
+                    break
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break

@@ -357,6 +357,13 @@ class Monitor:
         # Validation and epoch-end work are not training throughput.
         self._mark = (step, self._examples, self.clock())
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     def close(self):
         if self._profiling:
             import tensorflow as tf

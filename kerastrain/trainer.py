@@ -17,6 +17,7 @@ from kerastrain import data as data_lib
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
+from kerastrain import preemption
 from kerastrain import strategies
 from kerastrain import summaries
 
@@ -123,6 +124,10 @@ class Trainer:
                            for name in ("epoch", "step_in_epoch", "data_pass", "data_offset")}
         self._loops = None
         self._inputs = {}
+        self._watch = None
+        # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
+        # step. A plain local variable: only this task's loop reads it.
+        self._stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
         self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
         self._lock = None
         if self._outputs.enabled:
@@ -182,7 +187,11 @@ class Trainer:
         jit = self._jit_compile
         if jit is None:
             jit = bool(getattr(self._model, "jit_compile", False)) and not self._built.places_variables
-        self._loops = loops_lib.Loops(self._built, self._model, self._global_step, jit_compile=jit)
+        # Under multi-worker mirrored, workers must agree on where to stop (collectives
+        # would hang otherwise), so no per-worker stop inside their loops.
+        flag = None if self._built.name == "multi_worker_mirrored" else self._stop_flag
+        self._loops = loops_lib.Loops(self._built, self._model, self._global_step,
+                                      jit_compile=jit, stop_flag=flag)
         import tensorflow as tf
         with self.strategy.scope():
             self._epoch_totals = tf.Variable(np.zeros(self._loops.metrics.width), dtype=tf.float64,
@@ -224,6 +233,17 @@ class Trainer:
             self._state[name].assign(value)
         self._epoch_totals.assign(totals)
         self._checkpointer.save(step)
+
+    def _preempt(self, step, epoch, batch, totals, runner):
+        """SIGTERM: save at exactly the step reached; the caller raises what this returns."""
+        path = None
+        if self._checkpointer is not None:
+            self._save(step, epoch, batch, totals, runner)
+            path = self._checkpointer.last_path
+        logger.warning("SIGTERM: stopped after step %d%s; exiting with code %d so the job can be "
+                       "restarted", step, f", checkpoint {path}" if path else
+                       " (no model_dir: nothing saved)", preemption.EXIT_CODE)
+        return preemption.Preempted(step, path)
 
     def _export(self):
         """The chief exports to model_dir/export; other workers take part in a removed temp dir."""
@@ -377,59 +397,72 @@ class Trainer:
                       graph=self._forward_graph(train_input.element_spec)
                       if monitor.active and monitor.options.write_graph else None)
         metrics = self._loops.metrics
+        self._stop_flag.assign(False)
+        watch = preemption.SigtermWatch(self._stop_flag)
+        if self._built.name == "multi_worker_mirrored":
+            watch = preemption.SigtermWatch(None)
+        self._watch = watch
         cbs.on_train_begin()
-        logs, diverged = {}, False
+        logs, diverged, preempted = {}, False, None
         try:
-            for epoch in range(initial_epoch, epochs):
-                cbs.on_epoch_begin(epoch)
-                totals = np.zeros(metrics.width, np.float64)
-                batch = 0
-                if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
-                    totals, batch = resumed["totals"].copy(), resumed["step_in_epoch"]
-                remaining = None if steps_per_epoch is None else steps_per_epoch - batch
-                for totals_part, ran in runner.train_epoch(
-                        train_input, remaining, steps_per_loop, step, boundary):
-                    totals += totals_part
-                    batch += ran
-                    step += ran
-                    if not np.isfinite(totals_part[0]):
-                        diverged = True
-                        logger.error(
-                            "the loss became %s by step %d (epoch %d); training stopped. Nothing "
-                            "was saved after the last finite step, so the latest checkpoint is "
-                            "the last good one.", totals_part[0], step, epoch + 1)
-                        model.stop_training = True
+            with watch, monitor:
+                for epoch in range(initial_epoch, epochs):
+                    cbs.on_epoch_begin(epoch)
+                    totals = np.zeros(metrics.width, np.float64)
+                    batch = 0
+                    if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
+                        totals, batch = resumed["totals"].copy(), resumed["step_in_epoch"]
+                    remaining = None if steps_per_epoch is None else steps_per_epoch - batch
+                    for totals_part, ran in runner.train_epoch(
+                            train_input, remaining, steps_per_loop, step, boundary):
+                        totals += totals_part
+                        batch += ran
+                        step += ran
+                        if watch.requested and self._built.name != "multi_worker_mirrored":
+                            preempted = self._preempt(step, epoch, batch, totals, runner)
+                            break
+                        if not np.isfinite(totals_part[0]):
+                            diverged = True
+                            logger.error(
+                                "the loss became %s by step %d (epoch %d); training stopped. Nothing "
+                                "was saved after the last finite step, so the latest checkpoint is "
+                                "the last good one.", totals_part[0], step, epoch + 1)
+                            model.stop_training = True
+                            break
+                        monitor.after_loop(step, float(totals_part[1]),
+                                           lambda: metrics.results(totals),
+                                           timed=not self._built.is_parameter_server)
+                        if ran and batch_logs_wanted:
+                            cbs.on_train_batch_end(batch - 1, metrics.results(totals))
+                        if ckpt is not None and ckpt.due(step, epoch_end=False) and (
+                                steps_per_epoch is None or batch < steps_per_epoch):
+                            self._save(step, epoch, batch, totals, runner)
+                        if model.stop_training:
+                            break
+                    if preempted is not None:
                         break
-                    monitor.after_loop(step, float(totals_part[1]),
-                                       lambda: metrics.results(totals),
-                                       timed=not self._built.is_parameter_server)
-                    if ran and batch_logs_wanted:
-                        cbs.on_train_batch_end(batch - 1, metrics.results(totals))
-                    if ckpt is not None and ckpt.due(step, epoch_end=False) and (
-                            steps_per_epoch is None or batch < steps_per_epoch):
-                        self._save(step, epoch, batch, totals, runner)
+                    if batch == 0:
+                        raise ValueError(
+                            f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
+                            "dataset is not empty and that each input pipeline gets data.")
+                    logs = metrics.results(totals)
+                    if diverged:
+                        cbs.on_epoch_end(epoch, logs)
+                        break
+                    if val_input is not None:
+                        val_logs = self._evaluate_input(val_input, validation_steps)
+                        logs.update({f"val_{k}": v for k, v in val_logs.items()})
+                    monitor.epoch_end(epoch, step, logs)
+                    runner.epoch_done(steps_per_epoch)
+                    if ckpt is not None and ckpt.due(step, epoch_end=True):
+                        self._save(step, epoch + 1, 0, np.zeros_like(totals), runner)
+                    cbs.on_epoch_end(epoch, logs)
                     if model.stop_training:
                         break
-                if batch == 0:
-                    raise ValueError(
-                        f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
-                        "dataset is not empty and that each input pipeline gets data.")
-                logs = metrics.results(totals)
-                if diverged:
-                    cbs.on_epoch_end(epoch, logs)
-                    break
-                if val_input is not None:
-                    val_logs = self._evaluate_input(val_input, validation_steps)
-                    logs.update({f"val_{k}": v for k, v in val_logs.items()})
-                monitor.epoch_end(epoch, step, logs)
-                runner.epoch_done(steps_per_epoch)
-                if ckpt is not None and ckpt.due(step, epoch_end=True):
-                    self._save(step, epoch + 1, 0, np.zeros_like(totals), runner)
-                cbs.on_epoch_end(epoch, logs)
-                if model.stop_training:
-                    break
         finally:
-            monitor.close()
+            self._watch = None
+        if preempted is not None:
+            raise preempted
         cbs.on_train_end(logs)
         if not diverged:
             self._export()
@@ -574,7 +607,8 @@ class _SyncRunner:
             step += ran
             self.offset += ran
             yield np.asarray(part, np.float64), ran
-            if self.trainer._model.stop_training:
+            watch = self.trainer._watch
+            if self.trainer._model.stop_training or (watch is not None and watch.requested):
                 return
             if ran < n:
                 if steps_per_epoch is None:
@@ -613,7 +647,8 @@ class _PSRunner:
         checkpointer = self.trainer._checkpointer
         scheduled = []
         done = 0
-        while done < steps_per_epoch:
+        watch = self.trainer._watch
+        while done < steps_per_epoch and not (watch is not None and watch.requested):
             # Cut at boundaries too, so results can be logged at exactly those steps.
             n = _loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
             scheduled.append((coordinator.schedule(

@@ -18,7 +18,24 @@ def main():
     import numpy as np
     import tensorflow as tf
 
-    if job.get("data") == "shuffled":
+    if job.get("data") == "slow":
+        import os
+        import time
+        marker = job["started_marker"]
+
+        def slow(x, y):
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+            time.sleep(0.03)
+            return x, y
+
+        def dataset_fn(ctx):
+            x, y = helpers.arrays(job.get("n", 96))
+            ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(helpers.GLOBAL_BATCH)
+            return ds.map(lambda a, b: tf.py_function(slow, [a, b], [tf.float32, tf.float32])) \
+                .map(lambda a, b: (tf.ensure_shape(a, [None, helpers.FEATURES]),
+                                   tf.ensure_shape(b, [None, 1])))
+    elif job.get("data") == "shuffled":
         def dataset_fn(ctx):
             x, y = helpers.arrays(job.get("n", 96))
             return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=7).batch(

@@ -190,38 +190,24 @@ def test_multi_worker_only_the_chief_writes(tmp_path):
     cluster = {"worker": [f"127.0.0.1:{kt.cluster.free_port()}" for _ in range(2)]}
     procs = []
     for i in range(2):
-        job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": 1,
+        job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": 2,
                           "model_dir": str(tmp_path / f"dir{i}"), "verbose": "auto"})
+        scratch = tmp_path / f"tmp{i}"
+        scratch.mkdir()
         env = dict(os.environ, TF_CONFIG=helpers.tf_config(cluster, "worker", i),
-                   PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+                   PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(scratch))
         procs.append(subprocess.Popen(
             [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
             cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
+    # The chief keeps logs, checkpoints and exports ...
     assert glob.glob(str(tmp_path / "dir0/logs/train/events.out.tfevents.*"))
+    assert glob.glob(str(tmp_path / "dir0/checkpoints/ckpt-12.index"))
+    assert os.path.exists(tmp_path / "dir0/export/saved_model/saved_model.pb")
+    assert os.path.exists(tmp_path / "dir0/export/model.keras")
+    # ... the other worker took part in every save in a temp dir, removed at once.
     assert not os.path.exists(tmp_path / "dir1")
+    assert os.listdir(tmp_path / "tmp1") == [] and os.listdir(tmp_path / "tmp0") == []
     assert "6/6 - " in outs[0] and "- loss:" in outs[0]
     assert "- loss:" not in outs[1]  # non-chief tasks are silent by default
-
-
-def test_monitor_late_results_get_epoch_throughput():
-    times = iter([0.0, 4.0, 4.5])
-    written = []
-
-    class W(summaries.MetricWriter):
-        def write_scalars(self, step, scalars):
-            written.append((step, dict(scalars)))
-
-    monitor = summaries.Monitor(W(), summaries.TensorBoardOptions(log_every_steps=5),
-                                learning_rate_fn=lambda s: 0.1, weights_fn=dict,
-                                clock=lambda: next(times))
-    monitor.start(0)
-    for step in (5, 10):  # parameter servers: both loops' results arrive after the join
-        monitor.after_loop(step, 100.0, lambda: {"loss": 1.0}, timed=False)
-    monitor.epoch_end(0, 10, {"loss": 0.9})
-    by_step = [(s, sorted(v)) for s, v in written]
-    assert by_step[0] == (5, ["learning_rate", "loss"])
-    assert by_step[1] == (10, ["learning_rate", "loss"])
-    assert by_step[2] == (10, ["examples_per_second", "step_time_seconds"])
-    assert written[2][1]["examples_per_second"] == 50.0  # 200 examples over the 4 s epoch

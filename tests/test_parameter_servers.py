@@ -1,6 +1,7 @@
 """Parameter-server training: local in-process cluster and a TF_CONFIG cluster of processes."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -74,3 +75,20 @@ def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):
     finally:
         for server in servers:
             server.kill()
+
+
+def test_ps_checkpoint_restores_into_a_fresh_trainer_with_the_exact_step(tmp_path):
+    job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
+                      "epochs": 2, "steps_per_epoch": 10, "data": "infinite",
+                      "steps_per_loop": 3, "model_dir": str(tmp_path / "run"),
+                      "checkpoint": {"every_steps": 5}, "fresh_restore": True})
+    proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads((tmp_path / "chief.json").read_text())
+    assert result["global_step"] == 20
+    assert result["fresh_global_step"] == 20  # restored exactly, nothing left to train
+    assert result["fresh_max_weight_diff"] == 0.0
+    names = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
+    assert [n for n in names if n.endswith(".index")] == [
+        "ckpt-10.index", "ckpt-15.index", "ckpt-20.index"]  # max_to_keep=3
+    assert "resumed from" in proc.stderr
