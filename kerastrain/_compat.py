@@ -78,3 +78,16 @@ def learning_rate_schedule(optimizer):
     if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
         return lr
     return None
+
+
+def stop_preemption_handler(handler):
+    """Stop a PreemptionCheckpointHandler's watcher threads now.
+
+    TensorFlow stops them only in `__del__` (checked in TF 2.16-2.21); a Trainer
+    that finished `fit` must not leave threads watching for a signal nobody acts on.
+    """
+    for name in ("_stop_poll_termination_signal_thread",
+                 "_stop_cluster_wise_termination_watcher_thread"):
+        stop = getattr(handler, name, None)
+        if stop is not None:
+            stop()

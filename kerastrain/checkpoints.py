@@ -53,23 +53,10 @@ class CheckpointOptions:
                              f"Received: restore={self.restore!r}")
 
     @classmethod
-    def coerce(cls, value) -> "CheckpointOptions | None":
-        if value is True:
-            return cls()
-        if value is False or value is None:
-            return None
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, Mapping):
-            fields = {f.name for f in dataclasses.fields(cls)}
-            unknown = sorted(set(value) - fields)
-            if unknown:
-                raise ValueError(f"Unknown checkpoint option(s) {unknown}. Valid: {sorted(fields)}. "
-                                 f"Received: checkpoint={dict(value)!r}")
-            return cls(**value)
-        raise TypeError("`checkpoint` must be True, False, a dict of options or CheckpointOptions. "
-                        f"Received: checkpoint={value!r}")
-
+    def coerce(cls, value):
+        """Accept True/False/None, a mapping of fields, or an instance."""
+        from kerastrain import _options
+        return _options.coerce(cls, value, "checkpoint")
 
 class ModelDirInUse(RuntimeError):
     """Another live run holds the model_dir."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import select
+import shutil
 import signal
+import tempfile
 import threading
 
 logger = logging.getLogger("kerastrain")
@@ -40,8 +42,9 @@ class SigtermWatch:
     step in progress.
     """
 
-    def __init__(self, stop_variable=None):
+    def __init__(self, stop_variable=None, install=True):
         self.stop_variable = stop_variable
+        self.install = install
         self.requested = False
         self._previous = None
         self._previous_fd = None
@@ -52,7 +55,7 @@ class SigtermWatch:
         self.requested = True
 
     def __enter__(self):
-        if threading.current_thread() is not threading.main_thread():
+        if not self.install or threading.current_thread() is not threading.main_thread():
             return self  # signals go to the main thread only; nothing to watch from here
         self._previous = signal.signal(signal.SIGTERM, self._on_signal)
         r, w = os.pipe()
@@ -87,3 +90,53 @@ class SigtermWatch:
             os.close(fd)
         self._thread = None
         return False
+
+
+def multi_worker_handler(cluster_resolver, checkpointer):
+    """TensorFlow's PreemptionCheckpointHandler, set up for kerastrain's checkpoints.
+
+    Every worker calls `agree(step)` after each compiled loop. After a SIGTERM on
+    any worker, all agree (through TensorFlow's coordination service), save that
+    same step and raise `Preempted`; only the chief's files are kept.
+
+    Returns:
+        (agree, release): call `release()` when `fit` ends.
+    """
+    import tensorflow as tf
+
+    from kerastrain import _compat
+    state = {}
+
+    def exit_fn():
+        manager = checkpointer.manager
+        path = manager.latest_checkpoint if manager is not None else None
+        logger.warning("SIGTERM in the cluster: all workers saved step %d%s; exiting with code "
+                       "%d", state["step"], f" ({path})" if path else "", EXIT_CODE)
+        raise Preempted(state["step"], path)
+
+    previous_sigterm = signal.getsignal(signal.SIGTERM)
+    scratch = None
+    if checkpointer.manager is not None:
+        target, directory = checkpointer.manager, None
+    else:
+        # Non-chief: TensorFlow writes this worker's part of each save beside the
+        # directory given (`workertemp_<task>`); a private temp dir keeps model_dir untouched.
+        scratch = tempfile.mkdtemp(prefix="kerastrain-nonchief-")
+        target, directory = checkpointer.checkpoint, os.path.join(scratch, "checkpoints")
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        cluster_resolver, target, checkpoint_dir=directory,
+        termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=exit_fn))
+
+    def agree(step):
+        state["step"] = step
+        handler.save_checkpoint_if_preempted(checkpoint_number=step)
+
+    def release():
+        # The handler installed its own SIGTERM handler and watcher threads; after
+        # fit nobody would act on them, so hand SIGTERM back and stop the threads.
+        _compat.stop_preemption_handler(handler)
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    return agree, release

@@ -199,24 +199,10 @@ class TensorBoardOptions:
             object.__setattr__(self, "profile_steps", tuple(p))
 
     @classmethod
-    def coerce(cls, value) -> "TensorBoardOptions | None":
+    def coerce(cls, value):
         """Accept True/False/None, a mapping of fields, or an instance."""
-        if value is True:
-            return cls()
-        if value is False or value is None:
-            return None
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, Mapping):
-            fields = {f.name for f in dataclasses.fields(cls)}
-            unknown = sorted(set(value) - fields)
-            if unknown:
-                raise ValueError(f"Unknown TensorBoard option(s) {unknown}. Valid: "
-                                 f"{sorted(fields)}. Received: tensorboard={dict(value)!r}")
-            return cls(**value)
-        raise TypeError("`tensorboard` must be True, False, a dict of options or "
-                        f"TensorBoardOptions. Received: tensorboard={value!r}")
-
+        from kerastrain import _options
+        return _options.coerce(cls, value, "tensorboard")
 
 class Schedule:
     """Decides, from the global step alone, where loops must stop and what happens there."""

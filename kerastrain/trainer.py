@@ -18,6 +18,7 @@ from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
 from kerastrain import preemption
+from kerastrain import runners
 from kerastrain import strategies
 from kerastrain import summaries
 
@@ -125,6 +126,7 @@ class Trainer:
         self._loops = None
         self._inputs = {}
         self._watch = None
+        self._release_preemption = None
         # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
         # step. A plain local variable: only this task's loop reads it.
         self._stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
@@ -227,12 +229,23 @@ class Trainer:
                     if info["step_in_epoch"] else " (at its start)")
         return info
 
-    def _save(self, step, epoch, batch, totals, runner):
+    def _set_state(self, epoch, batch, totals, runner):
         for name, value in (("epoch", epoch), ("step_in_epoch", batch),
                             ("data_pass", runner.passes), ("data_offset", runner.offset)):
             self._state[name].assign(value)
         self._epoch_totals.assign(totals)
+
+    def _save(self, step, epoch, batch, totals, runner):
+        self._set_state(epoch, batch, totals, runner)
         self._checkpointer.save(step)
+
+    def _preemption_handler(self, ckpt):
+        """Under multi-worker mirrored with checkpoints: `agree(step)`, else None."""
+        if ckpt is None or self._built.name != "multi_worker_mirrored" or not self.model_dir:
+            return None
+        agree, self._release_preemption = preemption.multi_worker_handler(
+            self.strategy.cluster_resolver, ckpt)
+        return agree
 
     def _preempt(self, step, epoch, batch, totals, runner):
         """SIGTERM: save at exactly the step reached; the caller raises what this returns."""
@@ -377,13 +390,15 @@ class Trainer:
         batch_logs_wanted = bool(callbacks) or verbose != 0
         model = self._model
         model.stop_training = False
-        runner = _PSRunner(self) if self._built.is_parameter_server else _SyncRunner(self)
+        runner = (runners.PSRunner(self) if self._built.is_parameter_server
+                  else runners.SyncRunner(self))
         resumed = self._maybe_restore()
         if resumed is not None:
             initial_epoch = max(initial_epoch, resumed["epoch"])
             runner.fast_forward(train_input, resumed["data_pass"], resumed["data_offset"])
         monitor, settings_text = self._monitor()
         ckpt = self._checkpointer
+        agreed_stop = self._preemption_handler(ckpt)
         every = ckpt.options.every_steps if ckpt else None
 
         def boundary(at):
@@ -398,9 +413,9 @@ class Trainer:
                       if monitor.active and monitor.options.write_graph else None)
         metrics = self._loops.metrics
         self._stop_flag.assign(False)
-        watch = preemption.SigtermWatch(self._stop_flag)
-        if self._built.name == "multi_worker_mirrored":
-            watch = preemption.SigtermWatch(None)
+        # Under multi-worker mirrored, TensorFlow's PreemptionCheckpointHandler owns SIGTERM.
+        watch = preemption.SigtermWatch(
+            self._stop_flag, install=self._built.name != "multi_worker_mirrored")
         self._watch = watch
         cbs.on_train_begin()
         logs, diverged, preempted = {}, False, None
@@ -437,6 +452,11 @@ class Trainer:
                         if ckpt is not None and ckpt.due(step, epoch_end=False) and (
                                 steps_per_epoch is None or batch < steps_per_epoch):
                             self._save(step, epoch, batch, totals, runner)
+                        if agreed_stop is not None:
+                            # All workers call this after every loop; after a SIGTERM on any
+                            # of them, all save this same step and raise Preempted.
+                            self._set_state(epoch, batch, totals, runner)
+                            agreed_stop(step)
                         if model.stop_training:
                             break
                     if preempted is not None:
@@ -461,6 +481,9 @@ class Trainer:
                         break
         finally:
             self._watch = None
+            release, self._release_preemption = self._release_preemption, None
+            if release is not None:
+                release()
         if preempted is not None:
             raise preempted
         cbs.on_train_end(logs)
@@ -538,132 +561,3 @@ class Trainer:
 def _check_count(name, value, *, minimum):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"`{name}` must be an int >= {minimum}. Received: {name}={value!r}")
-
-
-def _loop_size(steps_per_loop, steps_per_epoch, done, to_boundary):
-    n = steps_per_loop
-    if steps_per_epoch is not None:
-        n = min(n, steps_per_epoch - done)
-    if to_boundary:
-        n = min(n, to_boundary)
-    return n
-
-
-class _SyncRunner:
-    """Runs epochs under synchronous strategies (one device, mirrored, multi-worker).
-
-    It tracks the data position as (passes begun, batches into the current
-    pass), which checkpoints keep: a resumed run re-creates that many iterators
-    (each advances the data's reshuffling exactly as the first run did) and skips
-    the batches already trained on, so it sees the batches the first run would have.
-    """
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self._iterator = None
-        self._continue_pass = False
-        self.passes = 0
-        self.offset = 0
-
-    def _new_iterator(self, train_input):
-        self._iterator = iter(train_input.distributed())
-        self.passes += 1
-        self.offset = 0
-
-    def fast_forward(self, train_input, passes, offset):
-        import tensorflow as tf
-
-        dataset = train_input.distributed()
-        for _ in range(passes - (1 if offset else 0)):
-            iter(dataset)
-        self.passes = passes - (1 if offset else 0)
-        if offset:
-            self._new_iterator(train_input)
-            skip = self.trainer._loops.skip_loop()
-            skipped = int(skip(self._iterator, tf.constant(offset, tf.int32)))
-            self.offset = skipped
-            self._continue_pass = True
-
-    def epoch_done(self, steps_per_epoch):
-        if steps_per_epoch is None:
-            self.offset = 0  # the pass ended with the epoch; the next epoch starts a new one
-
-    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
-        """Yield (totals, steps) per compiled loop; loops stop at `boundary(step)` steps."""
-        import tensorflow as tf
-
-        loop = self.trainer._loops.train_loop()
-        if self._continue_pass:
-            self._continue_pass = False
-        elif steps_per_epoch is None or self._iterator is None:
-            self._new_iterator(train_input)
-        done = 0
-        restarted = False
-        while steps_per_epoch is None or done < steps_per_epoch:
-            n = _loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
-            part, ran = loop(self._iterator, tf.constant(n, tf.int32))
-            ran = int(ran)
-            done += ran
-            step += ran
-            self.offset += ran
-            yield np.asarray(part, np.float64), ran
-            watch = self.trainer._watch
-            if self.trainer._model.stop_training or (watch is not None and watch.requested):
-                return
-            if ran < n:
-                if steps_per_epoch is None:
-                    return
-                if ran == 0 and restarted:
-                    return  # empty dataset; fit() reports it
-                # The data ended before `steps_per_epoch`: start another pass.
-                self._new_iterator(train_input)
-                restarted = True
-
-
-class _PSRunner:
-    """Schedules loops on parameter-server workers and joins them at epoch end.
-
-    Workers read repeated per-worker datasets, so there is no shared data
-    position to save: a resumed run continues with fresh data passes.
-    """
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.passes = 0
-        self.offset = 0
-
-    def fast_forward(self, train_input, passes, offset):
-        pass
-
-    def epoch_done(self, steps_per_epoch):
-        pass
-
-    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
-        import tensorflow as tf
-
-        loop = self.trainer._loops.train_loop()
-        coordinator = self.trainer._built.coordinator
-        iterator = train_input.per_worker_iterator()
-        checkpointer = self.trainer._checkpointer
-        scheduled = []
-        done = 0
-        watch = self.trainer._watch
-        while done < steps_per_epoch and not (watch is not None and watch.requested):
-            # Cut at boundaries too, so results can be logged at exactly those steps.
-            n = _loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
-            scheduled.append((coordinator.schedule(
-                loop, args=(iterator, tf.constant(n, tf.int32))), n))
-            done += n
-            step += n
-            if done < steps_per_epoch and checkpointer is not None and checkpointer.due(
-                    step, epoch_end=False):
-                # A mid-epoch save must see the variables of exactly this step.
-                coordinator.join()
-                for remote, _ in scheduled:
-                    part, ran = remote.fetch()
-                    yield np.asarray(part, np.float64), int(ran)
-                scheduled = []
-        coordinator.join()
-        for remote, n in scheduled:
-            part, ran = remote.fetch()
-            yield np.asarray(part, np.float64), int(ran)

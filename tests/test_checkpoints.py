@@ -230,3 +230,46 @@ def test_sigterm_saves_at_the_step_reached_and_exits_143_then_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"step {step}, epoch 1, {step} steps into it" in rerun.stderr
     assert json.loads((tmp_path / "out.json").read_text())["global_step"] == 180
+
+
+@pytest.mark.multiprocess
+def test_multi_worker_sigterm_on_one_worker_stops_all_at_one_step_then_resumes(tmp_path):
+    cluster = {"worker": [f"127.0.0.1:{kt.cluster.free_port()}" for _ in range(2)]}
+    model_dir = tmp_path / "shared"  # both workers see it, as on shared storage
+    marker = tmp_path / "started"
+
+    def start():
+        procs = []
+        for i in range(2):
+            job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": 2, "n": 960,
+                              "data": "slow", "steps_per_loop": 5, "model_dir": str(model_dir),
+                              "started_marker": str(marker)})
+            env = dict(os.environ, TF_CONFIG=helpers.tf_config(cluster, "worker", i),
+                       PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+            procs.append(subprocess.Popen(
+                [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
+                cwd=helpers.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        return procs
+
+    procs = start()
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(2.0)
+    procs[1].send_signal(signal.SIGTERM)  # the non-chief is preempted
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], "\n".join(e[-2000:] for e in errs)
+    import tensorflow as tf
+    latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+    step = int(latest.rsplit("-", 1)[1])
+    assert 0 < step < 120 and f"all workers saved step {step}" in errs[0]
+    # The non-chief saved into a temporary directory that is gone again.
+    assert not [n for n in os.listdir(model_dir / "checkpoints") if "temp" in n]
+    marker.unlink()
+    procs = start()  # the same command again, on both workers
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errs)
+    assert f"resumed from" in errs[0] and f"step {step}" in errs[0]
+    for i in range(2):
+        assert json.loads((tmp_path / f"w{i}.json").read_text())["global_step"] == 120

@@ -123,7 +123,7 @@ def test_tensorboard_false_and_no_model_dir_write_nothing(tmp_path):
     kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(N), strategy="default",
                model_dir=tmp_path, tensorboard=False, verbose=0).fit(epochs=1)
     assert not os.path.exists(tmp_path / "logs")
-    with pytest.raises(ValueError, match=r"Unknown TensorBoard option\(s\) \['log_every'\]"):
+    with pytest.raises(ValueError, match=r"Unknown tensorboard option\(s\) \['log_every'\]"):
         kt.Trainer(helpers.build_model, strategy="default", tensorboard={"log_every": 5})
     with pytest.raises(ValueError, match=r"profile_steps=\(5, 2\)"):
         summaries.TensorBoardOptions(profile_steps=(5, 2))

@@ -1,0 +1,134 @@
+"""How one epoch's compiled loops are driven: synchronous strategies and parameter servers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def loop_size(steps_per_loop, steps_per_epoch, done, to_boundary):
+    n = steps_per_loop
+    if steps_per_epoch is not None:
+        n = min(n, steps_per_epoch - done)
+    if to_boundary:
+        n = min(n, to_boundary)
+    return n
+
+
+class SyncRunner:
+    """Runs epochs under synchronous strategies (one device, mirrored, multi-worker).
+
+    It tracks the data position as (passes begun, batches into the current
+    pass), which checkpoints keep: a resumed run re-creates that many iterators
+    (each advances the data's reshuffling exactly as the first run did) and skips
+    the batches already trained on, so it sees the batches the first run would have.
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self._iterator = None
+        self._continue_pass = False
+        self.passes = 0
+        self.offset = 0
+
+    def _new_iterator(self, train_input):
+        self._iterator = iter(train_input.distributed())
+        self.passes += 1
+        self.offset = 0
+
+    def fast_forward(self, train_input, passes, offset):
+        import tensorflow as tf
+
+        dataset = train_input.distributed()
+        for _ in range(passes - (1 if offset else 0)):
+            iter(dataset)
+        self.passes = passes - (1 if offset else 0)
+        if offset:
+            self._new_iterator(train_input)
+            skip = self.trainer._loops.skip_loop()
+            skipped = int(skip(self._iterator, tf.constant(offset, tf.int32)))
+            self.offset = skipped
+            self._continue_pass = True
+
+    def epoch_done(self, steps_per_epoch):
+        if steps_per_epoch is None:
+            self.offset = 0  # the pass ended with the epoch; the next epoch starts a new one
+
+    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
+        """Yield (totals, steps) per compiled loop; loops stop at `boundary(step)` steps."""
+        import tensorflow as tf
+
+        loop = self.trainer._loops.train_loop()
+        if self._continue_pass:
+            self._continue_pass = False
+        elif steps_per_epoch is None or self._iterator is None:
+            self._new_iterator(train_input)
+        done = 0
+        restarted = False
+        while steps_per_epoch is None or done < steps_per_epoch:
+            n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
+            part, ran = loop(self._iterator, tf.constant(n, tf.int32))
+            ran = int(ran)
+            done += ran
+            step += ran
+            self.offset += ran
+            yield np.asarray(part, np.float64), ran
+            watch = self.trainer._watch
+            if self.trainer._model.stop_training or (watch is not None and watch.requested):
+                return
+            if ran < n:
+                if steps_per_epoch is None:
+                    return
+                if ran == 0 and restarted:
+                    return  # empty dataset; fit() reports it
+                # The data ended before `steps_per_epoch`: start another pass.
+                self._new_iterator(train_input)
+                restarted = True
+
+
+class PSRunner:
+    """Schedules loops on parameter-server workers and joins them at epoch end.
+
+    Workers read repeated per-worker datasets, so there is no shared data
+    position to save: a resumed run continues with fresh data passes.
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.passes = 0
+        self.offset = 0
+
+    def fast_forward(self, train_input, passes, offset):
+        pass
+
+    def epoch_done(self, steps_per_epoch):
+        pass
+
+    def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
+        import tensorflow as tf
+
+        loop = self.trainer._loops.train_loop()
+        coordinator = self.trainer._built.coordinator
+        iterator = train_input.per_worker_iterator()
+        checkpointer = self.trainer._checkpointer
+        scheduled = []
+        done = 0
+        watch = self.trainer._watch
+        while done < steps_per_epoch and not (watch is not None and watch.requested):
+            # Cut at boundaries too, so results can be logged at exactly those steps.
+            n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
+            scheduled.append((coordinator.schedule(
+                loop, args=(iterator, tf.constant(n, tf.int32))), n))
+            done += n
+            step += n
+            if done < steps_per_epoch and checkpointer is not None and checkpointer.due(
+                    step, epoch_end=False):
+                # A mid-epoch save must see the variables of exactly this step.
+                coordinator.join()
+                for remote, _ in scheduled:
+                    part, ran = remote.fetch()
+                    yield np.asarray(part, np.float64), int(ran)
+                scheduled = []
+        coordinator.join()
+        for remote, n in scheduled:
+            part, ran = remote.fetch()
+            yield np.asarray(part, np.float64), int(ran)
