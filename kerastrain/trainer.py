@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import sys
@@ -143,6 +144,10 @@ class Trainer:
             "seed": seed, "steps_per_loop": steps_per_loop, "model_dir": self.model_dir,
             "model": self._model.name,
             "optimizer": type(self._model.optimizer).__name__,
+            "checkpoint": None if self._ckpt_options is None else dataclasses.asdict(
+                self._ckpt_options),
+            "tensorboard": None if self._tb_options is None else dataclasses.asdict(
+                self._tb_options),
         }
 
     # -- public properties ----------------------------------------------------
@@ -397,6 +402,11 @@ class Trainer:
             initial_epoch = max(initial_epoch, resumed["epoch"])
             runner.fast_forward(train_input, resumed["data_pass"], resumed["data_offset"])
         monitor, settings_text = self._monitor()
+        config_dir = self._outputs.dir()
+        if config_dir:
+            # The settings this run resolved to, next to what it wrote (chief only).
+            with open(os.path.join(config_dir, "config.yaml"), "w") as f:
+                f.write(settings_text)
         ckpt = self._checkpointer
         agreed_stop = self._preemption_handler(ckpt)
         every = ckpt.options.every_steps if ckpt else None

@@ -273,3 +273,26 @@ def test_multi_worker_sigterm_on_one_worker_stops_all_at_one_step_then_resumes(t
     assert f"resumed from" in errs[0] and f"step {step}" in errs[0]
     for i in range(2):
         assert json.loads((tmp_path / f"w{i}.json").read_text())["global_step"] == 120
+
+
+def test_explicit_restore_path_and_resolved_config(tmp_path):
+    import yaml
+    trainer(tmp_path).fit(epochs=2)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert config["strategy"] == "default" and config["seed"] == 0
+    assert config["checkpoint"]["max_to_keep"] == 3
+    path = str(tmp_path / "checkpoints" / "ckpt-6")
+    other = tmp_path / "other"
+    t = trainer(other, checkpoint={"restore": path})
+    t.fit(epochs=1)  # restored at the end of epoch 1: nothing left to train
+    assert t.global_step == 6
+
+
+def test_every_secs_and_every_steps_cadence():
+    options = checkpoints.CheckpointOptions(every_steps=5, every_secs=30, at_epoch_end=False)
+    c = checkpoints.Checkpointer(None, options, is_chief=False)
+    c.last_save_time = 100.0
+    assert c.due(10, epoch_end=False, now=101.0)          # a multiple of every_steps
+    assert not c.due(11, epoch_end=False, now=129.0)      # neither
+    assert c.due(11, epoch_end=False, now=130.0)          # 30 s since the last save
+    assert not c.due(12, epoch_end=True, now=101.0)       # at_epoch_end=False
