@@ -13,7 +13,7 @@ EXAMPLES = """examples:
   kerastrain quickstart                          # auto strategy on this machine
   kerastrain quickstart --strategy mirrored --cpu-devices 2
   kerastrain quickstart --strategy ps --epochs 2 --steps-per-epoch 50
-  kerastrain quickstart --model-dir runs/quick   # then: tensorboard --logdir runs/quick/logs
+  kerastrain quickstart --model-dir runs/quick   # checkpoints, export; tensorboard --logdir runs/quick/logs
   kerastrain info                                # what "auto" would choose here
 """
 
@@ -39,7 +39,7 @@ def _parser():
     quick.add_argument("--batch-size", type=int, default=256, help="global batch size")
     quick.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None)
     quick.add_argument("--model-dir", default=None,
-                       help="where TensorBoard logs go (model_dir/logs); default: nowhere")
+                       help="keep checkpoints, TensorBoard logs and the export here; a rerun resumes")
     sub.add_parser("info", help="show devices, TF_CONFIG and the strategy 'auto' would choose")
     return parser
 
@@ -74,11 +74,15 @@ def _quickstart(args):
     history = trainer.fit(data, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
                           validation_dataset_fn=validation)
     seconds = time.perf_counter() - start
+    if not history.history:
+        print(f"kerastrain: nothing left to train: {args.model_dir} already holds "
+              f"{trainer.global_step} steps ({args.epochs} epochs); pass more --epochs to go on")
+        return 0
     final = {k: round(v[-1], 4) for k, v in history.history.items()}
-    print(f"kerastrain: trained {trainer.global_step} steps in {seconds:.1f}s under "
+    print(f"kerastrain: trained to step {trainer.global_step} in {seconds:.1f}s under "
           f"{trainer._built.name} ({trainer.strategy.num_replicas_in_sync} replica(s)); "
           f"final {json.dumps(final)}"
-          + (f"; TensorBoard logs in {args.model_dir}/logs" if args.model_dir else ""))
+          + (f"; outputs in {args.model_dir}" if args.model_dir else ""))
     return 0
 
 

@@ -1,5 +1,6 @@
 """The README's commands stay true: CI runs exactly the README's test command."""
 
+import os
 import re
 
 import numpy as np
@@ -31,7 +32,7 @@ def test_cli_quickstart_trains_for_real(tmp_path):
                                "--epochs", "2", "--verbose", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = proc.stdout.strip().splitlines()[-1]
-    assert summary.startswith("kerastrain: trained 16 steps") and '"accuracy"' in summary
+    assert summary.startswith("kerastrain: trained to step 16") and '"accuracy"' in summary
     assert proc.stdout.count("8/8") == 2  # one progress line per epoch on a pipe
 
 
@@ -57,10 +58,16 @@ def test_cli_quickstart_with_model_dir_writes_tensorboard_logs(tmp_path):
     proc = helpers.run_python(["-m", "kerastrain.cli", "quickstart", "--examples", "1024",
                                "--epochs", "1", "--model-dir", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"TensorBoard logs in {tmp_path}/logs" in proc.stdout
+    assert f"outputs in {tmp_path}" in proc.stdout
     assert '"val_loss"' in proc.stdout
     assert glob.glob(str(tmp_path / "logs/train/events.out.tfevents.*"))
     assert glob.glob(str(tmp_path / "logs/validation/events.out.tfevents.*"))
+    assert os.path.exists(tmp_path / "export" / "saved_model" / "saved_model.pb")
+    # The same command again: the run is complete, nothing is trained or lost.
+    again = helpers.run_python(["-m", "kerastrain.cli", "quickstart", "--examples", "1024",
+                                "--epochs", "1", "--model-dir", str(tmp_path)])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing left to train" in again.stdout and "already holds 4 steps" in again.stdout
 
 
 def test_example_validation_data_is_the_same_task_on_new_examples():
