@@ -135,6 +135,29 @@ class ModelDirLock:
         self.held = False
 
 
+_MANAGER = None
+
+
+def _manager_class():
+    """A CheckpointManager whose `restore_or_initialize` does nothing.
+
+    kerastrain restores itself (with fallback and the `restore=` option).
+    TensorFlow's PreemptionCheckpointHandler calls `restore_or_initialize` on the
+    manager it is given; a second restore of the newest file would undo
+    `restore="none"`, an explicit path, or a fallback past an unreadable newest one.
+    """
+    global _MANAGER
+    if _MANAGER is None:
+        import tensorflow as tf
+
+        class Manager(tf.train.CheckpointManager):
+            def restore_or_initialize(self):
+                return None
+
+        _MANAGER = Manager
+    return _MANAGER
+
+
 class Checkpointer:
     """Saves and restores a `tf.train.Checkpoint` of the training state.
 
@@ -152,7 +175,7 @@ class Checkpointer:
         self.checkpoint = tf.train.Checkpoint(**trackables)
         self.manager = None
         if is_chief and directory:
-            self.manager = tf.train.CheckpointManager(
+            self.manager = _manager_class()(
                 self.checkpoint, directory, max_to_keep=options.max_to_keep,
                 checkpoint_name="ckpt")
         self.last_save_time = time.monotonic()

@@ -408,7 +408,6 @@ class Trainer:
             with open(os.path.join(config_dir, "config.yaml"), "w") as f:
                 f.write(settings_text)
         ckpt = self._checkpointer
-        agreed_stop = self._preemption_handler(ckpt)
         every = ckpt.options.every_steps if ckpt else None
 
         def boundary(at):
@@ -430,6 +429,7 @@ class Trainer:
         cbs.on_train_begin()
         logs, diverged, preempted = {}, False, None
         try:
+            agreed_stop = self._preemption_handler(ckpt)
             with watch, monitor:
                 for epoch in range(initial_epoch, epochs):
                     cbs.on_epoch_begin(epoch)

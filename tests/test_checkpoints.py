@@ -296,3 +296,19 @@ def test_every_secs_and_every_steps_cadence():
     assert not c.due(11, epoch_end=False, now=129.0)      # neither
     assert c.due(11, epoch_end=False, now=130.0)          # 30 s since the last save
     assert not c.due(12, epoch_end=True, now=101.0)       # at_epoch_end=False
+
+
+def test_the_chief_manager_never_restores_behind_kerastrains_back(tmp_path):
+    # TensorFlow's PreemptionCheckpointHandler calls restore_or_initialize() on the
+    # manager it is given; that must not undo restore="none" (or a fallback).
+    trainer(tmp_path).fit(epochs=1)
+    # No save by this run: the newest file stays the first run's ckpt-6 (6 steps), which
+    # a stock restore_or_initialize() would load over these 1-step weights.
+    fresh = trainer(tmp_path, checkpoint={"restore": "none", "at_epoch_end": False})
+    fresh.fit(epochs=1, steps_per_epoch=1)
+    import tensorflow as tf
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-6")
+    before = [w.copy() for w in fresh.model.get_weights()]
+    assert fresh._checkpointer.manager.restore_or_initialize() is None
+    for a, b in zip(fresh.model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
