@@ -23,6 +23,9 @@ class SyncRunner:
     the batches already trained on, so it sees the batches the first run would have.
     """
 
+    # The variables always hold the state of the last yielded step.
+    in_sync = True
+
     def __init__(self, trainer):
         self.trainer = trainer
         self._iterator = None
@@ -90,18 +93,30 @@ class PSRunner:
 
     Workers read repeated per-worker datasets, so there is no shared data
     position to save: a resumed run continues with fresh data passes.
+
+    Results arrive after a join, several loops at a time; `in_sync` is True only
+    for the last of them, when the variables hold the state of the step reported.
     """
 
     def __init__(self, trainer):
         self.trainer = trainer
         self.passes = 0
         self.offset = 0
+        self.in_sync = True
 
     def fast_forward(self, train_input, passes, offset):
         pass
 
     def epoch_done(self, steps_per_epoch):
         pass
+
+    def _drain(self, coordinator, scheduled):
+        """Join, then yield each scheduled loop's (totals, steps)."""
+        coordinator.join()
+        for i, (remote, _) in enumerate(scheduled):
+            part, ran = remote.fetch()
+            self.in_sync = i == len(scheduled) - 1
+            yield np.asarray(part, np.float64), int(ran)
 
     def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
         import tensorflow as tf
@@ -123,12 +138,6 @@ class PSRunner:
             if done < steps_per_epoch and checkpointer is not None and checkpointer.due(
                     step, epoch_end=False):
                 # A mid-epoch save must see the variables of exactly this step.
-                coordinator.join()
-                for remote, _ in scheduled:
-                    part, ran = remote.fetch()
-                    yield np.asarray(part, np.float64), int(ran)
+                yield from self._drain(coordinator, scheduled)
                 scheduled = []
-        coordinator.join()
-        for remote, n in scheduled:
-            part, ran = remote.fetch()
-            yield np.asarray(part, np.float64), int(ran)
+        yield from self._drain(coordinator, scheduled)

@@ -459,7 +459,8 @@ class Trainer:
                                            timed=not self._built.is_parameter_server)
                         if ran and batch_logs_wanted:
                             cbs.on_train_batch_end(batch - 1, metrics.results(totals))
-                        if ckpt is not None and ckpt.due(step, epoch_end=False) and (
+                        if ckpt is not None and runner.in_sync and ckpt.due(
+                                step, epoch_end=False) and (
                                 steps_per_epoch is None or batch < steps_per_epoch):
                             self._save(step, epoch, batch, totals, runner)
                         if agreed_stop is not None:
