@@ -8,9 +8,10 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 from typing import Mapping
+
+from kerastrain import outputs
 
 logger = logging.getLogger("kerastrain")
 
@@ -188,11 +189,8 @@ class Checkpointer:
         if self.manager is not None:
             path = self.manager.save(checkpoint_number=step)
         else:
-            scratch = tempfile.mkdtemp(prefix="kerastrain-nonchief-")
-            try:
+            with outputs.scratch_dir() as scratch:
                 self.checkpoint.write(os.path.join(scratch, "ckpt"))
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
             path = None
         self.last_save_time = time.monotonic()
         self.last_saved_step = step

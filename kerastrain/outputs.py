@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+
+SCRATCH_PREFIX = "kerastrain-nonchief-"
+
+
+@contextlib.contextmanager
+def scratch_dir():
+    """A temporary directory for a non-chief task's part of a collective save, then removed.
+
+    Under multi-worker mirrored every worker must take part in a save or an export
+    (reading on-read variables is collective); only the chief keeps the files.
+    """
+    path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class Outputs:

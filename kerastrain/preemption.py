@@ -104,7 +104,7 @@ def multi_worker_handler(cluster_resolver, checkpointer):
     """
     import tensorflow as tf
 
-    from kerastrain import _compat
+    from kerastrain import _compat, outputs
     state = {}
 
     def exit_fn():
@@ -121,7 +121,7 @@ def multi_worker_handler(cluster_resolver, checkpointer):
     else:
         # Non-chief: TensorFlow writes this worker's part of each save beside the
         # directory given (`workertemp_<task>`); a private temp dir keeps model_dir untouched.
-        scratch = tempfile.mkdtemp(prefix="kerastrain-nonchief-")
+        scratch = tempfile.mkdtemp(prefix=outputs.SCRATCH_PREFIX)
         target, directory = checkpointer.checkpoint, os.path.join(scratch, "checkpoints")
     handler = tf.distribute.experimental.PreemptionCheckpointHandler(
         cluster_resolver, target, checkpoint_dir=directory,

@@ -23,10 +23,16 @@ class BuiltStrategy:
     coordinator: Any = None          # ClusterCoordinator under parameter servers
     num_workers: int = 1             # input pipelines / PS workers
     keep_alive: tuple = ()           # in-process servers of a local cluster
+    options: dict = dataclasses.field(default_factory=dict)  # as checked by `normalize`
 
     @property
     def is_parameter_server(self) -> bool:
         return self.coordinator is not None
+
+    @property
+    def is_multi_worker(self) -> bool:
+        """Workers run collectives together, so they must agree on where to stop."""
+        return self.name == "multi_worker_mirrored"
 
     @property
     def places_variables(self) -> bool:
@@ -148,6 +154,7 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
     if "cpu_devices" in options:
         configure_cpu_devices(options["cpu_devices"])
     built = _REGISTRY[name].build(**options)
+    built.options = options
     logger.info("strategy: %s (%s)", built.name, built.reason)
     return built
 

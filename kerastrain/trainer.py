@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -82,8 +81,7 @@ class Trainer:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
         _logging.ensure_visible()
-        # Check names and options before TensorFlow does anything heavy.
-        strategies.normalize(strategy, strategy_options)
+        # Checks names and options before TensorFlow does anything heavy.
         self._built = strategies.build_strategy(strategy, strategy_options)
         if jit_compile and self._built.places_variables:
             raise ValueError(
@@ -99,6 +97,7 @@ class Trainer:
                                 f"Received an item of type {type(w).__name__}: {w!r}")
         self._extra_writers = writers
         self._writer = None
+        self._tb_writer = None
         self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
         self._checkpointer = None
         self._restored = False
@@ -139,7 +138,7 @@ class Trainer:
             atexit.register(self._lock.release)
         self._settings = {
             "strategy": self._built.name, "strategy_reason": self._built.reason,
-            "strategy_options": strategies.normalize(strategy, strategy_options)[1],
+            "strategy_options": self._built.options,
             "replicas": self.strategy.num_replicas_in_sync, "workers": self._built.num_workers,
             "seed": seed, "steps_per_loop": steps_per_loop, "model_dir": self.model_dir,
             "model": self._model.name,
@@ -196,7 +195,7 @@ class Trainer:
             jit = bool(getattr(self._model, "jit_compile", False)) and not self._built.places_variables
         # Under multi-worker mirrored, workers must agree on where to stop (collectives
         # would hang otherwise), so no per-worker stop inside their loops.
-        flag = None if self._built.name == "multi_worker_mirrored" else self._stop_flag
+        flag = None if self._built.is_multi_worker else self._stop_flag
         self._loops = loops_lib.Loops(self._built, self._model, self._global_step,
                                       jit_compile=jit, stop_flag=flag)
         import tensorflow as tf
@@ -246,7 +245,7 @@ class Trainer:
 
     def _preemption_handler(self, ckpt):
         """Under multi-worker mirrored with checkpoints: `agree(step)`, else None."""
-        if ckpt is None or self._built.name != "multi_worker_mirrored" or not self.model_dir:
+        if ckpt is None or not self._built.is_multi_worker or not self.model_dir:
             return None
         agree, self._release_preemption = preemption.multi_worker_handler(
             self.strategy.cluster_resolver, ckpt)
@@ -271,14 +270,9 @@ class Trainer:
             paths = checkpoints.export(self._model, self._outputs.dir("export"))
             logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
             return paths
-        if self._built.name == "multi_worker_mirrored":
-            # Reading on-read (metric) variables is collective: every worker must save.
-            scratch = tempfile.mkdtemp(prefix="kerastrain-nonchief-")
-            try:
+        if self._built.is_multi_worker:
+            with outputs_lib.scratch_dir() as scratch:
                 checkpoints.export(self._model, scratch)
-            finally:
-                import shutil
-                shutil.rmtree(scratch, ignore_errors=True)
         return None
 
     def _resolve_verbose(self, verbose):
@@ -300,7 +294,8 @@ class Trainer:
             writers = list(self._extra_writers)
             logdir = self._outputs.dir("logs") if self._tb_options else None
             if logdir:
-                writers.insert(0, summaries.TensorBoardWriter(logdir))
+                self._tb_writer = summaries.TensorBoardWriter(logdir)
+                writers.insert(0, self._tb_writer)
             if writers:
                 self._writer = writers[0] if len(writers) == 1 else summaries.MultiWriter(writers)
         return self._writer
@@ -322,9 +317,7 @@ class Trainer:
         def weights():
             return {v.path: np.asarray(v.numpy()) for v in self._model.weights}
 
-        tb = getattr(writer, "train_dir", None)
-        if isinstance(writer, summaries.MultiWriter):
-            tb = next((w.train_dir for w in writer.writers if hasattr(w, "train_dir")), None)
+        tb = self._tb_writer.train_dir if self._tb_writer is not None else None
         return summaries.Monitor(writer, self._tb_options, learning_rate_fn=learning_rate,
                                  weights_fn=weights, train_logdir=tb), yaml.safe_dump(
                                      self._settings, sort_keys=False)
@@ -423,8 +416,7 @@ class Trainer:
         metrics = self._loops.metrics
         self._stop_flag.assign(False)
         # Under multi-worker mirrored, TensorFlow's PreemptionCheckpointHandler owns SIGTERM.
-        watch = preemption.SigtermWatch(
-            self._stop_flag, install=self._built.name != "multi_worker_mirrored")
+        watch = preemption.SigtermWatch(self._stop_flag, install=not self._built.is_multi_worker)
         self._watch = watch
         cbs.on_train_begin()
         logs, diverged, preempted = {}, False, None
@@ -443,7 +435,7 @@ class Trainer:
                         totals += totals_part
                         batch += ran
                         step += ran
-                        if watch.requested and self._built.name != "multi_worker_mirrored":
+                        if watch.requested:
                             preempted = self._preempt(step, epoch, batch, totals, runner)
                             break
                         if not np.isfinite(totals_part[0]):
