@@ -52,7 +52,10 @@ class KerastrainTensorBoard(KerastrainDefaults):
 
     def __init__(self, x, y):
         import tempfile
-        self.options = {"model_dir": tempfile.mkdtemp(prefix="kerastrain-bench-")}
+        # Logging only: the bench calls fit once per epoch, and with checkpoints each
+        # call would also save and export, which is not what this row measures.
+        self.options = {"model_dir": tempfile.mkdtemp(prefix="kerastrain-bench-"),
+                        "checkpoint": False}
         super().__init__(x, y)
 
 
