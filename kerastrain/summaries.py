@@ -79,6 +79,7 @@ class TensorBoardWriter(MetricWriter):
     def __init__(self, logdir: str):
         self.logdir = logdir
         self._writers = {}
+        self._compiled = {}
 
     def _writer(self, run):
         import tensorflow as tf
@@ -90,13 +91,29 @@ class TensorBoardWriter(MetricWriter):
     def train_dir(self):
         return os.path.join(self.logdir, "train")
 
+    def _scalar_writer(self, run, tags):
+        """One compiled call per (run, tags): eager tf.summary.scalar ops cost ~0.5 ms
+        each, which made logging 3% of an epoch of the core benchmark."""
+        import tensorflow as tf
+        key = (run, tags)
+        if key not in self._compiled:
+            writer = self._writer(run)
+
+            @tf.function
+            def write(step, values):
+                with writer.as_default(step=step):
+                    for i, tag in enumerate(tags):
+                        tf.summary.scalar(tag, values[i])
+            self._compiled[key] = write
+        return self._compiled[key]
+
     def write_scalars(self, step, scalars):
         import tensorflow as tf
         for run, values in zip(("train", "validation"), _split(scalars)):
             if values:
-                with self._writer(run).as_default(step=step):
-                    for tag, value in values.items():
-                        tf.summary.scalar(tag, value)
+                write = self._scalar_writer(run, tuple(values))
+                write(tf.constant(step, tf.int64),
+                      tf.constant([float(v) for v in values.values()], tf.float32))
 
     def write_texts(self, step, texts):
         import tensorflow as tf
@@ -123,6 +140,7 @@ class TensorBoardWriter(MetricWriter):
         for w in self._writers.values():
             w.close()
         self._writers = {}
+        self._compiled = {}
 
 
 class LoggingWriter(MetricWriter):
