@@ -6,6 +6,7 @@ import os as _os
 # users; an explicit setting by the user wins.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from kerastrain import data  # noqa: E402  (kerastrain.data.files)
 from kerastrain.checkpoints import CheckpointOptions  # noqa: E402
 from kerastrain.cluster import serve  # noqa: E402
 from kerastrain.preemption import Preempted  # noqa: E402
@@ -23,6 +24,7 @@ __all__ = [
     "Trainer",
     "build_strategy",
     "configure_cpu_devices",
+    "data",
     "serve",
     "__version__",
 ]

@@ -91,3 +91,54 @@ def stop_preemption_handler(handler):
         stop = getattr(handler, name, None)
         if stop is not None:
             stop()
+
+
+def auto_shard(dataset, num_shards, index):
+    """TensorFlow's own auto-shard rewrite (FILE / DATA, per the dataset's options).
+
+    `tf.distribute` applies it only to the datasets it distributes itself; under
+    parameter servers TensorFlow gives every worker the whole dataset, so
+    kerastrain applies the same rewrite per worker (TF 2.16-2.21:
+    `tensorflow.python.data.experimental.ops.distribute._AutoShardDataset`).
+    """
+    from tensorflow.python.data.experimental.ops import distribute
+    return distribute._AutoShardDataset(dataset, num_shards, index, 1)
+
+
+def serialize_dataset(dataset):
+    """A dataset's graph as a string tensor, to rebuild it on another task."""
+    import tensorflow as tf
+    return tf.raw_ops.DatasetToGraphV2(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        external_state_policy=0,  # WARN: state (e.g. a shuffle seed generator) is re-created
+        strip_device_assignment=True)
+
+
+def deserialize_dataset(graph, element_spec):
+    import tensorflow as tf
+    return tf.data.experimental.from_variant(
+        tf.raw_ops.DatasetFromGraph(graph_def=graph), element_spec)
+
+
+def per_worker_iterator(coordinator, strategy, make):
+    """One iterator per parameter-server worker, worker i's built by `make(i)`.
+
+    `ClusterCoordinator.create_per_worker_dataset` traces one function for all
+    workers, so no worker can know its index and take its own shard. This builds
+    one concrete function per worker and registers it with that worker, which
+    also re-creates it when the worker restarts (TF 2.16-2.21: `_cluster.workers`,
+    `Worker.create_resource`, `PerWorkerDistributedIterator`, and the iterator
+    type-spec patch that `PerWorkerDatasetFromDatasetFunction.__iter__` does).
+    """
+    import tensorflow as tf
+    from tensorflow.python.distribute import input_lib
+    from tensorflow.python.distribute.coordinator import values as values_lib
+
+    remotes = []
+    for index, worker in enumerate(coordinator._cluster.workers):
+        dataset_fn = tf.function(lambda index=index: make(index)).get_concrete_function()
+        remote = worker.create_resource(lambda fn=dataset_fn: iter(fn()))
+        remote._type_spec = input_lib.get_iterator_spec_from_dataset(
+            strategy, dataset_fn.structured_outputs)
+        remotes.append(remote)
+    return values_lib.PerWorkerDistributedIterator(tuple(remotes))

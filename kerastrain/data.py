@@ -1,42 +1,88 @@
-"""Turn a user's `dataset_fn(InputContext)` into what each strategy iterates.
+"""Input forms (dataset_fn(ctx), global-batch datasets, NumPy arrays) made iterable per strategy.
 
-Under synchronous strategies the function is called once per input pipeline
-(worker) through `distribute_datasets_from_function`; under parameter servers it
-runs on every worker through `ClusterCoordinator.create_per_worker_dataset` and is
-repeated so that no worker runs dry mid-epoch.
+The four forms a user may pass wherever data is expected:
+
+1. `dataset_fn(ctx)`: called once per input pipeline with a
+   `tf.distribute.InputContext`; returns per-replica batches and shards itself.
+2. A zero-argument function returning a `tf.data.Dataset` of **global** batches.
+3. A `tf.data.Dataset` of global batches.
+4. NumPy arrays `(x, y)` or `(x, y, sample_weight)` with a `batch_size`.
+
+Forms 2-4 are distributed by kerastrain: sharded across workers by the policy
+in `kerastrain.sharding` and split into per-replica batches by TensorFlow.
+Under parameter servers every form becomes a per-worker dataset built on the
+workers, worker i reading shard i, repeated so no worker runs dry.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import random
+import warnings
+
+import numpy as np
+
+from kerastrain import _compat, sharding
 
 logger = logging.getLogger("kerastrain")
 
 INFINITE = -1
 UNKNOWN = -2
+DEFAULT_BATCH_SIZE = 32  # as in Keras's `fit(x, y)`
+
+_FORMS_HELP = (
+    "Pass one of: a function `dataset_fn(ctx)` taking a tf.distribute.InputContext and returning "
+    "per-replica batches; a zero-argument function or a tf.data.Dataset yielding global batches; "
+    "or NumPy arrays `(x, y)` / `(x, y, sample_weight)` with `batch_size`.")
 
 
-def check_dataset_fn(dataset_fn, argument="dataset_fn"):
-    """Raise a clear error unless `dataset_fn` is a callable taking an InputContext."""
+# -- recognising the form ------------------------------------------------------
+
+def _is_array(value):
+    return isinstance(value, np.ndarray) or (
+        hasattr(value, "__array__") and hasattr(value, "shape") and not callable(value))
+
+
+def _array_leaves(data):
+    import tensorflow as tf
+    leaves = tf.nest.flatten(data)
+    return leaves if leaves and all(_is_array(v) for v in leaves) else None
+
+
+def input_form(data, argument="dataset_fn") -> str:
+    """"context_fn", "global_fn", "dataset" or "numpy"; a clear error for anything else."""
     import tensorflow as tf
 
-    if isinstance(dataset_fn, tf.data.Dataset) or not callable(dataset_fn):
+    if isinstance(data, tf.data.Dataset):
+        return "dataset"
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3) and _array_leaves(data):
+        return "numpy"
+    if isinstance(data, (tuple, list, dict)) or _is_array(data):
         raise TypeError(
-            f"`{argument}` must be a function taking a tf.distribute.InputContext and returning a "
-            "tf.data.Dataset of per-replica batches, e.g. `def dataset_fn(ctx): return "
-            "make_ds().shard(ctx.num_input_pipelines, ctx.input_pipeline_id)"
-            ".batch(ctx.get_per_replica_batch_size(256))`. "
-            f"Received: {argument}={dataset_fn!r} of type {type(dataset_fn).__name__}")
+            f"`{argument}` got {type(data).__name__} data that is not a tuple `(x, y)` or "
+            f"`(x, y, sample_weight)` of arrays. {_FORMS_HELP} Received: {argument} of type "
+            f"{type(data).__name__}" + (f" with {len(data)} items" if hasattr(data, "__len__")
+                                         else ""))
+    if not callable(data):
+        raise TypeError(f"`{argument}` is not usable as training data. {_FORMS_HELP} "
+                        f"Received: {argument}={data!r} of type {type(data).__name__}")
     try:
-        params = [p for p in inspect.signature(dataset_fn).parameters.values()
+        params = [p for p in inspect.signature(data).parameters.values()
                   if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
-        return
+        return "context_fn"
     if len(params) > 1:
         raise TypeError(
-            f"`{argument}` must take exactly one argument, the tf.distribute.InputContext. "
-            f"Received a function with required arguments {[p.name for p in params]}.")
+            f"`{argument}` must take the tf.distribute.InputContext as its only argument, or no "
+            f"argument at all. Received a function with required arguments "
+            f"{[p.name for p in params]}.")
+    return "global_fn" if not params else "context_fn"
+
+
+def check_dataset_fn(data, argument="dataset_fn"):
+    """Raise a clear error unless `data` is one of the accepted input forms."""
+    return input_form(data, argument)
 
 
 def describe(spec):
@@ -79,78 +125,277 @@ def cardinality(dataset) -> int:
     return {tf.data.INFINITE_CARDINALITY: INFINITE, tf.data.UNKNOWN_CARDINALITY: UNKNOWN}.get(n, n)
 
 
-class DistributedInput:
-    """One dataset_fn made iterable under one strategy.
+# -- NumPy input ----------------------------------------------------------------
 
-    Attributes:
-        element_spec: the per-replica element spec (checked).
-        cardinality: per-pipeline number of per-replica batches, or INFINITE/UNKNOWN.
+class NumpyData:
+    """NumPy arrays held in host variables, read by a tf.data pipeline of global batches.
+
+    The arrays live in non-trainable variables on this task's CPU, not in the
+    dataset graph, so a pipeline serialised for another worker stays small (the
+    2 GB GraphDef limit of embedded constants). Each pass shuffles the example
+    indices with the seed and gathers whole batches: the batches are those of
+    `tf.data.Dataset.from_tensor_slices(arrays).shuffle(len(x), seed).batch(batch_size)`.
     """
 
-    def __init__(self, built, dataset_fn, *, argument="dataset_fn", for_training=True):
+    def __init__(self, arrays, batch_size, *, shuffle, seed, argument="dataset_fn"):
         import tensorflow as tf
 
-        check_dataset_fn(dataset_fn, argument)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
+            raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
+        structure = tf.nest.map_structure(np.asarray, tuple(arrays))
+        lengths = {leaf.shape[0] if leaf.ndim else None for leaf in tf.nest.flatten(structure)}
+        if None in lengths or len(lengths) != 1:
+            raise ValueError(
+                f"The arrays in `{argument}` must all have the same number of examples (first "
+                f"dimension). Received shapes: "
+                f"{tf.nest.map_structure(lambda a: list(a.shape), structure)}")
+        self.num_examples = lengths.pop()
+        if self.num_examples == 0:
+            raise ValueError(f"The arrays in `{argument}` are empty (0 examples).")
+        self.batch_size = int(batch_size)
+        self.shuffle = shuffle
+        self.seed = seed
+        with tf.init_scope(), tf.device("/cpu:0"):
+            self._variables = tf.nest.map_structure(
+                lambda a: tf.Variable(a, trainable=False, name="numpy_data"), structure)
+
+    def dataset(self):
+        import tensorflow as tf
+
+        ds = tf.data.Dataset.range(self.num_examples)
+        if self.shuffle:
+            ds = ds.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
+        variables = self._variables
+        ds = ds.batch(self.batch_size).map(
+            lambda idx: tf.nest.map_structure(lambda v: tf.gather(v, idx), variables))
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, reader="tfrecord",
+          compression=None, shuffle_files=True, shuffle_buffer=0, seed=0, parallel_reads=None):
+    """A dataset over files on disk that kerastrain (and TensorFlow) can shard by file.
+
+    Files are read in parallel (`interleave`). With `batch_size`, records are
+    batched first and `parse_fn` receives a batch of records, so parsing is
+    vectorised (`tf.io.parse_example`); without it `parse_fn` gets one record.
+
+    Args:
+        pattern: a glob pattern or a list of paths/patterns.
+        parse_fn: maps a record (or a batch of records) to `(x, y)` or
+            `(x, y, sample_weight)`.
+        batch_size: the global batch size, or None to leave batching to you.
+        reader: "tfrecord" or "text".
+        compression: "GZIP", "ZLIB" or None.
+        shuffle_files: shuffle the file order each pass (with `seed`, so every
+            worker agrees on it).
+        shuffle_buffer: if > 0, shuffle records within a buffer of this size.
+        seed: seed of both shuffles.
+        parallel_reads: files read at once (default: tf.data.AUTOTUNE).
+
+    Returns:
+        a `tf.data.Dataset`: pass it, or a function returning it, as data.
+
+    Example:
+        >>> ds = kerastrain.data.files("data/train-*.tfrecord", parse, batch_size=256)
+        >>> trainer.fit(lambda: ds, epochs=2)
+    """
+    import tensorflow as tf
+
+    readers = {"tfrecord": tf.data.TFRecordDataset, "text": tf.data.TextLineDataset}
+    if reader not in readers:
+        raise ValueError(f"`reader` must be one of {sorted(readers)}. Received: reader={reader!r}")
+    patterns = [pattern] if isinstance(pattern, (str, bytes)) else list(pattern)
+    names = sorted({name for p in patterns for name in tf.io.gfile.glob(str(p))})
+    if not names:
+        raise ValueError(f"No files match `pattern`. Received: pattern={pattern!r}")
+    ds = tf.data.Dataset.from_tensor_slices(names)
+    if shuffle_files:
+        ds = ds.shuffle(len(names), seed=seed, reshuffle_each_iteration=True)
+    make_reader = readers[reader]
+    parallel = tf.data.AUTOTUNE if parallel_reads is None else parallel_reads
+    ds = ds.interleave(lambda f: make_reader(f, compression_type=compression),
+                       cycle_length=None if parallel_reads is None else parallel_reads,
+                       num_parallel_calls=parallel, deterministic=True)
+    if shuffle_buffer:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if batch_size is not None:
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    if parse_fn is not None:
+        ds = ds.map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+# -- one input under one strategy ---------------------------------------------------
+
+def _with_policy(dataset, policy):
+    import tensorflow as tf
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = {
+        "file": tf.data.experimental.AutoShardPolicy.FILE,
+        "data": tf.data.experimental.AutoShardPolicy.DATA,
+    }.get(policy, tf.data.experimental.AutoShardPolicy.OFF)
+    return dataset.with_options(options)
+
+
+class DistributedInput:
+    """One input (any form) made iterable under one strategy.
+
+    Attributes:
+        form: "context_fn", "global_fn", "dataset" or "numpy".
+        plan: the `sharding.Plan` decided (logged once).
+        element_spec: the element spec of the batches (checked).
+        cardinality: batches per epoch: per pipeline for `dataset_fn(ctx)`
+            under synchronous strategies, global batches otherwise (the sum over
+            workers under parameter servers); or INFINITE / UNKNOWN.
+    """
+
+    def __init__(self, built, data, *, argument="dataset_fn", for_training=True, shard="auto",
+                 batch_size=None, seed=None, role="training"):
+        import tensorflow as tf
+
+        self.form = input_form(data, argument)
+        sharding.check_policy(shard)
+        if batch_size is not None and self.form != "numpy":
+            raise ValueError(
+                "`batch_size` applies to NumPy input only; a dataset or dataset_fn batches its "
+                f"own data. Received: batch_size={batch_size!r} with {argument} of form "
+                f"{self.form!r}")
         self._built = built
-        self._fn = dataset_fn
         self._argument = argument
+        self._for_training = for_training
         strategy = built.strategy
-        # Build one copy here, on this task, to check structure and size before
-        # anything is traced or sent to workers.
-        # TensorFlow gives every parameter-server worker a one-pipeline context
-        # (each reads the whole dataset); synchronous workers get one pipeline each.
-        pipelines = 1 if built.is_parameter_server else max(built.num_workers, 1)
-        probe_ctx = tf.distribute.InputContext(
-            num_input_pipelines=pipelines, input_pipeline_id=0,
-            num_replicas_in_sync=strategy.num_replicas_in_sync)
-        probe = dataset_fn(probe_ctx)
-        check_element_spec(probe, argument)
-        self.element_spec = probe.element_spec
-        self.cardinality = cardinality(probe)
-        self._probe = probe
+        ps = built.is_parameter_server
+        pipelines = max(built.num_workers, 1)
+        self._pipelines = pipelines
         self._distributed = None
         self._per_worker = None
-        self._for_training = for_training
+        if self.form == "numpy":
+            if seed is None and for_training:
+                # Every worker must shuffle alike for data sharding to stay exact.
+                seed = 0 if built.is_multi_worker else random.randrange(2 ** 31)
+            self._numpy = NumpyData(data, DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
+                                    shuffle=for_training, seed=seed, argument=argument)
+            self._make = self._numpy.dataset
+        elif self.form == "dataset":
+            if ps:
+                _check_usable_here(data, argument)
+            self._make = lambda: data
+        elif self.form == "global_fn":
+            self._make = data
+        else:
+            self._fn = data
 
-    def _checked_fn(self, repeat):
-        def fn(ctx):
-            ds = self._fn(ctx)
-            check_element_spec(ds, self._argument)
-            if repeat and cardinality(ds) != INFINITE:
-                ds = ds.repeat()
-            return ds
-        return fn
+        if self.form == "context_fn":
+            # Build one copy here, on this task, to check structure and size first.
+            contexts = [tf.distribute.InputContext(pipelines, i, strategy.num_replicas_in_sync)
+                        for i in range(pipelines if ps else 1)]
+            probes = [self._fn(ctx) for ctx in contexts]
+            for probe in probes:
+                check_element_spec(probe, argument)
+            sizes = [cardinality(p) for p in probes]
+            self.cardinality = (sizes[0] if len(sizes) == 1 or min(sizes) < 0 else sum(sizes))
+            self.element_spec = probes[0].element_spec
+            source, global_batch = None, None
+        else:
+            probe = self._make()
+            check_element_spec(probe, argument)
+            self.element_spec = probe.element_spec
+            self.cardinality = cardinality(probe)
+            source = sharding.file_source(probe) if pipelines > 1 or shard == "file" else None
+            global_batch = (self._numpy.batch_size if self.form == "numpy"
+                            else sharding.batch_size(probe))
+            replicas = strategy.num_replicas_in_sync
+            if global_batch and not ps and global_batch % replicas:
+                low = global_batch // replicas
+                raise ValueError(
+                    f"The global batch size {global_batch} does not divide evenly over the "
+                    f"{replicas} replicas, so replicas would get batches of {low} and "
+                    f"{low + 1}. Use a multiple of {replicas}, e.g. {low * replicas} or "
+                    f"{(low + 1) * replicas}. Received: global batch size {global_batch} from "
+                    f"`{argument}`")
+        self.plan = sharding.decide(
+            shard, form=self.form, pipelines=pipelines, source=source, parameter_servers=ps,
+            global_batch=global_batch, replicas=strategy.num_replicas_in_sync)
+        logger.info("%s data: %s", role, self.plan.sentence)
+
+    # -- what the runners iterate ---------------------------------------------------
+
+    def _checked(self, dataset, repeat=False):
+        check_element_spec(dataset, self._argument)
+        if repeat and cardinality(dataset) != INFINITE:
+            dataset = dataset.repeat()
+        return dataset
 
     def distributed(self):
         """A distributed dataset for synchronous strategies (iterate it once per pass)."""
         if self._distributed is None:
-            self._distributed = self._built.strategy.distribute_datasets_from_function(
-                self._checked_fn(repeat=False))
+            strategy = self._built.strategy
+            if self.form == "context_fn":
+                self._distributed = strategy.distribute_datasets_from_function(
+                    lambda ctx: self._checked(self._fn(ctx)))
+            else:
+                dataset = _with_policy(self._make(), self.plan.policy)
+                self._distributed = strategy.experimental_distribute_dataset(dataset)
         return self._distributed
 
-    def per_worker_iterator(self):
-        """A per-worker iterator under parameter servers; repeated, so it never runs dry."""
+    def _worker_dataset(self, index, repeat=True):
+        """Worker `index`'s (repeated) shard, built eagerly here or traced for that worker."""
         import tensorflow as tf
 
+        if self.form == "context_fn":
+            ctx = tf.distribute.InputContext(self._pipelines, index,
+                                             self._built.strategy.num_replicas_in_sync)
+            return self._checked(self._fn(ctx), repeat=repeat)
+        dataset = _with_policy(self._make(), self.plan.policy)
+        if self.plan.policy in ("file", "data"):
+            dataset = _compat.auto_shard(dataset, self._pipelines, index)
+        return self._checked(dataset, repeat=repeat)
+
+    def per_worker_iterator(self):
+        """Per-worker iterators under parameter servers; repeated, so they never run dry."""
         if self._per_worker is None:
             strategy = self._built.strategy
-            fn = self._checked_fn(repeat=True)
+            if self.form == "dataset":
+                # A dataset object lives here; workers get it as a serialised graph.
+                graphs = [_compat.serialize_dataset(self._worker_dataset(i))
+                          for i in range(self._pipelines)]
+                spec = self.element_spec
 
-            @tf.function
-            def per_worker_dataset_fn():
-                return strategy.distribute_datasets_from_function(fn)
-
-            dataset = self._built.coordinator.create_per_worker_dataset(per_worker_dataset_fn)
-            self._per_worker = iter(dataset)
+                def make(index):
+                    return strategy.distribute_datasets_from_function(
+                        lambda ctx: _compat.deserialize_dataset(graphs[index], spec))
+            else:
+                def make(index):
+                    return strategy.distribute_datasets_from_function(
+                        lambda ctx: self._worker_dataset(index))
+            with warnings.catch_warnings():
+                # tf.data warns that dataset options are not known while tracing.
+                warnings.simplefilter("ignore", UserWarning)
+                self._per_worker = _compat.per_worker_iterator(
+                    self._built.coordinator, strategy, make)
         return self._per_worker
 
     def local_dataset(self):
         """The whole dataset read on this task (coordinator-side evaluation under PS)."""
         import tensorflow as tf
-        ctx = tf.distribute.InputContext(1, 0, 1)
-        ds = self._fn(ctx)
-        check_element_spec(ds, self._argument)
-        return ds
+        if self.form == "context_fn":
+            return self._checked(self._fn(tf.distribute.InputContext(1, 0, 1)))
+        return self._checked(self._make())
+
+
+def _check_usable_here(dataset, argument):
+    """A dataset made before the PS cluster connected lives on devices that are gone."""
+    import tensorflow as tf
+    try:
+        dataset.with_options(tf.data.Options())
+    except tf.errors.InvalidArgumentError as e:
+        raise ValueError(
+            f"The tf.data.Dataset given as `{argument}` was created before kerastrain connected "
+            "to the parameter-server cluster, which replaces TensorFlow's devices, so it cannot "
+            "be used any more. Pass a zero-argument function that returns the dataset instead "
+            f"(e.g. `lambda: make_dataset()`), or create it after the Trainer. TensorFlow said: "
+            f"{e.message.splitlines()[0]}") from None
 
 
 def check_against_model(element_spec, model):

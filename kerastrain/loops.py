@@ -75,11 +75,14 @@ class MetricState:
                 chunk = np.asarray(totals[offset:offset + size]).reshape(v.shape)
                 values.append(tf.constant(chunk, dtype=v.dtype))
                 offset += size
-            result = metric.stateless_result(values)
-            if isinstance(result, dict):
-                logs.update({k: float(r) for k, r in result.items()})
-            else:
-                logs[metric.name] = float(result)
+            # Read the result inside the scope: a metric whose `result()` returns one
+            # of its variables would otherwise be read outside, at its live value.
+            with _compat.stateless_scope(list(zip(variables, values))):
+                result = metric.result()
+                if isinstance(result, dict):
+                    logs.update({k: float(r) for k, r in result.items()})
+                else:
+                    logs[metric.name] = float(result)
         return logs
 
 

@@ -19,6 +19,7 @@ from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
 from kerastrain import preemption
 from kerastrain import runners
+from kerastrain import sharding
 from kerastrain import strategies
 from kerastrain import summaries
 
@@ -33,8 +34,11 @@ class Trainer:
     Args:
         model: a compiled `keras.Model`, or a zero-argument function returning one
             (called inside the strategy's scope; preferred).
-        dataset_fn: a function `InputContext -> tf.data.Dataset` of per-replica
-            batches `(x, y)` or `(x, y, sample_weight)`. May instead be given to `fit`.
+        dataset_fn: the training data, in any form (see `docs/data.md`): a function
+            `InputContext -> tf.data.Dataset` of per-replica batches; a zero-argument
+            function or a `tf.data.Dataset` of global batches; or NumPy arrays
+            `(x, y)` / `(x, y, sample_weight)`. Batches are `(x, y)` or
+            `(x, y, sample_weight)`. May instead be given to `fit`.
         strategy: a name (`"auto"`, `"default"`, `"one_device"`, `"mirrored"`,
             `"central_storage"`, `"multi_worker_mirrored"`, `"ps"`) or a mapping
             `{"name": ..., **options}`.
@@ -56,6 +60,10 @@ class Trainer:
             `model_dir/checkpoints` (every epoch end by default), `fit` resumes from
             the latest, and `model_dir/export` gets the trained model. True, False,
             a dict of `CheckpointOptions` fields, or a `CheckpointOptions`.
+        shard: how kerastrain shards global-batch data and NumPy input across
+            workers: `"auto"` (by file when there are at least as many files as
+            workers, else by data), `"file"`, `"data"` or `"off"`. A
+            `dataset_fn(ctx)` shards itself.
 
     Example:
         >>> trainer = Trainer(build_model, dataset_fn, strategy="mirrored", seed=0)
@@ -66,9 +74,10 @@ class Trainer:
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
                  metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
-                 checkpoint=True):
+                 checkpoint=True, shard="auto"):
         if dataset_fn is not None:
             data_lib.check_dataset_fn(dataset_fn)
+        self._shard = sharding.check_policy(shard)
         if steps_per_loop != "auto" and (isinstance(steps_per_loop, bool) or not isinstance(
                 steps_per_loop, int) or steps_per_loop < 1):
             raise ValueError("`steps_per_loop` must be a positive int or 'auto'. "
@@ -141,6 +150,7 @@ class Trainer:
             "strategy_options": self._built.options,
             "replicas": self.strategy.num_replicas_in_sync, "workers": self._built.num_workers,
             "seed": seed, "steps_per_loop": steps_per_loop, "model_dir": self.model_dir,
+            "shard": shard,
             "model": self._model.name,
             "optimizer": type(self._model.optimizer).__name__,
             "checkpoint": None if self._ckpt_options is None else dataclasses.asdict(
@@ -170,11 +180,12 @@ class Trainer:
 
     # -- set-up helpers -------------------------------------------------------
 
-    def _input(self, dataset_fn, argument, for_training):
-        key = (id(dataset_fn), argument)
-        if key not in self._inputs or self._inputs[key][0] is not dataset_fn:
-            self._inputs[key] = (dataset_fn, data_lib.DistributedInput(
-                self._built, dataset_fn, argument=argument, for_training=for_training))
+    def _input(self, data, argument, role, batch_size=None):
+        key = (id(data), argument, batch_size)
+        if key not in self._inputs or self._inputs[key][0] is not data:
+            self._inputs[key] = (data, data_lib.DistributedInput(
+                self._built, data, argument=argument, for_training=role == "training",
+                shard=self._shard, batch_size=batch_size, seed=self._seed, role=role))
         return self._inputs[key][1]
 
     def _ensure_built(self, element_spec):
@@ -342,11 +353,14 @@ class Trainer:
     # -- training -------------------------------------------------------------
 
     def fit(self, dataset_fn=None, *, epochs=1, steps_per_epoch=None, validation_dataset_fn=None,
-            validation_steps=None, callbacks=None, verbose=None, initial_epoch=0):
+            validation_steps=None, callbacks=None, verbose=None, initial_epoch=0,
+            batch_size=None):
         """Train for `epochs` epochs and return a `keras.callbacks.History`.
 
         Args:
-            dataset_fn: overrides the Trainer's `dataset_fn`.
+            dataset_fn: overrides the Trainer's `dataset_fn`: any input form
+                (a `dataset_fn(ctx)`, a zero-argument function or a dataset of
+                global batches, or NumPy arrays `(x, y[, sample_weight])`).
             epochs: epochs to train (epoch indices `initial_epoch .. epochs-1`).
             steps_per_epoch: steps per epoch; None runs each epoch to the end of
                 the data (required for infinite data and under parameter servers
@@ -358,6 +372,8 @@ class Trainer:
                 batch hooks and `steps_per_loop="auto"`).
             verbose: overrides the Trainer's `verbose`.
             initial_epoch: epoch to start from, as in `model.fit`.
+            batch_size: the global batch size of NumPy input (default 32, as in
+                Keras); also used for NumPy validation data.
 
         Raises:
             ValueError: missing data, or infinite data without `steps_per_epoch`.
@@ -373,11 +389,13 @@ class Trainer:
         if validation_steps is not None:
             _check_count("validation_steps", validation_steps, minimum=1)
         callbacks = callbacks_lib.check_callbacks(callbacks)
-        train_input = self._input(dataset_fn, "dataset_fn", True)
+        train_input = self._input(dataset_fn, "dataset_fn", "training",
+                                  _numpy_batch(dataset_fn, batch_size))
         steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
         val_input = None
         if validation_dataset_fn is not None:
-            val_input = self._input(validation_dataset_fn, "validation_dataset_fn", False)
+            val_input = self._input(validation_dataset_fn, "validation_dataset_fn", "validation",
+                                    _numpy_batch(validation_dataset_fn, batch_size))
             self._eval_dataset_fn = validation_dataset_fn
         self._ensure_built(train_input.element_spec)
 
@@ -508,16 +526,16 @@ class Trainer:
                     "Under parameter-server training the coordinator schedules a fixed number "
                     "of steps per epoch, and the size of this dataset is unknown (e.g. after "
                     "`filter`): pass `steps_per_epoch`. Received: steps_per_epoch=None")
-            # Every worker reads its own copy of the data (TensorFlow gives each a
-            # one-pipeline InputContext), so one epoch is one pass: n steps in all.
+            # Worker i reads shard i; one epoch is as many steps as the shards have
+            # batches together, whichever worker takes them.
             logger.info("steps_per_epoch=None under parameter servers: one epoch is %d steps "
-                        "(the dataset's size), spread over %d workers", n, self._built.num_workers)
+                        "(the data's batches), spread over %d workers", n, self._built.num_workers)
             return n
         return None
 
     # -- evaluation -----------------------------------------------------------
 
-    def evaluate(self, dataset_fn=None, *, steps=None):
+    def evaluate(self, dataset_fn=None, *, steps=None, batch_size=None):
         """Evaluate the model exactly over the data and return `{"loss": ..., ...}` floats.
 
         `dataset_fn` defaults to the last `validation_dataset_fn` given to `fit`,
@@ -525,12 +543,16 @@ class Trainer:
         coordinator evaluates the whole dataset itself, reading variables from
         the ps tasks, so every example counts exactly once.
         """
-        dataset_fn = dataset_fn or self._eval_dataset_fn or self._dataset_fn
+        for candidate in (dataset_fn, self._eval_dataset_fn, self._dataset_fn):
+            if candidate is not None:
+                dataset_fn = candidate
+                break
         if dataset_fn is None:
             raise ValueError("No evaluation data: pass `dataset_fn`. Received: dataset_fn=None")
         if steps is not None:
             _check_count("steps", steps, minimum=1)
-        eval_input = self._input(dataset_fn, "dataset_fn", False)
+        eval_input = self._input(dataset_fn, "dataset_fn", "evaluation",
+                                 _numpy_batch(dataset_fn, batch_size))
         self._ensure_built(eval_input.element_spec)
         return self._evaluate_input(eval_input, steps)
 
@@ -559,6 +581,14 @@ class Trainer:
             if ran < n:
                 break
         return self._loops.metrics.results(totals)
+
+
+def _numpy_batch(data, batch_size):
+    """`batch_size` for NumPy input (None otherwise; DistributedInput rejects a stray one)."""
+    if batch_size is None:
+        return None
+    _check_count("batch_size", batch_size, minimum=1)
+    return batch_size
 
 
 def _check_count(name, value, *, minimum):

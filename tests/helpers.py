@@ -63,3 +63,28 @@ def run_python(code_or_args, env=None, timeout=420):
 
 def tf_config(cluster, task_type, index):
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+def run_workers(script, job, out_prefix, num_workers=2, env=None, timeout=300):
+    """Run `script JOB OUT_PREFIX{i}` as a multi-worker cluster of local processes.
+
+    Returns (return codes, combined outputs), one per worker.
+    """
+    from kerastrain.cluster import free_port
+
+    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]}
+    procs = []
+    for i in range(num_workers):
+        full_env = dict(os.environ, TF_CONFIG=tf_config(cluster, "worker", i), PYTHONPATH=REPO,
+                        TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+        full_env.update(env or {})
+        procs.append(subprocess.Popen(
+            [sys.executable, script, json.dumps(job), f"{out_prefix}{i}"], env=full_env,
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=timeout)[0])
+        finally:
+            p.kill()
+    return [p.returncode for p in procs], outputs

@@ -71,8 +71,9 @@ def test_dataset_with_wrong_structure():
 
     with pytest.raises(ValueError, match=r"Did you forget `.batch\(...\)`"):
         trainer.fit(unbatched)
-    with pytest.raises(TypeError, match=r"must be a function taking a tf.distribute.InputContext"):
-        trainer.fit(dataset_fn(None))
+    with pytest.raises(TypeError, match=r"not usable as training data. Pass one of: a function "
+                                        r"`dataset_fn\(ctx\)`.*Received: dataset_fn=42"):
+        trainer.fit(42)
 
 
 def test_model_not_compiled_and_no_loss():
