@@ -26,6 +26,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _rounds import interleave  # noqa: E402
+from _rounds import ratio as rounds_ratio  # noqa: E402
 
 N, FEATURES, BATCH = 65536, 64, 256
 
@@ -162,23 +166,10 @@ def main():
     from kerastrain import examples
     x, y = examples.synthetic_binary(N, FEATURES)
     runners = {name: cls(x, y) for name, cls in CONFIGS.items()}
-    wall = {name: [] for name in CONFIGS}
-    cpu = {name: [] for name in CONFIGS}
-    for r in range(args.rounds):
-        names = list(CONFIGS)
-        names = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
-        for name in names:
-            w0, c0 = time.perf_counter(), time.process_time()
-            runners[name].epoch()
-            wall[name].append(time.perf_counter() - w0)
-            cpu[name].append(time.process_time() - c0)
-        print(f"round {r + 1}: " + ", ".join(f"{n.split(' (')[0]} {N / wall[n][-1]:,.0f}"
-                                             for n in CONFIGS), flush=True)
+    wall, cpu = interleave(runners, args.rounds, N)
 
     def ratio(name, base, table):
-        if base not in table:
-            return float("nan")
-        return statistics.median(b / a for a, b in zip(table[name], table[base]))
+        return rounds_ratio(table, name, base)
 
     print(f"\n{'configuration':<34}{'ex/s':>9}{'x ceiling':>10}{'x fit':>7}"
           f"{'ex/cpu-s':>10}{'x ceiling':>10}{'x fit':>7}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import random
 import warnings
 
@@ -169,29 +170,41 @@ class NumpyData:
         variables = self._variables
         ds = ds.batch(self.batch_size).map(
             lambda idx: tf.nest.map_structure(lambda v: tf.gather(v, idx), variables))
-        return ds.prefetch(tf.data.AUTOTUNE)
+        return _threaded(ds, _check_threads("auto"))
 
 
 def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, reader="tfrecord",
-          compression=None, shuffle_files=True, shuffle_buffer=0, seed=0, parallel_reads=None):
+          compression=None, shuffle_files=True, shuffle_buffer=0, seed=0, parallel_reads=None,
+          threads="auto"):
     """A dataset over files on disk that kerastrain (and TensorFlow) can shard by file.
 
-    Files are read in parallel (`interleave`). With `batch_size`, records are
-    batched first and `parse_fn` receives a batch of records, so parsing is
-    vectorised (`tf.io.parse_example`); without it `parse_fn` gets one record.
+    Records are interleaved from several files at once. With `batch_size`,
+    records are batched first and `parse_fn` receives a batch of records, so
+    parsing is vectorised (`tf.io.parse_example`); without it `parse_fn` gets
+    one record.
 
     Args:
         pattern: a glob pattern or a list of paths/patterns.
         parse_fn: maps a record (or a batch of records) to `(x, y)` or
             `(x, y, sample_weight)`.
         batch_size: the global batch size, or None to leave batching to you.
+        drop_remainder: drop a last partial batch.
         reader: "tfrecord" or "text".
         compression: "GZIP", "ZLIB" or None.
         shuffle_files: shuffle the file order each pass (with `seed`, so every
             worker agrees on it).
         shuffle_buffer: if > 0, shuffle records within a buffer of this size.
         seed: seed of both shuffles.
-        parallel_reads: files read at once (default: tf.data.AUTOTUNE).
+        parallel_reads: None reads up to 4 files in turn on one thread (local
+            disks); N > 1 reads N files on N threads in chunks of 64 records (remote
+            storage, where each read waits on the network). Per-record parallel
+            reads are avoided: on a 2-core host they ran at 13k records/s against
+            367k sequentially.
+        threads: an int gives the pipeline a private pool of that many threads
+            and turns autotuning off, so that on a small host input threads do not
+            pre-empt the model's; None leaves tf.data's shared, autotuned pool;
+            "auto" (default) is 1 on hosts with up to 4 cores, else None. Measured on
+            2 cores: 0.72x -> 1.03x of in-memory training (docs/performance.md).
 
     Returns:
         a `tf.data.Dataset`: pass it, or a function returning it, as data.
@@ -205,25 +218,57 @@ def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, read
     readers = {"tfrecord": tf.data.TFRecordDataset, "text": tf.data.TextLineDataset}
     if reader not in readers:
         raise ValueError(f"`reader` must be one of {sorted(readers)}. Received: reader={reader!r}")
-    patterns = [pattern] if isinstance(pattern, (str, bytes)) else list(pattern)
-    names = sorted({name for p in patterns for name in tf.io.gfile.glob(str(p))})
+    if parallel_reads is not None and (isinstance(parallel_reads, bool) or not isinstance(
+            parallel_reads, int) or parallel_reads < 1):
+        raise ValueError("`parallel_reads` must be None or a positive int. "
+                         f"Received: parallel_reads={parallel_reads!r}")
+    threads = _check_threads(threads)
+    patterns = [pattern] if isinstance(pattern, (str, bytes, os.PathLike)) else list(pattern)
+    names = sorted({name for p in patterns for name in tf.io.gfile.glob(os.fspath(p))})
     if not names:
         raise ValueError(f"No files match `pattern`. Received: pattern={pattern!r}")
     ds = tf.data.Dataset.from_tensor_slices(names)
     if shuffle_files:
         ds = ds.shuffle(len(names), seed=seed, reshuffle_each_iteration=True)
     make_reader = readers[reader]
-    parallel = tf.data.AUTOTUNE if parallel_reads is None else parallel_reads
-    ds = ds.interleave(lambda f: make_reader(f, compression_type=compression),
-                       cycle_length=None if parallel_reads is None else parallel_reads,
-                       num_parallel_calls=parallel, deterministic=True)
+    if parallel_reads is None or parallel_reads == 1:
+        ds = ds.interleave(lambda f: make_reader(f, compression_type=compression),
+                           cycle_length=min(len(names), 4 if parallel_reads is None else 1))
+    else:
+        ds = ds.interleave(lambda f: make_reader(f, compression_type=compression).batch(64),
+                           cycle_length=parallel_reads, num_parallel_calls=parallel_reads,
+                           deterministic=True).unbatch()
     if shuffle_buffer:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if batch_size is not None:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     if parse_fn is not None:
-        ds = ds.map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.prefetch(tf.data.AUTOTUNE)
+        if threads:
+            ds = ds.map(parse_fn)  # on the pipeline's own thread
+        else:
+            ds = ds.map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return _threaded(ds, threads)
+
+
+def _check_threads(threads):
+    if threads == "auto":
+        return 1 if (os.cpu_count() or 1) <= 4 else None
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ValueError("`threads` must be 'auto', None or a positive int. "
+                         f"Received: threads={threads!r}")
+    return threads
+
+
+def _threaded(ds, threads):
+    """Prefetch, on a private pool of `threads` threads without autotuning (None: tf.data's)."""
+    import tensorflow as tf
+    if not threads:
+        return ds.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    options.autotune.enabled = False
+    return ds.prefetch(2).with_options(options)
 
 
 # -- one input under one strategy ---------------------------------------------------

@@ -120,8 +120,9 @@ def example_parser(features: int = 64, targets: int = 1, with_ids: bool = False)
     import tensorflow as tf
 
     spec = {"x": tf.io.FixedLenFeature([features], tf.float32),
-            "y": tf.io.FixedLenFeature([targets], tf.float32),
-            "id": tf.io.FixedLenFeature([], tf.int64)}
+            "y": tf.io.FixedLenFeature([targets], tf.float32)}
+    if with_ids:
+        spec["id"] = tf.io.FixedLenFeature([], tf.int64)
 
     def parse(records):
         parsed = tf.io.parse_example(records, spec)

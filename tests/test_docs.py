@@ -1,4 +1,4 @@
-"""Every Python example in docs/strategies.md runs as written (each in a fresh process)."""
+"""Every Python example in docs/strategies.md and docs/data.md runs as written (fresh processes)."""
 
 import re
 from pathlib import Path
@@ -7,8 +7,9 @@ import pytest
 
 import helpers
 
-DOC = Path(helpers.REPO) / "docs" / "strategies.md"
-BLOCKS = re.findall(r"```python\n(.+?)```", DOC.read_text(), flags=re.S)
+DOCS = [Path(helpers.REPO) / "docs" / name for name in ("strategies.md", "data.md")]
+BLOCKS = [block for doc in DOCS
+          for block in re.findall(r"```python\n(.+?)```", doc.read_text(), flags=re.S)]
 
 
 def test_every_strategy_has_an_example():

@@ -1,0 +1,37 @@
+"""Interleaved timing shared by the benchmarks: configurations take turns, one epoch each.
+
+This host's speed drifts by 2x over minutes, so configurations are compared
+within a round, seconds apart, and ratios are medians of within-round ratios.
+CPU seconds of this process (all threads) are recorded too: time stolen by
+other tenants does not distort them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def interleave(runners, rounds, examples_per_epoch):
+    """Time `runners[name].epoch()` for `rounds` rounds; return (wall, cpu) lists per name."""
+    names = list(runners)
+    wall = {name: [] for name in names}
+    cpu = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+        for name in order:
+            w0, c0 = time.perf_counter(), time.process_time()
+            runners[name].epoch()
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.process_time() - c0)
+        print(f"round {r + 1}: " + ", ".join(
+            f"{n.split(' (')[0]} {examples_per_epoch / wall[n][-1]:,.0f}" for n in names),
+            flush=True)
+    return wall, cpu
+
+
+def ratio(table, name, base):
+    """Median over rounds of base-time / name-time: > 1 means `name` is faster."""
+    if base not in table:
+        return float("nan")
+    return statistics.median(b / a for a, b in zip(table[name], table[base]))
