@@ -8,6 +8,8 @@ other tenants does not distort them.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 
@@ -35,3 +37,22 @@ def ratio(table, name, base):
     if base not in table:
         return float("nan")
     return statistics.median(b / a for a, b in zip(table[name], table[base]))
+
+
+def machine():
+    import platform
+
+    import keras
+    import tensorflow as tf
+    return (f"{platform.machine()}, {os.cpu_count()} cores, TF {tf.__version__}, "
+            f"Keras {keras.__version__}")
+
+
+def report(rounds, rows, wall, cpu, json_path=None):
+    """Print the closing line and optionally write everything as JSON."""
+    print(f"\n{time.strftime('%Y-%m-%d')} on {machine()}; {rounds} timed epochs each, "
+          "interleaved; ratios are medians of within-round ratios")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"rows": rows, "wall": wall, "cpu": cpu, "machine": machine(),
+                       "date": time.strftime("%Y-%m-%d")}, f, indent=1)

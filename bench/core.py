@@ -17,18 +17,15 @@ time stolen by other tenants does not distort.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _rounds import interleave  # noqa: E402
+from _rounds import interleave, report  # noqa: E402
 from _rounds import ratio as rounds_ratio  # noqa: E402
 
 N, FEATURES, BATCH = 65536, 64, 256
@@ -161,8 +158,6 @@ def main():
         if unknown:
             parser.error(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
         CONFIGS = {n: CONFIGS[n] for n in wanted}
-    import keras
-    import tensorflow as tf
     from kerastrain import examples
     x, y = examples.synthetic_binary(N, FEATURES)
     runners = {name: cls(x, y) for name, cls in CONFIGS.items()}
@@ -185,8 +180,6 @@ def main():
         print(f"{name:<34}{r['examples_per_s']:>9,.0f}{r['x_ceiling']:>10.2f}"
               f"{r['x_model_fit']:>7.2f}{r['examples_per_cpu_s']:>10,.0f}"
               f"{r['cpu_x_ceiling']:>10.2f}{r['cpu_x_model_fit']:>7.2f}")
-    machine = (f"{platform.machine()}, {os.cpu_count()} cores, TF {tf.__version__}, "
-               f"Keras {keras.__version__}")
     if {"kerastrain + TensorBoard logging", "kerastrain defaults"} <= set(wall):
         pairs = list(zip(wall["kerastrain + TensorBoard logging"], wall["kerastrain defaults"]))
         cpu_pairs = list(zip(cpu["kerastrain + TensorBoard logging"], cpu["kerastrain defaults"]))
@@ -194,12 +187,7 @@ def main():
               f"{statistics.median(a / b for a, b in pairs):.3f} (wall), "
               f"x{statistics.median(a / b for a, b in cpu_pairs):.3f} (CPU), medians of "
               "within-round ratios")
-    print(f"\n{time.strftime('%Y-%m-%d')} on {machine}; {args.rounds} timed epochs each, "
-          "interleaved; ratios are medians of within-round ratios")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "wall": wall, "cpu": cpu, "machine": machine,
-                       "date": time.strftime("%Y-%m-%d")}, f, indent=1)
+    report(args.rounds, rows, wall, cpu, args.json)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,7 @@ Configurations take turns one epoch each (see bench/_rounds.py).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -31,7 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _rounds import interleave, ratio  # noqa: E402
+from _rounds import interleave, ratio, report  # noqa: E402
 
 N, FEATURES, BATCH = 65536, 64, 256
 MEMORY = "memory (dataset_fn)"
@@ -56,8 +54,6 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="timed epochs per configuration")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
-    import keras
-    import tensorflow as tf
 
     import kerastrain as kt
     from kerastrain import examples
@@ -94,14 +90,7 @@ def main():
         r = rows[name]
         print(f"{name:<30}{r['examples_per_s']:>9,.0f}{r['x_memory']:>10.2f}"
               f"{r['examples_per_cpu_s']:>10,.0f}{r['cpu_x_memory']:>10.2f}")
-    machine = (f"{platform.machine()}, {os.cpu_count()} cores, TF {tf.__version__}, "
-               f"Keras {keras.__version__}")
-    print(f"\n{time.strftime('%Y-%m-%d')} on {machine}; {args.rounds} timed epochs each, "
-          "interleaved; ratios are medians of within-round ratios")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "wall": wall, "cpu": cpu, "machine": machine,
-                       "date": time.strftime("%Y-%m-%d")}, f, indent=1)
+    report(args.rounds, rows, wall, cpu, args.json)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,43 @@
-"""kerastrain: Keras 3 training under every tf.distribute strategy, by name."""
+"""kerastrain: Keras 3 training under every tf.distribute strategy, by name.
 
+Names are imported on first use, so that `kerastrain validate` and recipe checks
+run without starting TensorFlow.
+"""
+
+import importlib as _importlib
 import os as _os
 
 # TensorFlow's C++ start-up chatter (oneDNN notices, placement logs) is not for
 # users; an explicit setting by the user wins.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from kerastrain import data  # noqa: E402  (kerastrain.data.files)
-from kerastrain.checkpoints import CheckpointOptions  # noqa: E402
-from kerastrain.cluster import serve  # noqa: E402
-from kerastrain.preemption import Preempted  # noqa: E402
-from kerastrain.strategies import build_strategy, configure_cpu_devices  # noqa: E402
-from kerastrain.summaries import MetricWriter, TensorBoardOptions  # noqa: E402
-from kerastrain.trainer import Trainer  # noqa: E402
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "CheckpointOptions",
-    "MetricWriter",
-    "Preempted",
-    "TensorBoardOptions",
-    "Trainer",
-    "build_strategy",
-    "configure_cpu_devices",
-    "data",
-    "serve",
-    "__version__",
-]
+_EXPORTS = {
+    "CheckpointOptions": "kerastrain.checkpoints",
+    "MetricWriter": "kerastrain.summaries",
+    "Preempted": "kerastrain.preemption",
+    "TensorBoardOptions": "kerastrain.summaries",
+    "Trainer": "kerastrain.trainer",
+    "build_strategy": "kerastrain.strategies",
+    "configure_cpu_devices": "kerastrain.strategies",
+    "serve": "kerastrain.cluster",
+}
+_SUBMODULES = ("cluster", "config", "data", "examples", "recipes", "sharding", "strategies")
+
+__all__ = sorted(_EXPORTS) + ["data", "__version__"]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(_importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = _importlib.import_module(f"kerastrain.{name}")
+    else:
+        raise AttributeError(f"module 'kerastrain' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS) + list(_SUBMODULES))

@@ -9,7 +9,6 @@ import os
 import shutil
 import socket
 import time
-from typing import Mapping
 
 from kerastrain import outputs
 

@@ -10,11 +10,25 @@ import time
 import yaml
 
 EXAMPLES = """examples:
+  kerastrain run recipes/quickstart.yaml         # train as a recipe says
+  kerastrain run recipes/digits.yaml --set trainer.epochs=10 --set data.batch_size=32
+  kerastrain validate recipes/mirrored.yaml      # check it, print the resolved recipe
+  kerastrain run --print-config > my.yaml        # every key with its default, to start from
   kerastrain quickstart                          # auto strategy on this machine
   kerastrain quickstart --strategy mirrored --cpu-devices 2
   kerastrain quickstart --strategy ps --epochs 2 --steps-per-epoch 50
   kerastrain quickstart --model-dir runs/quick   # checkpoints, export; tensorboard --logdir runs/quick/logs
   kerastrain info                                # what "auto" would choose here
+"""
+
+
+RUN_EXAMPLES = """examples:
+  kerastrain run recipes/quickstart.yaml
+  kerastrain run recipes/quickstart.yaml --set trainer.epochs=1 --set trainer.model_dir=runs/try
+  kerastrain run recipes/quickstart.yaml --set strategy.name=mirrored --set strategy.cpu_devices=2
+  kerastrain validate recipes/digits.yaml --set model.args.hidden=256
+  kerastrain run --print-config > my_recipe.yaml
+  kerastrain run recipes/digits.yaml --print-config      # what would run, after includes and --set
 """
 
 
@@ -24,6 +38,26 @@ def _parser():
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
+    set_help = ("override a key, e.g. --set trainer.epochs=3 or --set strategy.name=mirrored; "
+                "the value is parsed as YAML and checked like the file (repeatable)")
+    run = sub.add_parser(
+        "run", help="train as a YAML recipe says",
+        description="Validate a recipe (all errors at once, before TensorFlow starts), then "
+                    "train. The resolved recipe is written to model_dir/recipe.yaml.",
+        epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("recipe", nargs="?", help="the recipe file (YAML)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    run.add_argument("--print-config", action="store_true",
+                     help="print the resolved recipe (or, without RECIPE, every key with its "
+                          "default) and exit")
+    validate = sub.add_parser(
+        "validate", help="check a recipe and print it resolved (exit 0) or its errors (exit 2)",
+        description="Check a recipe without training: keys, types, ranges, import paths, "
+                    "strategy names and options. Prints the resolved recipe.",
+        epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    validate.add_argument("recipe", help="the recipe file (YAML)")
+    validate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                          help=set_help)
     quick = sub.add_parser(
         "quickstart", help="train the built-in example model for real on this machine",
         description="Train a 2x256 MLP on 65,536 synthetic examples (binary target).",
@@ -101,6 +135,32 @@ def _info():
     return 0
 
 
+def _run(args, train):
+    from kerastrain import config, recipes
+
+    if args.recipe is None:
+        if getattr(args, "print_config", False):
+            print(config.template(), end="")
+            return 0
+        print("kerastrain: error: `run` needs a RECIPE file (or --print-config for a template)",
+              file=sys.stderr)
+        return 2
+    try:
+        recipe, tree = recipes.load(args.recipe, args.set)
+    except config.RecipeError as e:
+        print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
+        return 2
+    text = recipes.dump(tree)
+    if not train or getattr(args, "print_config", False):
+        print(text, end="")
+        if not train:
+            print(f"kerastrain: {args.recipe} is valid", file=sys.stderr)
+        return 0
+    recipes.run(recipe, resolved_text=f"# resolved from {args.recipe}"
+                + (f" with --set {' --set '.join(args.set)}" if args.set else "") + "\n" + text)
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.version:
@@ -112,6 +172,8 @@ def main(argv=None) -> int:
             return _quickstart(args)
         if args.command == "info":
             return _info()
+        if args.command in ("run", "validate"):
+            return _run(args, train=args.command == "run")
     except (ValueError, TypeError, RuntimeError) as e:
         print(f"kerastrain: error: {e}", file=sys.stderr)
         return 2

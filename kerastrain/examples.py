@@ -98,7 +98,8 @@ def write_tfrecords(directory, x, y, num_files: int = 8, prefix: str = "part"):
         raise FileExistsError(f"TFRecord files already exist, not overwriting: {existing[:3]}")
     bounds = np.linspace(0, len(x), num_files + 1).astype(int)
     for path, start, stop in zip(paths, bounds[:-1], bounds[1:]):
-        with tf.io.TFRecordWriter(path + ".tmp") as writer:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with tf.io.TFRecordWriter(tmp) as writer:
             for i in range(start, stop):
                 feature = {
                     "x": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].ravel())),
@@ -107,7 +108,7 @@ def write_tfrecords(directory, x, y, num_files: int = 8, prefix: str = "part"):
                 }
                 writer.write(tf.train.Example(
                     features=tf.train.Features(feature=feature)).SerializeToString())
-        os.replace(path + ".tmp", path)
+        os.replace(tmp, path)
     return paths
 
 
@@ -130,3 +131,90 @@ def example_parser(features: int = 64, targets: int = 1, with_ids: bool = False)
             return parsed["x"], parsed["y"], parsed["id"]
         return parsed["x"], parsed["y"]
     return parse
+
+
+# -- builders named in recipes (recipes/*.yaml) ------------------------------------------
+
+def synthetic_data(num_examples: int = 65536, features: int = 64, seed: int = 0):
+    """`synthetic_binary` as NumPy arrays `(x, y)`, the form recipes pass to `fit`."""
+    return synthetic_binary(num_examples, features, seed)
+
+
+def digits(split: str = "train", validation_fraction: float = 0.25, seed: int = 0):
+    """The 8x8 handwritten digits that scikit-learn ships (1,797 images, no download).
+
+    Returns `(x, y)`: 64 pixel intensities scaled to [0, 1], integer labels 0-9.
+    The split is stratified and fixed by `seed`.
+    """
+    if split not in ("train", "validation"):
+        raise ValueError(f"`split` must be 'train' or 'validation'. Received: split={split!r}")
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError("The digits data comes with scikit-learn: "
+                          "pip install 'kerastrain[digits]' (or scikit-learn)") from None
+    data = load_digits()
+    x = (data.data / 16.0).astype("float32")
+    y = data.target.astype("int32")
+    rng = np.random.RandomState(seed)
+    validation = np.zeros(len(y), bool)
+    for label in np.unique(y):
+        members = np.flatnonzero(y == label)
+        chosen = rng.choice(members, int(round(len(members) * validation_fraction)), replace=False)
+        validation[chosen] = True
+    keep = validation if split == "validation" else ~validation
+    return x[keep], y[keep]
+
+
+def build_classifier(features: int = 64, classes: int = 10, hidden: int = 128,
+                     dropout: float = 0.0, learning_rate: float = 1e-3):
+    """Dense(hidden, relu) [-> Dropout] -> Dense(classes) logits; Adam; sparse cross-entropy."""
+    import keras
+    layers = [keras.Input((features,)), keras.layers.Dense(hidden, activation="relu")]
+    if dropout:
+        layers.append(keras.layers.Dropout(dropout))
+    layers.append(keras.layers.Dense(classes))
+    model = keras.Sequential(layers)
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def tfrecord_data(directory: str, num_files: int = 8, num_examples: int = 65536,
+                  features: int = 64, seed: int = 0, batch_size: int = 256,
+                  wait_secs: float = 300.0):
+    """Synthetic data as TFRecord files, written on first use; returns a function of global batches.
+
+    The chief task writes the files (and a `_COMPLETE` marker last); other tasks
+    wait for the marker, so workers starting together never read a half-written set.
+    Existing complete files are used as they are.
+    """
+    import glob
+    import os
+    import time
+
+    from kerastrain import cluster, data
+
+    marker = os.path.join(directory, "_COMPLETE")
+    if not os.path.exists(marker):
+        config = cluster.read_tf_config()
+        if config is None or config.is_chief:
+            if glob.glob(os.path.join(directory, "*.tfrecord")):
+                raise FileExistsError(
+                    f"{directory} holds TFRecord files but no _COMPLETE marker (an interrupted "
+                    "write?). Remove the directory, or point `directory` elsewhere.")
+            x, y = synthetic_binary(num_examples, features, seed)
+            write_tfrecords(directory, x, y, num_files=num_files)
+            with open(marker, "w") as f:
+                f.write(f"{num_files} files, {num_examples} examples, {features} features\n")
+        else:
+            deadline = time.monotonic() + wait_secs
+            while not os.path.exists(marker):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"The chief did not finish writing {directory} within "
+                                       f"{wait_secs:.0f} s (no _COMPLETE marker).")
+                time.sleep(0.5)
+    parse = example_parser(features, 1)
+    pattern = os.path.join(directory, "*.tfrecord")
+    return lambda: data.files(pattern, parse, batch_size=batch_size, seed=seed)

@@ -45,3 +45,27 @@ class Outputs:
         path = os.path.join(self.model_dir, *parts)
         os.makedirs(path, exist_ok=True)
         return path
+
+    def write_text(self, name: str, text: str) -> str | None:
+        """Write `model_dir/name` on the chief (atomically); elsewhere nothing. Returns the path.
+
+        A different file already there is kept as `name` with a `.previous-N` suffix
+        (N counting up), so a rerun with changed settings never erases the record
+        of the earlier one.
+        """
+        directory = self.dir()
+        if directory is None:
+            return None
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                if f.read() == text:
+                    return path
+            n = 1
+            while os.path.exists(f"{path}.previous-{n}"):
+                n += 1
+            os.replace(path, f"{path}.previous-{n}")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+        return path

@@ -178,6 +178,14 @@ class Trainer:
     def is_chief(self) -> bool:
         return self._built.is_chief
 
+    def write_text(self, name: str, text: str):
+        """Write a text file into `model_dir` on the chief only (e.g. the resolved recipe).
+
+        Returns its path, or None on other tasks and without a `model_dir`. A
+        different file of that name is kept as `name.previous-N`, never overwritten.
+        """
+        return self._outputs.write_text(name, text)
+
     # -- set-up helpers -------------------------------------------------------
 
     def _input(self, data, argument, role, batch_size=None):

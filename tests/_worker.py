@@ -5,6 +5,7 @@ Usage: python tests/_worker.py JOB_JSON OUT_PREFIX
 
 import json
 import sys
+import time
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
@@ -20,7 +21,6 @@ def main():
 
     if job.get("data") == "slow":
         import os
-        import time
         marker = job["started_marker"]
 
         def slow(x, y):
@@ -54,8 +54,6 @@ def main():
                          checkpoint=job.get("checkpoint", True))
     callbacks = []
     if job.get("sleep_per_step"):
-        import time
-
         import keras
         callbacks.append(keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda b, logs: time.sleep(job["sleep_per_step"])))

@@ -1,6 +1,5 @@
 """Checkpoints never lose work: resume, crash consistency, fallback, lock, NaN, export."""
 
-import glob
 import json
 import logging
 import os
@@ -270,7 +269,7 @@ def test_multi_worker_sigterm_on_one_worker_stops_all_at_one_step_then_resumes(t
     procs = start()  # the same command again, on both workers
     errs = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errs)
-    assert f"resumed from" in errs[0] and f"step {step}" in errs[0]
+    assert "resumed from" in errs[0] and f"step {step}" in errs[0]
     for i in range(2):
         assert json.loads((tmp_path / f"w{i}.json").read_text())["global_step"] == 120
 

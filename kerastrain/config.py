@@ -1,0 +1,540 @@
+"""The recipe schema: typed, frozen config objects, checked key by key with every error at once.
+
+A recipe is a mapping with six sections (see docs/recipes.md):
+
+    model:       builder (import path), args, compile (optimizer, loss, metrics)
+    data:        train / validation builders, batch_size, shard
+    strategy:    name plus options
+    trainer:     epochs, steps_per_epoch, validation_steps, steps_per_loop, seed,
+                 model_dir, verbose, jit_compile
+    checkpoints: CheckpointOptions fields, or false
+    tensorboard: TensorBoardOptions fields, or false
+
+`validate(tree, positions)` checks a loaded tree without importing TensorFlow and
+returns a `Recipe`, or raises `RecipeError` listing every problem with its dotted
+key, file and line, the value received and what is expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import re
+from typing import Any, Callable, Mapping
+
+# Keras's built-in optimizers and learning-rate schedules, by the names recipes use.
+# (Checked by name here, so that a typo fails before TensorFlow is imported.)
+OPTIMIZERS = ("adadelta", "adafactor", "adagrad", "adam", "adamax", "adamw", "ftrl", "lamb",
+              "lion", "muon", "nadam", "rmsprop", "sgd")
+SCHEDULES = {
+    "exponential_decay": "ExponentialDecay", "cosine_decay": "CosineDecay",
+    "cosine_decay_restarts": "CosineDecayRestarts",
+    "piecewise_constant_decay": "PiecewiseConstantDecay",
+    "polynomial_decay": "PolynomialDecay", "inverse_time_decay": "InverseTimeDecay",
+}
+
+
+# -- the config objects --------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BuilderConfig:
+    """A function named by import path, with keyword arguments."""
+    builder: str
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileConfig:
+    """Overrides of what the model builder compiled (None: keep the builder's)."""
+    optimizer: Any = None      # "adam" or {"name": "adam", "learning_rate": 1e-3 | {schedule}}
+    loss: Any = None           # a Keras loss name or {"name": ..., **kwargs}
+    metrics: tuple | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    builder: str
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    compile: CompileConfig = CompileConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    train: BuilderConfig
+    validation: BuilderConfig | None = None
+    batch_size: int | None = None
+    shard: str = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    epochs: int = 1
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
+    steps_per_loop: int | str = "auto"
+    seed: int | None = None
+    model_dir: str | None = None
+    verbose: int | str = "auto"
+    jit_compile: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A validated recipe. `strategy` is `{"name": ..., **options}`; `checkpoints` and
+    `tensorboard` are option mappings, or False when switched off."""
+    model: ModelConfig
+    data: DataConfig
+    strategy: Mapping[str, Any]
+    trainer: TrainerConfig = TrainerConfig()
+    checkpoints: Any = True
+    tensorboard: Any = True
+
+
+# -- errors ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    key: str          # dotted key, "" for the whole file
+    where: str        # "file:line", or "--set key=value"
+    message: str
+
+    def __str__(self):
+        key = f"{self.key}: " if self.key else ""
+        return f"{self.where}: {key}{self.message}"
+
+
+class RecipeError(ValueError):
+    """Every problem found in a recipe, one per line."""
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        n = len(self.problems)
+        head = f"{n} problem{'s' if n != 1 else ''} in the recipe:"
+        super().__init__("\n".join([head] + [f"  {p}" for p in self.problems]))
+
+
+# -- checks: each returns the checked value or raises _Bad(expected) -------------------------
+
+class _Bad(Exception):
+    pass
+
+
+def _describe(value):
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return repr(value)
+
+
+def _int(minimum=None, optional=False):
+    def check(value):
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Bad(f"an int{'' if minimum is None else f' >= {minimum}'}"
+                       f"{' or null' if optional else ''}")
+        if minimum is not None and value < minimum:
+            raise _Bad(f"an int >= {minimum}")
+        return value
+    return check
+
+
+def _choice(*choices, extra=None):
+    def check(value):
+        if value in choices and not isinstance(value, bool):
+            return value
+        if extra is not None:
+            try:
+                return extra(value)
+            except _Bad:
+                pass
+        listed = ", ".join(_describe(c) for c in choices)
+        raise _Bad(f"one of {listed}" + (" or an int >= 1" if extra else ""))
+    return check
+
+
+def _bool(optional=False):
+    def check(value):
+        if value is None and optional:
+            return None
+        if not isinstance(value, bool):
+            raise _Bad("true or false" + (" or null" if optional else ""))
+        return value
+    return check
+
+
+def _string(optional=False):
+    def check(value):
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value:
+            raise _Bad("a non-empty string" + (" or null" if optional else ""))
+        return value
+    return check
+
+
+def _mapping(value):
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _Bad("a mapping of keyword arguments")
+    return dict(value)
+
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def resolve(path: str) -> Callable:
+    """Import `package.module:attribute`; raise _Bad with the reason if it does not resolve."""
+    if not isinstance(path, str) or not _IMPORT_PATH.match(path):
+        raise _Bad("an import path 'package.module:function'")
+    module_name, attribute = path.split(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as e:  # the user's module may fail in any way while importing
+        raise _Bad(f"an importable module; importing {module_name!r} failed with "
+                   f"{type(e).__name__}: {e}") from None
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _Bad(f"a name defined in {module_name!r}; it has no {part!r}{hint}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise _Bad(f"a callable; {path!r} is a {type(obj).__name__}")
+    return obj
+
+
+def _import_path(value):
+    resolve(value)
+    return value
+
+
+# -- the schema ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    check: Callable | None = None      # None: a nested section
+    required: bool = False
+    default: Any = None
+    doc: str = ""
+    section: dict | None = None
+
+
+def _section(fields, doc=""):
+    return Key(section=fields, doc=doc)
+
+
+BUILDER = {
+    "builder": Key(_import_path, required=True, doc="import path 'package.module:function'"),
+    "args": Key(_mapping, default={}, doc="keyword arguments for the builder"),
+}
+
+SCHEMA = {
+    "model": _section({
+        "builder": Key(_import_path, required=True,
+                       doc="returns a keras.Model (compiled, or compiled via model.compile)"),
+        "args": Key(_mapping, default={}, doc="keyword arguments for the builder"),
+        "compile": _section({
+            "optimizer": Key(lambda v: v, doc="'adam', or {name: adam, learning_rate: 0.001}; "
+                                             "learning_rate may be {schedule: cosine_decay, ...}"),
+            "loss": Key(lambda v: v, doc="a Keras loss name, or {name: ..., **kwargs}"),
+            "metrics": Key(lambda v: v, doc="a list of Keras metric names"),
+        }, doc="overrides of what the builder compiled; omit to keep the builder's"),
+    }, doc="the model"),
+    "data": _section({
+        "train": _section(BUILDER, doc="training data: the builder returns NumPy arrays (x, y), a "
+                                       "tf.data.Dataset, a function of no arguments, or a "
+                                       "dataset_fn(ctx)"),
+        "validation": _section(BUILDER, doc="validation data (optional), same forms"),
+        "batch_size": Key(_int(1, optional=True),
+                          doc="global batch size: for NumPy data, and passed to builders that "
+                              "take `batch_size`"),
+        "shard": Key(_choice("auto", "file", "data", "off"), default="auto",
+                     doc="sharding across workers: auto, file, data or off"),
+    }, doc="the data"),
+    "strategy": Key(None, doc="a name, or {name: ..., **options}"),
+    "trainer": _section({
+        "epochs": Key(_int(0), default=1, doc="epochs to train"),
+        "steps_per_epoch": Key(_int(1, optional=True), doc="null: to the end of the data"),
+        "validation_steps": Key(_int(1, optional=True), doc="null: all the validation data"),
+        "steps_per_loop": Key(_choice("auto", extra=_int(1)), default="auto",
+                              doc="steps per compiled call"),
+        "seed": Key(_int(0, optional=True), doc="seeds Python, NumPy, TensorFlow and Keras"),
+        "model_dir": Key(_string(optional=True),
+                         doc="checkpoints, logs, export and the resolved recipe go here"),
+        "verbose": Key(_choice("auto", 0, 1, 2), default="auto",
+                       doc="0 silent, 1 progress bar, 2 one line per epoch"),
+        "jit_compile": Key(_bool(optional=True), doc="XLA for each step (default: as compiled)"),
+    }, doc="the training loop"),
+    "checkpoints": Key(None, doc="CheckpointOptions fields, or false"),
+    "tensorboard": Key(None, doc="TensorBoardOptions fields, or false"),
+}
+
+
+# -- validation ------------------------------------------------------------------------------
+
+class _Checker:
+    def __init__(self, positions):
+        self.positions = positions
+        self.problems = []
+
+    def where(self, path):
+        for i in range(len(path), -1, -1):
+            if tuple(path[:i]) in self.positions:
+                return self.positions[tuple(path[:i])]
+        return "recipe"
+
+    def add(self, path, message):
+        self.problems.append(Problem(".".join(str(p) for p in path), self.where(path), message))
+
+    def bad(self, path, value, expected):
+        self.add(path, f"expected {expected}. Received: {_describe(value)}")
+
+    def section(self, path, fields, value):
+        """Check a mapping against `fields`; return the checked dict (missing keys defaulted)."""
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            self.bad(path, value, "a mapping of " + ", ".join(fields))
+            return None
+        out = {}
+        for key in value:
+            if key not in fields:
+                close = difflib.get_close_matches(str(key), list(fields), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                self.add(path + (key,), f"unknown key.{hint} Valid keys here: "
+                                        f"{', '.join(fields)}")
+        for key, spec in fields.items():
+            if spec.section is not None:
+                if key in value and value[key] is not None:
+                    out[key] = self.section(path + (key,), spec.section, value[key])
+                else:
+                    out[key] = None
+                continue
+            if key not in value:
+                if spec.required:
+                    self.add(path + (key,), f"missing; expected {spec.doc}")
+                out[key] = spec.default
+                continue
+            if spec.check is None:
+                out[key] = value[key]
+                continue
+            try:
+                out[key] = spec.check(value[key])
+            except _Bad as e:
+                self.bad(path + (key,), value[key], e.args[0])
+                out[key] = spec.default
+        return out
+
+
+def _check_strategy(checker, value):
+    from kerastrain import strategies  # pure Python: no TensorFlow here
+    if value is None:
+        value = "auto"
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, Mapping):
+        checker.bad(("strategy",), value, "a strategy name or a mapping {name: ..., **options}")
+        return {"name": "auto"}
+    try:
+        name, options = strategies.normalize(dict(value))
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        key = re.search(r"(?:Unknown option|Strategy option `?)'?(\w+)", message)
+        path = ("strategy", key.group(1)) if key and key.group(1) in value else ("strategy", "name")
+        checker.add(path, message)
+        return {"name": "auto"}
+    return {"name": name, **options}
+
+
+def _check_options(checker, section, cls, value):
+    """`checkpoints:` / `tensorboard:`: true/false or the fields of their options class."""
+    if value is None or value is True:
+        return True
+    if value is False:
+        return False
+    fields = {f.name: Key(lambda v: v) for f in dataclasses.fields(cls)}
+    checked = checker.section((section,), fields, value)
+    if checked is None:
+        return True
+    given = {k: v for k, v in dict(value).items() if k in fields}
+    if isinstance(given.get("profile_steps"), list):
+        given["profile_steps"] = tuple(given["profile_steps"])
+    try:
+        cls(**given)
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        field = re.search(r"`(\w+)`", message)
+        path = (section, field.group(1)) if field and field.group(1) in given else (section,)
+        checker.add(path, message)
+    return given
+
+
+def _check_compile(checker, value):
+    if value is None:
+        return CompileConfig()
+    optimizer = value.get("optimizer")
+    path = ("model", "compile", "optimizer")
+    if optimizer is not None:
+        options = optimizer if isinstance(optimizer, Mapping) else {"name": optimizer}
+        name = options.get("name")
+        if isinstance(name, str) and ":" in name:
+            try:
+                resolve(name)
+            except _Bad as e:
+                checker.bad(path + ("name",), name, e.args[0])
+        elif not isinstance(name, str) or name.lower() not in OPTIMIZERS:
+            close = difflib.get_close_matches(str(name).lower(), OPTIMIZERS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            checker.bad(path + (("name",) if isinstance(optimizer, Mapping) else ()), name,
+                        f"a Keras optimizer name{hint}: {', '.join(OPTIMIZERS)}, or an import "
+                        "path 'package.module:Class'")
+        lr = options.get("learning_rate")
+        if isinstance(lr, Mapping):
+            schedule = lr.get("schedule")
+            if schedule not in SCHEDULES:
+                close = difflib.get_close_matches(str(schedule), list(SCHEDULES), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                checker.bad(path + ("learning_rate", "schedule"), schedule,
+                            f"a schedule name{hint}: {', '.join(SCHEDULES)}")
+        elif lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float))
+                                 or lr <= 0):
+            checker.bad(path + ("learning_rate",), lr,
+                        "a positive number, or {schedule: name, ...schedule arguments}")
+    loss = value.get("loss")
+    if loss is not None and not (isinstance(loss, str) or (
+            isinstance(loss, Mapping) and isinstance(loss.get("name"), str))):
+        checker.bad(("model", "compile", "loss"), loss,
+                    "a Keras loss name, or {name: ..., **kwargs}")
+    metrics = value.get("metrics")
+    if metrics is not None and (not isinstance(metrics, list) or not all(
+            isinstance(m, str) or (isinstance(m, Mapping) and isinstance(m.get("name"), str))
+            for m in metrics)):
+        checker.bad(("model", "compile", "metrics"), metrics,
+                    "a list of Keras metric names (or {name: ..., **kwargs})")
+        metrics = None
+    return CompileConfig(optimizer=optimizer, loss=loss,
+                         metrics=None if metrics is None else tuple(metrics))
+
+
+def validate(tree, positions=None) -> Recipe:
+    """Check a loaded recipe tree; return a `Recipe` or raise `RecipeError` with every problem."""
+    from kerastrain.checkpoints import CheckpointOptions
+    from kerastrain.summaries import TensorBoardOptions
+
+    checker = _Checker(positions or {})
+    if not isinstance(tree, Mapping):
+        checker.bad((), tree, "a mapping with the sections " + ", ".join(SCHEMA))
+        raise RecipeError(checker.problems)
+    plain = {k: v for k, v in SCHEMA.items() if k not in ("strategy", "checkpoints",
+                                                         "tensorboard")}
+    checked = checker.section((), {**plain, "strategy": Key(lambda v: v),
+                                   "checkpoints": Key(lambda v: v),
+                                   "tensorboard": Key(lambda v: v)}, tree)
+    for key in ("model", "data"):
+        if tree.get(key) is None and checked.get(key) is None:
+            checker.add((key,), f"missing; expected {SCHEMA[key].doc} section")
+    strategy = _check_strategy(checker, tree.get("strategy"))
+    checkpoints = _check_options(checker, "checkpoints", CheckpointOptions, tree.get("checkpoints"))
+    tensorboard = _check_options(checker, "tensorboard", TensorBoardOptions, tree.get("tensorboard"))
+    model = checked.get("model") or {}
+    data = checked.get("data") or {}
+    if data and data.get("train") is None and "train" not in (tree.get("data") or {}):
+        checker.add(("data", "train"), "missing; expected the training data builder")
+    compile_config = _check_compile(checker, model.get("compile"))
+    if checker.problems:
+        raise RecipeError(checker.problems)
+
+    def builder(section):
+        return None if section is None else BuilderConfig(section["builder"], section["args"])
+
+    return Recipe(
+        model=ModelConfig(model["builder"], model["args"], compile_config),
+        data=DataConfig(builder(data["train"]), builder(data["validation"]), data["batch_size"],
+                        data["shard"]),
+        strategy=strategy,
+        trainer=TrainerConfig(**(checked.get("trainer") or {
+            k: spec.default for k, spec in SCHEMA["trainer"].section.items()})),
+        checkpoints=checkpoints, tensorboard=tensorboard)
+
+
+def to_tree(recipe: Recipe) -> dict:
+    """The recipe as plain data (what is written to `model_dir/recipe.yaml`)."""
+    def plain(value):
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, Mapping):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+    tree = plain(recipe)
+    compile_section = tree["model"]["compile"]
+    tree["model"]["compile"] = {k: v for k, v in compile_section.items() if v is not None}
+    if not tree["model"]["compile"]:
+        del tree["model"]["compile"]
+    if tree["data"]["validation"] is None:
+        del tree["data"]["validation"]
+    return tree
+
+
+TEMPLATE = """\
+# A kerastrain recipe: every key, its default, and what it is for (docs/recipes.md).
+# Check it with `kerastrain validate RECIPE`, run it with `kerastrain run RECIPE`.
+# include: base.yaml          # optional: start from another recipe; this file's keys win
+
+model:
+  builder: kerastrain.examples:build_mlp   # required: 'package.module:function' -> keras.Model
+  args: {}                    # keyword arguments for the builder
+  compile:                    # optional: overrides what the builder compiled
+    optimizer: adam           # or {name: adam, learning_rate: 0.001}; learning_rate may be
+                              #   {schedule: cosine_decay, initial_learning_rate: ..., decay_steps: ...}
+    loss: null                # a Keras loss name, or {name: ..., **kwargs}; null keeps the builder's
+    metrics: null             # a list of Keras metric names; null keeps the builder's
+
+data:
+  train:                      # required: NumPy (x, y), a tf.data.Dataset, a function of no
+    builder: kerastrain.examples:synthetic_data   #   arguments, or a dataset_fn(ctx)
+    args: {}
+  validation: null            # optional: {builder: ..., args: {...}}, the same forms
+  batch_size: null            # global batch size: NumPy data (default 32), and builders taking it
+  shard: auto                 # auto, file, data or off (docs/data.md)
+
+strategy: auto                # or {name: mirrored, cpu_devices: 2}, {name: ps, num_workers: 2}, ...
+
+trainer:
+  epochs: 1
+  steps_per_epoch: null       # null: to the end of the data
+  validation_steps: null      # null: all the validation data
+  steps_per_loop: auto        # steps per compiled call
+  seed: null                  # seeds Python, NumPy, TensorFlow and Keras
+  model_dir: null             # checkpoints, logs, export and recipe.yaml go here; reruns resume
+  verbose: auto               # 0 silent, 1 progress bar, 2 one line per epoch
+  jit_compile: null           # XLA per step; null follows the model's compile setting
+
+checkpoints:                  # or false (needs trainer.model_dir)
+  every_steps: null           # also save every N steps
+  every_secs: null            # also save every N seconds
+  at_epoch_end: true
+  max_to_keep: 3
+  restore: latest             # latest, none, or a checkpoint path
+  export: true                # export/model.keras and export/saved_model when training ends
+
+tensorboard:                  # or false (needs trainer.model_dir)
+  log_every_steps: 100        # 0: at epoch ends only
+  histograms_every_epochs: 0
+  write_graph: false
+  write_config: false
+  profile_steps: null         # [first, last] global steps to profile
+"""
+
+
+def template() -> str:
+    """Every key with its default and what it means: a recipe to start from."""
+    return TEMPLATE

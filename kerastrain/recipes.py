@@ -1,0 +1,286 @@
+"""YAML recipes: a strict loader that remembers lines, includes, `--set` overrides, and `run`.
+
+Loading is YAML with a safe loader and YAML 1.2 scalars: only `true`/`false`
+are booleans (so `shard: off` stays the string "off"), `1e-3` is a float, and a
+key given twice is an error rather than silently the last one.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import os
+import re
+import time
+
+import yaml
+
+from kerastrain import config as config_lib
+from kerastrain.config import Problem, RecipeError
+
+logger = logging.getLogger("kerastrain")
+
+_BOOL = "tag:yaml.org,2002:bool"
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core-schema booleans, ints and floats."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_BOOL, _INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F]+)$"),
+                              list("-+0123456789"))
+_Loader.add_implicit_resolver(_FLOAT, re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def _where(path, line):
+    return f"{path}:{line}"
+
+
+def _construct(loader, node, path, source, positions, problems):
+    """Python data from a composed YAML node, recording each key's file and line."""
+    positions[path] = _where(source, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node)
+            if not isinstance(key, str):
+                problems.append(Problem(".".join(map(str, path + (key,))),
+                                        _where(source, key_node.start_mark.line + 1),
+                                        f"keys must be strings. Received: {key!r}"))
+                continue
+            if key in out:
+                problems.append(Problem(".".join(map(str, path + (key,))),
+                                        _where(source, key_node.start_mark.line + 1),
+                                        "given twice in the same mapping; keep one"))
+            out[key] = _construct(loader, value_node, path + (key,), source, positions, problems)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(loader, item, path + (i,), source, positions, problems)
+                for i, item in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)
+
+
+def parse_yaml(text, source):
+    """(data, positions) from YAML text; RecipeError with the line for bad syntax."""
+    positions, problems = {}, []
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            raise RecipeError([Problem("", source, "the file is empty; a recipe needs at least "
+                                                   "`model:` and `data:` sections")])
+        data = _construct(loader, node, (), source, positions, problems)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = _where(source, mark.line + 1) if mark is not None else source
+        problem = getattr(e, "problem", None) or str(e)
+        raise RecipeError([Problem("", where, f"not valid YAML: {problem}")]) from None
+    finally:
+        loader.dispose()
+    if problems:
+        raise RecipeError(problems)
+    return data, positions
+
+
+def _merge(base, override):
+    """Deep-merge mappings: `override` wins; lists and scalars are replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_file(path, _stack=()):
+    """(tree, positions) of a recipe file with its `include:`s merged in (the file wins)."""
+    path = os.path.abspath(path)
+    shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    if path in _stack:
+        chain = " -> ".join(os.path.basename(p) for p in _stack + (path,))
+        raise RecipeError([Problem("include", shown, f"include cycle: {chain}")])
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise RecipeError([Problem("", shown, f"cannot read the recipe: {e.strerror}")]) from None
+    tree, positions = parse_yaml(text, shown)
+    if not isinstance(tree, dict) or "include" not in tree:
+        return tree, positions
+    includes = tree.pop("include")
+    where = positions.get(("include",), shown)
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise RecipeError([Problem("include", where, "expected a file name or a list of file "
+                                                     f"names. Received: {includes!r}")])
+    merged, merged_positions = {}, {}
+    for name in includes:
+        included = os.path.join(os.path.dirname(path), name)
+        if not os.path.exists(included):
+            raise RecipeError([Problem("include", where,
+                                       f"included file {name!r} does not exist (looked for "
+                                       f"{included})")])
+        base, base_positions = load_file(included, _stack + (path,))
+        if not isinstance(base, dict):
+            raise RecipeError([Problem("include", where, f"included file {name!r} is not a "
+                                                         "mapping")])
+        merged = _merge(merged, base)
+        merged_positions.update(base_positions)
+    merged_positions.update(positions)
+    return _merge(merged, tree), merged_positions
+
+
+def apply_overrides(tree, positions, overrides):
+    """Apply `--set key.path=value` overrides (values parsed as YAML) to a copy of `tree`."""
+    tree = copy.deepcopy(tree) if isinstance(tree, dict) else {}
+    problems = []
+    for item in overrides or ():
+        where = f"--set {item}"
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(Problem("", where, "expected --set key.path=value, e.g. "
+                                               "--set trainer.epochs=3"))
+            continue
+        path = tuple(part.strip() for part in key.split("."))
+        if not all(path):
+            problems.append(Problem(key, where, "empty part in the key path"))
+            continue
+        try:
+            value, _ = parse_yaml(text, where) if text.strip() else (None, {})
+        except RecipeError as e:
+            problems.append(Problem(key, where, f"cannot parse the value {text!r}: "
+                                                f"{e.problems[0].message}"))
+            continue
+        node = tree
+        for depth, part in enumerate(path[:-1]):
+            if not isinstance(node.get(part), dict):
+                if part in node and node[part] is not None and not isinstance(node[part], str):
+                    problems.append(Problem(".".join(path[:depth + 1]), where,
+                                            f"is not a mapping, so {key!r} cannot be set"))
+                    break
+                # A string (e.g. `strategy: mirrored`) becomes {name: ...} to take options.
+                node[part] = {"name": node[part]} if isinstance(node.get(part), str) else {}
+            node = node[part]
+        else:
+            node[path[-1]] = value
+            positions[path] = where
+    if problems:
+        raise RecipeError(problems)
+    return tree
+
+
+def load(path, overrides=()):
+    """Load, include, override and validate a recipe: (Recipe, resolved tree)."""
+    tree, positions = load_file(path)
+    tree = apply_overrides(tree, positions, overrides)
+    recipe = config_lib.validate(tree, positions)
+    return recipe, config_lib.to_tree(recipe)
+
+
+def dump(tree) -> str:
+    return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
+
+
+# -- running ---------------------------------------------------------------------------------
+
+def _call_builder(section, batch_size):
+    fn = config_lib.resolve(section.builder)
+    kwargs = dict(section.args)
+    try:
+        accepts_batch = "batch_size" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        accepts_batch = False
+    if batch_size is not None and accepts_batch and "batch_size" not in kwargs:
+        kwargs["batch_size"] = batch_size
+    return fn(**kwargs)
+
+
+def _optimizer(spec):
+    import keras
+
+    if spec is None:
+        return None
+    options = dict(spec) if isinstance(spec, dict) else {"name": spec}
+    name = options.pop("name")
+    lr = options.pop("learning_rate", None)
+    if isinstance(lr, dict):
+        lr = dict(lr)
+        schedule = config_lib.SCHEDULES[lr.pop("schedule")]
+        lr = getattr(keras.optimizers.schedules, schedule)(**lr)
+    if lr is not None:
+        options["learning_rate"] = lr
+    cls = config_lib.resolve(name) if ":" in name else type(keras.optimizers.get(name.lower()))
+    return cls(**options)
+
+
+def _keras_object(spec, kind):
+    import keras
+    if spec is None or isinstance(spec, str):
+        return spec
+    options = dict(spec)
+    name = options.pop("name")
+    getter = keras.losses.get if kind == "loss" else keras.metrics.get
+    return type(getter(name))(**options) if options else getter(name)
+
+
+def build_trainer(recipe):
+    """A `Trainer` for the recipe (the Python API does all the work)."""
+    from kerastrain.trainer import Trainer
+
+    model_builder = config_lib.resolve(recipe.model.builder)
+    model_args = dict(recipe.model.args)
+    t = recipe.trainer
+    compile_config = recipe.model.compile
+    metrics = None if compile_config.metrics is None else [
+        _keras_object(m, "metric") for m in compile_config.metrics]
+    return Trainer(
+        lambda: model_builder(**model_args), strategy=dict(recipe.strategy),
+        model_dir=t.model_dir, seed=t.seed, steps_per_loop=t.steps_per_loop,
+        optimizer=_optimizer(compile_config.optimizer),
+        loss=_keras_object(compile_config.loss, "loss"), metrics=metrics, verbose=t.verbose,
+        jit_compile=t.jit_compile, tensorboard=recipe.tensorboard,
+        checkpoint=recipe.checkpoints, shard=recipe.data.shard)
+
+
+def run(recipe, resolved_text=None):
+    """Train as the recipe says. Returns (trainer, history)."""
+    started = time.perf_counter()
+    trainer = build_trainer(recipe)
+    if resolved_text is not None:
+        trainer.write_text("recipe.yaml", resolved_text)
+    data = recipe.data
+    train = _call_builder(data.train, data.batch_size)
+    validation = None if data.validation is None else _call_builder(
+        data.validation, data.batch_size)
+    numpy_batch = data.batch_size if isinstance(train, (tuple, list)) else None
+    t = recipe.trainer
+    history = trainer.fit(train, epochs=t.epochs, steps_per_epoch=t.steps_per_epoch,
+                          validation_dataset_fn=validation, validation_steps=t.validation_steps,
+                          batch_size=numpy_batch)
+    summary = summary_line(history, trainer, time.perf_counter() - started)
+    if trainer.is_chief:
+        print(summary, flush=True)
+    return trainer, history
+
+
+def summary_line(history, trainer, seconds):
+    last = {k: v[-1] for k, v in history.history.items() if v}
+    metrics = ", ".join(f"{k} {v:.4g}" for k, v in last.items())
+    epochs = len(history.epoch)
+    where = (f"outputs in {trainer.model_dir} (checkpoints/, logs/, export/, recipe.yaml)"
+             if trainer.model_dir else "no model_dir: nothing written")
+    return (f"kerastrain: done: {epochs} epoch{'s' if epochs != 1 else ''}, step "
+            f"{trainer.global_step}, {seconds:.1f} s; {metrics or 'no metrics'}; {where}")
