@@ -346,7 +346,7 @@ def _check_strategy(checker, value):
         name, options = strategies.normalize(dict(value))
     except (ValueError, TypeError) as e:
         message = str(e)
-        key = re.search(r"(?:Unknown option|Strategy option `?)'?(\w+)", message)
+        key = re.search(r"(?:Unknown option |Strategy option )[`']?(\w+)", message)
         path = ("strategy", key.group(1)) if key and key.group(1) in value else ("strategy", "name")
         checker.add(path, message)
         return {"name": "auto"}

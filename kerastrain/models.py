@@ -54,6 +54,12 @@ def materialize(model, built, *, optimizer=None, loss=None, metrics=None):
             "`model` must be a compiled keras.Model or a zero-argument function returning one. "
             f"Received: model={model!r} of type {type(model).__name__}")
 
+    # A function for the optimizer or the metrics is called here, in scope, so that
+    # their variables are placed by the strategy (recipes pass them this way).
+    if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
+        optimizer = optimizer()
+    if callable(metrics) and not isinstance(metrics, keras.metrics.Metric):
+        metrics = metrics()
     overrides = {k: v for k, v in (("optimizer", optimizer), ("loss", loss),
                                    ("metrics", metrics)) if v is not None}
     if overrides:

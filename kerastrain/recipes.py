@@ -244,12 +244,16 @@ def build_trainer(recipe):
     model_args = dict(recipe.model.args)
     t = recipe.trainer
     compile_config = recipe.model.compile
-    metrics = None if compile_config.metrics is None else [
-        _keras_object(m, "metric") for m in compile_config.metrics]
+    # Optimizer and metrics are made inside the strategy's scope by the Trainer:
+    # making them here would start TensorFlow before the strategy is chosen.
+    metrics = None if compile_config.metrics is None else (
+        lambda: [_keras_object(m, "metric") for m in compile_config.metrics])
+    optimizer = None if compile_config.optimizer is None else (
+        lambda: _optimizer(compile_config.optimizer))
     return Trainer(
         lambda: model_builder(**model_args), strategy=dict(recipe.strategy),
         model_dir=t.model_dir, seed=t.seed, steps_per_loop=t.steps_per_loop,
-        optimizer=_optimizer(compile_config.optimizer),
+        optimizer=optimizer,
         loss=_keras_object(compile_config.loss, "loss"), metrics=metrics, verbose=t.verbose,
         jit_compile=t.jit_compile, tensorboard=recipe.tensorboard,
         checkpoint=recipe.checkpoints, shard=recipe.data.shard)
@@ -277,6 +281,10 @@ def run(recipe, resolved_text=None):
 
 
 def summary_line(history, trainer, seconds):
+    if not history.epoch:
+        return (f"kerastrain: nothing left to train: {trainer.model_dir} already holds step "
+                f"{trainer.global_step}, as far as trainer.epochs goes; raise it (e.g. --set "
+                "trainer.epochs=...) to go on, or choose another trainer.model_dir")
     last = {k: v[-1] for k, v in history.history.items() if v}
     metrics = ", ".join(f"{k} {v:.4g}" for k, v in last.items())
     epochs = len(history.epoch)

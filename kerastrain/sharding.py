@@ -218,6 +218,9 @@ def decide(shard, *, form, pipelines, source, parameter_servers, global_batch, r
                     "shards its own data: kerastrain leaves sharding to it")
     files = (f"{source.count} {source.reader} file{'s' if source.count != 1 else ''}"
              if source else None)
+    if pipelines == 1:
+        read = f" from {files}" if files else ""
+        return Plan("none", 1, f"one input pipeline reads all the data{read}: no sharding{split}")
     if shard == "file":
         if source is None:
             raise ValueError(
@@ -231,9 +234,6 @@ def decide(shard, *, form, pipelines, source, parameter_servers, global_batch, r
                 f"has {files}. Use shard='data' (every worker reads all files and keeps its "
                 "share of the examples), or split the data into at least "
                 f"{pipelines} files. Received: shard='file'")
-    if pipelines == 1:
-        read = f" from {files}" if files else ""
-        return Plan("none", 1, f"one input pipeline reads all the data{read}: no sharding{split}")
     if shard == "off":
         return Plan("off", pipelines,
                     f"shard='off': each of the {pipelines} workers reads all the data, so every "

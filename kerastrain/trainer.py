@@ -46,7 +46,9 @@ class Trainer:
         model_dir: where the run's outputs go (None: nowhere).
         seed: seeds Python, NumPy, TensorFlow and Keras before the model is built.
         steps_per_loop: steps run by one compiled call, or `"auto"`.
-        optimizer, loss, metrics: override what the model was compiled with.
+        optimizer, loss, metrics: override what the model was compiled with. The
+            optimizer and the metrics may be given as functions returning them,
+            called inside the strategy's scope.
         verbose: 0, 1, 2 or `"auto"` as in `model.fit` (non-chief tasks: 0).
         jit_compile: compile each step with XLA. None follows the model's compile
             setting, which Keras resolves to False on CPU-only machines; True is

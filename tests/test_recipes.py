@@ -1,0 +1,241 @@
+"""YAML recipes and the `kerastrain run / validate` command line (docs/recipes.md)."""
+
+import glob
+import os
+import re
+
+import pytest
+import yaml
+
+import helpers
+from kerastrain import cli, config, recipes
+
+RECIPES = sorted(glob.glob(os.path.join(helpers.REPO, "recipes", "*.yaml")))
+
+BASE = """\
+model:
+  builder: kerastrain.examples:build_mlp
+  args: {features: 8, hidden: 8}
+data:
+  train:
+    builder: kerastrain.examples:synthetic_data
+    args: {num_examples: 256, features: 8}
+  batch_size: 32
+"""
+
+
+def validate(tmp_path, capsys, text, sets=(), name="recipe.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    code = cli.main(["validate", str(path), *[a for s in sets for a in ("--set", s)]])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def line_of(text, marker):
+    return next(i for i, line in enumerate(text.splitlines(), 1) if marker in line)
+
+
+# (name, extra YAML appended to BASE (or a whole file if it has no `model:`), --set overrides,
+#  the dotted key the message must name, a marker on the offending line or None for --set)
+BROKEN = [
+    ("key typo", "trainer:\n  epochz: 3\n", (), "trainer.epochz", "epochz",
+     "unknown key. Did you mean 'epochs'?"),
+    ("wrong type", "trainer:\n  epochs: three\n", (), "trainer.epochs", "epochs",
+     "expected an int >= 0. Received: 'three'"),
+    ("negative epochs", "trainer:\n  epochs: -2\n", (), "trainer.epochs", "epochs",
+     "expected an int >= 0. Received: -2"),
+    ("unknown strategy", "strategy: mirorred\n", (), "strategy.name", "mirorred",
+     "Did you mean 'mirrored'?"),
+    ("unknown strategy option", "strategy: {name: mirrored, cpu_device: 2}\n", (),
+     "strategy.cpu_device", "cpu_device", "Did you mean 'cpu_devices'?"),
+    ("unresolvable module", BASE.replace("kerastrain.examples:build_mlp", "nosuchpkg.nets:mlp"),
+     (), "model.builder", "nosuchpkg", "importing 'nosuchpkg.nets' failed with "
+                                       "ModuleNotFoundError"),
+    ("missing function", BASE.replace("build_mlp", "build_mlpp"), (), "model.builder",
+     "build_mlpp", "it has no 'build_mlpp' (did you mean 'build_mlp'?)"),
+    ("not an import path", BASE.replace("kerastrain.examples:build_mlp", "build_mlp"), (),
+     "model.builder", "build_mlp", "expected an import path 'package.module:function'"),
+    ("bad YAML syntax", "trainer: {epochs: 3\nstrategy: auto\n", (), "", "strategy",
+     "not valid YAML"),
+    ("empty file", "", (), "", None, "the file is empty"),
+    ("missing section", "model:\n  builder: kerastrain.examples:build_mlp\n", (), "data", None,
+     "data: missing"),
+    ("key given twice", "trainer:\n  epochs: 1\n  epochs: 2\n", (), "trainer.epochs",
+     "epochs: 2", "given twice"),
+    ("YAML 1.1 boolean", "trainer:\n  jit_compile: no\n", (), "trainer.jit_compile",
+     "jit_compile", "expected true or false or null. Received: 'no'"),
+    ("optimizer typo", "", ("model.compile.optimizer=adamm",), "model.compile.optimizer", None,
+     "did you mean 'adam'?"),
+    ("checkpoint option", "checkpoints:\n  max_to_keep: 0\n", (), "checkpoints.max_to_keep",
+     "max_to_keep", "must be an int >= 1"),
+    ("--set unknown key", "", ("trainer.epochz=1",), "trainer.epochz", None,
+     "unknown key. Did you mean 'epochs'?"),
+    ("--set unparsable value", "", ("trainer.epochs=[1, 2",), "trainer.epochs", None,
+     "cannot parse the value '[1, 2'"),
+    ("--set without =", "", ("trainer.epochs",), "", None, "expected --set key.path=value"),
+    ("--set wrong type", "", ("data.batch_size=big",), "data.batch_size", None,
+     "expected an int >= 1 or null. Received: 'big'"),
+]
+
+
+@pytest.mark.parametrize("name,extra,sets,key,marker,message", BROKEN,
+                         ids=[case[0] for case in BROKEN])
+def test_broken_recipes_exit_2_naming_key_and_line(tmp_path, capsys, name, extra, sets, key,
+                                                   marker, message):
+    text = extra if name == "empty file" or "model:" in extra else BASE + extra
+    code, out, err = validate(tmp_path, capsys, text, sets)
+    assert code == 2, err
+    assert "Traceback" not in err and out == ""
+    assert message in err, err
+    if sets:
+        assert f"--set {sets[0]}" in err, err
+    elif marker is not None:
+        assert f"recipe.yaml:{line_of(text, marker)}: " in err, err
+    else:
+        assert "recipe.yaml" in err
+    if key:
+        assert f": {key}: " in err, err
+
+
+def test_all_errors_in_a_file_are_reported_at_once(tmp_path, capsys):
+    text = BASE + "trainer:\n  epochs: -1\n  seed: x\nstrategy: {name: mirrored, bogus: 1}\n" \
+                  "checkpoints: {every_step: 3}\n"
+    code, _, err = validate(tmp_path, capsys, text)
+    assert code == 2
+    assert "4 problems in the recipe" in err
+    for key in ("trainer.epochs", "trainer.seed", "strategy.bogus", "checkpoints.every_step"):
+        assert f": {key}: " in err, err
+
+
+def test_include_cycle_and_a_missing_include(tmp_path, capsys):
+    (tmp_path / "a.yaml").write_text("include: b.yaml\n" + BASE)
+    (tmp_path / "b.yaml").write_text("include: a.yaml\n")
+    assert cli.main(["validate", str(tmp_path / "a.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "include cycle: a.yaml -> b.yaml -> a.yaml" in err and "Traceback" not in err
+    code, _, err = validate(tmp_path, capsys, "include: nowhere.yaml\n" + BASE)
+    assert code == 2 and "recipe.yaml:1: include: included file 'nowhere.yaml' does not exist" \
+        in err
+
+
+def test_includes_merge_and_the_including_file_wins(tmp_path):
+    (tmp_path / "base.yaml").write_text(BASE + "trainer: {epochs: 5, seed: 3}\n")
+    (tmp_path / "child.yaml").write_text(
+        "include: base.yaml\ntrainer: {epochs: 2}\nstrategy: {name: mirrored, cpu_devices: 2}\n")
+    recipe, tree = recipes.load(tmp_path / "child.yaml", ["data.batch_size=64"])
+    assert recipe.trainer.epochs == 2 and recipe.trainer.seed == 3
+    assert recipe.strategy == {"name": "mirrored", "cpu_devices": 2}
+    assert recipe.data.batch_size == 64 and tree["data"]["batch_size"] == 64
+
+
+def test_yaml_scalars_follow_yaml_1_2(tmp_path):
+    text = BASE.replace("  args: {features: 8, hidden: 8}\n", "  args: {features: 8, hidden: 8}\n"
+                        "  compile:\n    optimizer: {name: adam, learning_rate: 1e-3}\n")
+    recipe, _ = recipes.load(_write_text(tmp_path, text + "  shard: off\n"), [])
+    assert recipe.data.shard == "off"   # not False
+    assert recipe.model.compile.optimizer["learning_rate"] == 0.001   # not the string '1e-3'
+
+
+def test_template_validates_and_names_every_key(tmp_path, capsys):
+    assert cli.main(["run", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    assert text == config.template()
+    recipe, _ = recipes.load(_write_text(tmp_path, text), [])
+    assert recipe.trainer.epochs == 1
+    for section, spec in config.SCHEMA.items():
+        assert f"\n{section}:" in "\n" + text
+        for key in (spec.section or {}):
+            assert re.search(rf"^\s+{key}:", text, re.M), key
+
+
+def _write_text(tmp_path, text):
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_validate_does_not_start_tensorflow():
+    code = ("import sys\nfrom kerastrain import cli\n"
+            "assert cli.main(['validate', 'recipes/quickstart.yaml']) == 0\n"
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules\n")
+    proc = helpers.run_python(code, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "model:\n  builder: kerastrain.examples:build_mlp" in proc.stdout
+    assert "is valid" in proc.stderr
+
+
+# -- the shipped recipes -----------------------------------------------------------------
+
+def test_every_shipped_recipe_validates():
+    names = {os.path.basename(p) for p in RECIPES}
+    assert {"quickstart.yaml", "mirrored.yaml", "multi_worker.yaml", "parameter_server.yaml",
+            "digits.yaml", "files.yaml"} <= names
+    for path in RECIPES:
+        recipes.load(path, [])
+        text = open(path).read()
+        assert text.startswith("#") and text.count("#") >= 4, f"{path}: say why values are set"
+
+
+SHORTEN = {
+    "digits.yaml": ["trainer.epochs=2"],
+    "files.yaml": ["data.train.args.num_examples=2048", "data.validation.args.num_examples=512",
+                   "trainer.steps_per_epoch=4"],
+    "parameter_server.yaml": ["data.train.args.num_examples=2048", "trainer.steps_per_loop=2"],
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("path", RECIPES, ids=os.path.basename)
+def test_every_shipped_recipe_runs_shortened(path, tmp_path):
+    name = os.path.basename(path)
+    sets = ["trainer.epochs=1", f"trainer.model_dir={tmp_path / 'run'}",
+            "data.train.args.num_examples=1024", "data.validation.args.num_examples=512",
+            "trainer.verbose=0"]
+    if name in SHORTEN:
+        sets = [s for s in sets if "num_examples" not in s] + SHORTEN[name]
+    if name == "files.yaml":
+        sets += [f"data.train.args.directory={tmp_path / 'records'}",
+                 f"data.validation.args.directory={tmp_path / 'validation-records'}"]
+    args = ["-m", "kerastrain.cli", "run", path] + [a for s in sets for a in ("--set", s)]
+    proc = helpers.run_python(args, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("kerastrain: done:")]
+    assert summary and "loss" in summary[0], proc.stdout[-2000:]
+    # The resolved recipe, with the overrides, is next to the checkpoints.
+    resolved = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    epochs = 2 if name == "digits.yaml" else 1
+    assert resolved["trainer"]["epochs"] == epochs
+    assert f"{epochs} epoch" in summary[0]
+    assert os.path.isdir(tmp_path / "run" / "checkpoints")
+
+
+def test_set_changes_the_run_and_the_resolved_recipe_shows_it(tmp_path, capsys):
+    sets = ["trainer.epochs=1", "trainer.steps_per_epoch=3", f"trainer.model_dir={tmp_path}",
+            "data.train.args.num_examples=512", "data.validation.args.num_examples=256",
+            "trainer.verbose=0", "strategy=default"]
+    code = cli.main(["run", os.path.join(helpers.REPO, "recipes", "quickstart.yaml"),
+                     *[a for s in sets for a in ("--set", s)]])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "kerastrain: done: 1 epoch, step 3," in out
+    text = (tmp_path / "recipe.yaml").read_text()
+    assert text.startswith("# resolved from ") and "--set trainer.epochs=1" in text
+    resolved = yaml.safe_load(text)
+    assert resolved["trainer"]["epochs"] == 1 and resolved["trainer"]["steps_per_epoch"] == 3
+    assert resolved["strategy"] == {"name": "default"}
+    # A rerun with another setting keeps the earlier record instead of overwriting it.
+    assert cli.main(["run", os.path.join(helpers.REPO, "recipes", "quickstart.yaml"),
+                     *[a for s in sets + ["trainer.epochs=2"] for a in ("--set", s)]]) == 0
+    assert "kerastrain: done: 1 epoch, step 6," in capsys.readouterr().out
+    assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["trainer"]["epochs"] == 2
+    assert yaml.safe_load((tmp_path / "recipe.yaml.previous-1").read_text())["trainer"][
+        "epochs"] == 1
+
+
+def test_digits_recipe_reaches_its_stated_accuracy(tmp_path):
+    recipe, _ = recipes.load(os.path.join(helpers.REPO, "recipes", "digits.yaml"),
+                             [f"trainer.model_dir={tmp_path}", "trainer.verbose=0"])
+    trainer, history = recipes.run(recipe)
+    assert len(history.history["val_accuracy"]) == 50
+    assert history.history["val_accuracy"][-1] >= 0.95, history.history["val_accuracy"][-5:]
