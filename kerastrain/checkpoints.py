@@ -233,7 +233,11 @@ class Checkpointer:
         tried = []
         for path in self.candidates():
             try:
-                self.checkpoint.read(path).assert_existing_objects_matched()
+                status = self.checkpoint.read(path)
+                status.assert_existing_objects_matched()
+                # The file also holds Checkpoint's own save_counter, which `read` leaves
+                # alone on purpose; without this TensorFlow warns about it at exit.
+                status.expect_partial()
             # A truncated file surfaces as IndexError ("Read less bytes than requested").
             except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as e:
                 if self.options.restore not in ("latest", "none"):
@@ -249,8 +253,13 @@ class Checkpointer:
                 logger.warning("resumed from %s instead of the newer unreadable %s", path, tried)
             return path
         if tried:
-            logger.warning("no readable checkpoint in %s (tried %s); starting from scratch",
-                           self.directory, tried)
+            # Training from scratch would save over them, and rotation would delete
+            # them: the user decides.
+            raise RuntimeError(
+                f"None of the {len(tried)} checkpoint(s) in {self.directory} can be read "
+                f"(tried {tried}); kerastrain will not train over them. Move them away or use "
+                "another model_dir to start afresh, or point `checkpoint={'restore': PATH}` at a "
+                "readable checkpoint.")
         return None
 
 

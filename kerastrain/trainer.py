@@ -112,7 +112,9 @@ class Trainer:
         self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
         self._checkpointer = None
         self._restored = False
-        self.model_dir = None if model_dir is None else str(model_dir)
+        # Absolute: TensorFlow's checkpoint state file records paths as given, and reads
+        # relative ones back relative to the checkpoint directory, not the working one.
+        self.model_dir = None if model_dir is None else os.path.abspath(os.fspath(model_dir))
         self._seed = seed
         self._steps_per_loop = steps_per_loop
         self._verbose = verbose
@@ -437,7 +439,7 @@ class Trainer:
                                  every - at % every if every else None) if b]
             return min(found) if found else None
 
-        step = self.global_step
+        step = first_step = self.global_step
         monitor.start(step, texts={"config": "```\n" + settings_text + "```"},
                       graph=self._forward_graph(train_input.element_spec)
                       if monitor.active and monitor.options.write_graph else None)
@@ -518,8 +520,8 @@ class Trainer:
         if preempted is not None:
             raise preempted
         cbs.on_train_end(logs)
-        if not diverged:
-            self._export()
+        if not diverged and step > first_step:
+            self._export()  # (a resumed run with nothing left to train keeps its export)
         return callbacks_lib.history_of(cbs)
 
     def _epoch_length(self, train_input, steps_per_epoch):

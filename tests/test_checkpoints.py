@@ -123,6 +123,26 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog
     assert os.path.exists(tmp_path / "checkpoints" / "ckpt-6.index")  # never deleted
 
 
+def test_no_readable_checkpoint_is_an_error_not_a_fresh_start_over_them(tmp_path):
+    trainer(tmp_path).fit(epochs=2)
+    for name in ("ckpt-6", "ckpt-12"):
+        data = tmp_path / "checkpoints" / f"{name}.data-00000-of-00001"
+        data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(RuntimeError, match=r"None of the 2 checkpoint\(s\) in .* can be read.*"
+                                           r"will not train over them"):
+        trainer(tmp_path).fit(epochs=3)
+    assert os.path.exists(tmp_path / "checkpoints" / "ckpt-6.index")
+
+
+def test_a_relative_model_dir_resumes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    trainer("runs/rel").fit(epochs=1)
+    resumed = trainer("runs/rel")
+    resumed.fit(epochs=2)
+    assert resumed.global_step == 12  # resumed at step 6, not trained from scratch
+    assert resumed.model_dir == str(tmp_path / "runs" / "rel")
+
+
 def test_a_second_live_run_is_refused_and_a_stale_lock_is_taken_over(tmp_path, caplog):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

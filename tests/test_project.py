@@ -15,7 +15,8 @@ def readme_commands():
 
 def test_readme_opens_with_the_main_job_and_the_test_command():
     main, test = readme_commands()[:2]
-    assert "kerastrain quickstart" in main and main.startswith("python3 -m venv .venv")
+    assert main.endswith("kerastrain run recipes/quickstart.yaml")
+    assert main.startswith("python3 -m venv .venv")
     assert "pytest" in test and test.startswith("python3 -m venv .venv")
 
 
