@@ -353,6 +353,31 @@ def _check_strategy(checker, value):
     return {"name": name, **options}
 
 
+def _check_builder_args(checker, path, builder, args, injected=()):
+    """The builder's `args` must bind to its signature: catch a misspelt argument now."""
+    import inspect
+    try:
+        fn = resolve(builder)
+        signature = inspect.signature(fn)
+    except (_Bad, TypeError, ValueError):
+        return
+    params = signature.parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in args:
+        if key not in named:
+            close = difflib.get_close_matches(str(key), named, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            checker.add(path + ("args", key), f"{builder} takes no argument {key!r}.{hint} "
+                                              f"Its arguments: {', '.join(named) or 'none'}")
+    missing = [n for n, p in params.items() if p.default is p.empty and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in args and n not in injected]
+    if missing:
+        checker.add(path + ("args",), f"{builder} needs argument(s) {', '.join(missing)}; "
+                                      "give them under args")
+
+
 def _check_options(checker, section, cls, value):
     """`checkpoints:` / `tensorboard:`: true/false or the fields of their options class."""
     if value is None or value is True:
@@ -448,6 +473,12 @@ def validate(tree, positions=None) -> Recipe:
     if data and data.get("train") is None and "train" not in (tree.get("data") or {}):
         checker.add(("data", "train"), "missing; expected the training data builder")
     compile_config = _check_compile(checker, model.get("compile"))
+    if not checker.problems:
+        _check_builder_args(checker, ("model",), model["builder"], model["args"])
+        for part in ("train", "validation"):
+            if data.get(part):
+                _check_builder_args(checker, ("data", part), data[part]["builder"],
+                                    data[part]["args"], injected=("batch_size",))
     if checker.problems:
         raise RecipeError(checker.problems)
 

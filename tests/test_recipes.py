@@ -65,6 +65,10 @@ BROKEN = [
      "epochs: 2", "given twice"),
     ("YAML 1.1 boolean", "trainer:\n  jit_compile: no\n", (), "trainer.jit_compile",
      "jit_compile", "expected true or false or null. Received: 'no'"),
+    ("builder argument typo", BASE.replace("num_examples: 256", "num_exampels: 256"), (),
+     "data.train.args.num_exampels", "num_exampels",
+     "kerastrain.examples:synthetic_data takes no argument 'num_exampels'. Did you mean "
+     "'num_examples'?"),
     ("optimizer typo", "", ("model.compile.optimizer=adamm",), "model.compile.optimizer", None,
      "did you mean 'adam'?"),
     ("checkpoint option", "checkpoints:\n  max_to_keep: 0\n", (), "checkpoints.max_to_keep",
