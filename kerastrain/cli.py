@@ -32,32 +32,36 @@ RUN_EXAMPLES = """examples:
 """
 
 
+def _recipe_command(sub, name, summary, description, recipe_optional=False):
+    """A subcommand taking RECIPE and repeatable --set overrides."""
+    command = sub.add_parser(name, help=summary, description=description, epilog=RUN_EXAMPLES,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    command.add_argument("recipe", nargs="?" if recipe_optional else None,
+                         help="the recipe file (YAML)")
+    command.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a key, e.g. --set trainer.epochs=3 or --set strategy.name=mirrored; the "
+             "value is parsed as YAML and checked like the file (repeatable)")
+    return command
+
+
 def _parser():
     parser = argparse.ArgumentParser(
         prog="kerastrain", description="Keras 3 training under every tf.distribute strategy.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
-    set_help = ("override a key, e.g. --set trainer.epochs=3 or --set strategy.name=mirrored; "
-                "the value is parsed as YAML and checked like the file (repeatable)")
-    run = sub.add_parser(
-        "run", help="train as a YAML recipe says",
-        description="Validate a recipe (all errors at once, before TensorFlow starts), then "
-                    "train. The resolved recipe is written to model_dir/recipe.yaml.",
-        epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("recipe", nargs="?", help="the recipe file (YAML)")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    run = _recipe_command(
+        sub, "run", "train as a YAML recipe says",
+        "Validate a recipe (all errors at once, before TensorFlow starts), then train. The "
+        "resolved recipe is written to model_dir/recipe.yaml.", recipe_optional=True)
     run.add_argument("--print-config", action="store_true",
                      help="print the resolved recipe (or, without RECIPE, every key with its "
                           "default) and exit")
-    validate = sub.add_parser(
-        "validate", help="check a recipe and print it resolved (exit 0) or its errors (exit 2)",
-        description="Check a recipe without training: keys, types, ranges, import paths, "
-                    "strategy names and options. Prints the resolved recipe.",
-        epilog=RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    validate.add_argument("recipe", help="the recipe file (YAML)")
-    validate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                          help=set_help)
+    _recipe_command(
+        sub, "validate", "check a recipe and print it resolved (exit 0) or its errors (exit 2)",
+        "Check a recipe without training: keys, types, ranges, import paths, builder "
+        "arguments, strategy names and options. Prints the resolved recipe.")
     quick = sub.add_parser(
         "quickstart", help="train the built-in example model for real on this machine",
         description="Train a 2x256 MLP on 65,536 synthetic examples (binary target).",
