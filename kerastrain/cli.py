@@ -62,6 +62,23 @@ def _parser():
         sub, "validate", "check a recipe and print it resolved (exit 0) or its errors (exit 2)",
         "Check a recipe without training: keys, types, ranges, import paths, builder "
         "arguments, strategy names and options. Prints the resolved recipe.")
+    launch = _recipe_command(
+        sub, "launch", "run a recipe on a local cluster of processes (one per task)",
+        "Start a real local cluster on 127.0.0.1: free ports, one process per task running "
+        "`kerastrain run RECIPE` with its TF_CONFIG, output prefixed by task. Parameter-server "
+        "workers that die are restarted; other failures restart the whole job while "
+        "--max-restarts allows. Ctrl-C stops every task. The exit code is the chief's.")
+    launch.add_argument("--workers", type=int, required=True, help="worker tasks")
+    launch.add_argument("--ps", type=int, default=0,
+                        help="parameter-server tasks (adds a chief: the coordinator)")
+    launch.add_argument("--chief", action="store_true",
+                        help="a separate chief task (multi-worker mirrored)")
+    launch.add_argument("--evaluator", action="store_true",
+                        help="a side-car evaluator task that evaluates each new checkpoint")
+    launch.add_argument("--max-restarts", type=int, default=0,
+                        help="restart the whole job this many times after a failure")
+    launch.add_argument("--dry-run", action="store_true",
+                        help="print each task's TF_CONFIG and command; start nothing")
     quick = sub.add_parser(
         "quickstart", help="train the built-in example model for real on this machine",
         description="Train a 2x256 MLP on 65,536 synthetic examples (binary target).",
@@ -155,6 +172,18 @@ def _run(args, train):
         print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
         return 2
     text = recipes.dump(tree)
+    if train and not getattr(args, "print_config", False):
+        role = recipes.task_role(recipe)
+        if role == "server":
+            # A worker or ps task of a parameter-server cluster: serve until the chief ends.
+            from kerastrain import cluster
+            from kerastrain import _logging
+            _logging.ensure_visible()
+            cluster.serve()
+            return 0
+        if role == "evaluator":
+            from kerastrain import evaluator
+            return evaluator.run(recipe)
     if not train or getattr(args, "print_config", False):
         print(text, end="")
         if not train:
@@ -163,6 +192,26 @@ def _run(args, train):
     recipes.run(recipe, resolved_text=f"# resolved from {args.recipe}"
                 + (f" with --set {' --set '.join(args.set)}" if args.set else "") + "\n" + text)
     return 0
+
+
+def _launch(args):
+    from kerastrain import config, launch, recipes
+
+    if args.max_restarts < 0:
+        print(f"kerastrain: error: --max-restarts must be >= 0. Received: {args.max_restarts}",
+              file=sys.stderr)
+        return 2
+    try:
+        recipes.load(args.recipe, args.set)  # every task would fail the same way: say it once
+    except config.RecipeError as e:
+        print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
+        return 2
+    spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator)
+    tasks = launch.tasks_for(spec, args.recipe, args.set)
+    if args.dry_run:
+        launch.dry_run(tasks)
+        return 0
+    return launch.Launcher(tasks, max_restarts=args.max_restarts).run()
 
 
 def main(argv=None) -> int:
@@ -176,6 +225,8 @@ def main(argv=None) -> int:
             return _quickstart(args)
         if args.command == "info":
             return _info()
+        if args.command == "launch":
+            return _launch(args)
         if args.command in ("run", "validate"):
             return _run(args, train=args.command == "run")
     except (ValueError, TypeError, RuntimeError) as e:

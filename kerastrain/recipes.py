@@ -236,6 +236,39 @@ def _keras_object(spec, kind):
     return type(getter(name))(**options) if options else getter(name)
 
 
+def task_role(recipe) -> str:
+    """What this process does for the recipe, from TF_CONFIG: "train", "server" or "evaluator".
+
+    Raises:
+        ValueError: a malformed TF_CONFIG, or one that does not fit the recipe's strategy.
+    """
+    from kerastrain import cluster, strategies
+
+    config = cluster.read_tf_config()
+    if config is None:
+        return "train"
+    if config.task_type == "evaluator":
+        return "evaluator"
+    name, _ = strategies.normalize(dict(recipe.strategy))
+    if config.num_ps:
+        if name not in ("ps", "auto"):
+            raise ValueError(
+                f"TF_CONFIG describes a parameter-server cluster ({config.num_ps} ps task(s)) but "
+                f"the recipe's strategy is {name!r}. Use strategy 'ps' (or 'auto'), or remove the "
+                "ps tasks from the cluster.")
+        if "chief" not in config.cluster:
+            raise ValueError(
+                "A parameter-server cluster needs a `chief` task, the coordinator that runs the "
+                f"training loop. Received: cluster jobs {sorted(config.cluster)}. Add "
+                '"chief": ["host:port"] to TF_CONFIG (kerastrain launch --ps adds one).')
+        return "train" if config.task_type == "chief" else "server"
+    if name == "ps":
+        raise ValueError(
+            "The recipe's strategy is 'ps' but TF_CONFIG has no `ps` tasks. Received: cluster "
+            f"jobs {sorted(config.cluster)}. Add ps tasks, or use 'multi_worker_mirrored'.")
+    return "train"
+
+
 def build_trainer(recipe):
     """A `Trainer` for the recipe (the Python API does all the work)."""
     from kerastrain.trainer import Trainer

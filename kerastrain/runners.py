@@ -110,12 +110,22 @@ class PSRunner:
     def epoch_done(self, steps_per_epoch):
         pass
 
-    def _drain(self, coordinator, scheduled):
-        """Join, then yield each scheduled loop's (totals, steps)."""
-        coordinator.join()
-        for i, (remote, _) in enumerate(scheduled):
-            part, ran = remote.fetch()
-            self.in_sync = i == len(scheduled) - 1
+    def _drain(self, coordinator, scheduled, step):
+        """Join, then yield each scheduled loop's (totals, steps).
+
+        `step` is the global step once every scheduled loop has run. A loop that a
+        failed worker had begun is run again elsewhere by the coordinator, so the
+        variables may have taken a few extra updates; the step counter is set to
+        the number of steps asked for, which is what checkpoints and resumes count.
+        """
+        try:
+            coordinator.join()
+            results = [remote.fetch() for remote, _ in scheduled]
+        except _cluster_errors() as e:
+            raise _lost_cluster(self.trainer, e) from None
+        self.trainer._global_step.assign(step)
+        for i, (part, ran) in enumerate(results):
+            self.in_sync = i == len(results) - 1
             yield np.asarray(part, np.float64), int(ran)
 
     def train_epoch(self, train_input, steps_per_epoch, steps_per_loop, step, boundary):
@@ -131,13 +141,38 @@ class PSRunner:
         while done < steps_per_epoch and not (watch is not None and watch.requested):
             # Cut at boundaries too, so results can be logged at exactly those steps.
             n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
-            scheduled.append((coordinator.schedule(
-                loop, args=(iterator, tf.constant(n, tf.int32))), n))
+            try:
+                scheduled.append((coordinator.schedule(
+                    loop, args=(iterator, tf.constant(n, tf.int32))), n))
+            except _cluster_errors() as e:
+                raise _lost_cluster(self.trainer, e) from None
             done += n
             step += n
             if done < steps_per_epoch and checkpointer is not None and checkpointer.due(
                     step, epoch_end=False):
                 # A mid-epoch save must see the variables of exactly this step.
-                yield from self._drain(coordinator, scheduled)
+                yield from self._drain(coordinator, scheduled, step)
                 scheduled = []
-        yield from self._drain(coordinator, scheduled)
+        yield from self._drain(coordinator, scheduled, step)
+
+
+def _cluster_errors():
+    import tensorflow as tf
+    return (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+            tf.errors.InternalError)
+
+
+def _lost_cluster(trainer, error):
+    """The error a coordinator raises when a parameter server is gone: say what to do."""
+    checkpointer = trainer._checkpointer
+    latest = None
+    if checkpointer is not None and checkpointer.directory:
+        candidates = checkpointer.candidates()
+        latest = candidates[0] if candidates else None
+    resume = (f"the latest checkpoint is {latest}; run the job again (or `kerastrain launch "
+              "--max-restarts N`) to resume from it" if latest else
+              "no checkpoint was written yet (set trainer.model_dir to keep progress)")
+    first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    return RuntimeError(
+        f"Lost contact with the parameter-server cluster ({type(error).__name__}: {first}). "
+        f"Parameter servers hold the model, so training stops here; {resume}.")

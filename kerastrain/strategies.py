@@ -222,7 +222,11 @@ def choose_auto(config, num_gpus, cpu_devices=None):
 
 @_register("auto")
 def _build_auto(cpu_devices=None):
-    name, reason = choose_auto(cluster_lib.read_tf_config(), len(_gpus()), cpu_devices)
+    import tensorflow as tf
+    # Physical devices: listing logical ones would start TensorFlow's runtime, after
+    # which multi-worker mirrored can no longer be built in this process.
+    num_gpus = len(tf.config.list_physical_devices("GPU"))
+    name, reason = choose_auto(cluster_lib.read_tf_config(), num_gpus, cpu_devices)
     built = _REGISTRY[name].build()
     built.reason = reason
     return built
@@ -328,16 +332,19 @@ def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=
     if config.task_type in ("worker", "ps"):
         raise RuntimeError(
             f"This process is task {config.task_type}:{config.task_index} of a parameter-server "
-            "cluster; only the chief (coordinator) builds a Trainer. Run "
-            "`python -m kerastrain.cluster` (kerastrain.cluster.serve()) on worker and ps tasks.")
-    if num_workers is not None or num_ps is not None or num_gpus_per_worker:
-        raise ValueError(
-            "Options `num_workers`, `num_ps` and `num_gpus_per_worker` size a local cluster, but "
-            f"TF_CONFIG already describes one ({len(config.cluster['worker'])} workers, "
-            f"{config.num_ps} ps; TensorFlow finds the workers' GPUs itself). Remove them. "
-            f"Received: num_workers={num_workers}, num_ps={num_ps}, "
-            f"num_gpus_per_worker={num_gpus_per_worker}")
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+            "cluster; only the chief (coordinator) builds a Trainer. On worker and ps tasks run "
+            "`kerastrain run RECIPE` (it serves them) or `python -m kerastrain.cluster`.")
+    if num_workers is not None or num_ps is not None:
+        # The same recipe runs on a laptop (local cluster of this size) and on a cluster.
+        logger.info("num_workers/num_ps size a local cluster; TF_CONFIG describes this one "
+                    "(%d workers, %d ps), which is used", len(config.cluster["worker"]),
+                    config.num_ps)
+    # The evaluator is not part of the training cluster: a coordinator that sees it in
+    # the cluster spec waits for it forever (tensorflow#46169).
+    training = {job: tasks for job, tasks in config.cluster.items() if job != "evaluator"}
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(training), task_type=config.task_type, task_id=config.task_index,
+        rpc_layer=config.rpc_layer)
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     return BuiltStrategy(

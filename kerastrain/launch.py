@@ -1,0 +1,256 @@
+"""`kerastrain launch`: a real local cluster of processes on 127.0.0.1, one per task.
+
+Every task runs the same command (`kerastrain run RECIPE --set ...`) with its own
+`TF_CONFIG`; the recipe decides the strategy and each task's role follows from
+`TF_CONFIG`. The launcher prefixes each task's output (`[worker:1] ...`), restarts
+a parameter-server worker that dies (the coordinator retries its steps and the
+worker rejoins), restarts the whole job after any other failure while
+`--max-restarts` allows (training resumes from the last checkpoint), and stops
+every process it started when the job ends, fails, or is interrupted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from kerastrain.cluster import free_port
+
+WORKER_RESTARTS = 3        # per parameter-server worker and job attempt
+GRACE_SECS = 20.0          # for the other tasks to stop by themselves once the chief is done
+KILL_AFTER_SECS = 5.0      # SIGTERM, then SIGKILL
+CHIEF_NOTICE_SECS = 90.0   # for the chief to report a lost parameter server itself
+
+
+@dataclasses.dataclass
+class Task:
+    type: str
+    index: int
+    tf_config: str
+    command: list
+    process: subprocess.Popen | None = None
+    restarts: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}:{self.index}"
+
+
+def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
+                 host: str = "127.0.0.1") -> dict:
+    """A cluster of free loopback ports. Parameter-server clusters always get a chief."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"`--workers` must be an int >= 1. Received: {workers!r}")
+    if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
+        raise ValueError(f"`--ps` must be an int >= 0. Received: {ps!r}")
+    spec = {}
+    if chief or ps:
+        spec["chief"] = [f"{host}:{free_port(host)}"]
+    spec["worker"] = [f"{host}:{free_port(host)}" for _ in range(workers)]
+    if ps:
+        spec["ps"] = [f"{host}:{free_port(host)}" for _ in range(ps)]
+    if evaluator:
+        spec["evaluator"] = [f"{host}:{free_port(host)}"]
+    return spec
+
+
+def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
+    command = [sys.executable, "-m", "kerastrain.cli", "run", recipe]
+    for item in sets:
+        command += ["--set", item]
+    training = {k: v for k, v in spec.items() if k != "evaluator"}
+    tasks = []
+    for job in ("chief", "worker", "ps", "evaluator"):
+        for index in range(len(spec.get(job, ()))):
+            # The evaluator is not part of the training cluster: a coordinator that sees
+            # it in the cluster spec waits for it forever (tensorflow#46169).
+            config = {"cluster": spec if job == "evaluator" else training,
+                      "task": {"type": job, "index": index}}
+            tasks.append(Task(job, index, json.dumps(config), command))
+    return tasks
+
+
+def chief_of(tasks: list[Task]) -> Task:
+    return next((t for t in tasks if t.type == "chief"), None) or next(
+        t for t in tasks if t.type == "worker" and t.index == 0)
+
+
+def dry_run(tasks: list[Task], out=sys.stdout) -> None:
+    for task in tasks:
+        print(f"[{task.name}] TF_CONFIG='{task.tf_config}'", file=out)
+        print(f"[{task.name}] {' '.join(task.command)}", file=out)
+
+
+class Launcher:
+    """Runs one job's tasks as child processes and decides when it is over."""
+
+    def __init__(self, tasks, *, out=None, env=None, max_restarts=0, poll_secs=0.2):
+        self.tasks = tasks
+        self.out = out or sys.stdout
+        self.env = dict(os.environ if env is None else env)
+        self.max_restarts = max_restarts
+        self.poll_secs = poll_secs
+        self.parameter_servers = any(t.type == "ps" for t in tasks)
+        self._lock = threading.Lock()
+        self._threads = []
+        self._stopping = False
+
+    # -- processes ---------------------------------------------------------------------
+
+    def say(self, text):
+        with self._lock:
+            print(f"[launch] {text}", file=self.out, flush=True)
+
+    def _pump(self, task, stream):
+        for line in iter(stream.readline, ""):
+            with self._lock:
+                self.out.write(f"[{task.name}] {line}" if line.endswith("\n")
+                               else f"[{task.name}] {line}\n")
+                self.out.flush()
+        stream.close()
+
+    def start(self, task):
+        env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
+        # Its own session: a Ctrl-C in the terminal reaches the launcher only, which
+        # then stops every task, and a task's children go with it.
+        task.process = subprocess.Popen(
+            task.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, bufsize=1, start_new_session=True)
+        thread = threading.Thread(target=self._pump, args=(task, task.process.stdout),
+                                  daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop_all(self, reason=""):
+        """SIGTERM every live task's process group, SIGKILL what is left after a grace period."""
+        live = [t for t in self.tasks if t.process is not None and t.process.poll() is None]
+        if live and reason:
+            self.say(f"stopping {', '.join(t.name for t in live)}: {reason}")
+        for task in live:
+            _signal_group(task.process, signal.SIGTERM)
+        deadline = time.monotonic() + KILL_AFTER_SECS
+        for task in live:
+            try:
+                task.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(task.process, signal.SIGKILL)
+                task.process.wait()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        self._threads = []
+
+    # -- one attempt ---------------------------------------------------------------------
+
+    def run_once(self) -> int:
+        """Start every task and wait for the job's end; return the chief's exit code."""
+        for task in self.tasks:
+            task.restarts = 0
+            self.start(task)
+        chief = chief_of(self.tasks)
+        try:
+            while True:
+                code = chief.process.poll()
+                if code is not None:
+                    self._wait_for_the_rest(chief)
+                    return code
+                for task in self.tasks:
+                    if task is chief or task.process.poll() is None:
+                        continue
+                    failed = self._on_exit(task)
+                    if failed is not None:
+                        return failed
+                time.sleep(self.poll_secs)
+        finally:
+            self.stop_all()
+
+    def _on_exit(self, task):
+        """A task other than the chief exited. Returns an exit code to end the attempt."""
+        code = task.process.returncode
+        if task.type == "evaluator":
+            return None  # side-car: the job goes on without it
+        if code == 0 and not self.parameter_servers:
+            return None  # a synchronous worker that finished: the chief will too
+        if self.parameter_servers and task.type == "worker" and task.restarts < WORKER_RESTARTS:
+            # The coordinator retries the worker's steps elsewhere; once the worker is back
+            # at the same address, it takes steps again.
+            task.restarts += 1
+            self.say(f"{task.name} exited with {_describe(code)}; restarting it "
+                     f"({task.restarts}/{WORKER_RESTARTS})")
+            self.start(task)
+            return None
+        self.say(f"{task.name} exited with {_describe(code)}; the job cannot go on without it")
+        chief = chief_of(self.tasks)
+        if task.type == "ps":
+            # The chief notices and says what it lost, with where to resume; give it time.
+            try:
+                chief.process.wait(timeout=CHIEF_NOTICE_SECS)
+            except subprocess.TimeoutExpired:
+                pass
+            if chief.process.returncode not in (None, 0):
+                return chief.process.returncode
+        return code if code else 1
+
+    def _wait_for_the_rest(self, chief):
+        """After the chief: servers stop by themselves once it is gone (kerastrain.cluster.serve)."""
+        deadline = time.monotonic() + GRACE_SECS
+        while time.monotonic() < deadline:
+            if all(t.process.poll() is not None for t in self.tasks if t.type != "evaluator"):
+                return
+            time.sleep(self.poll_secs)
+        self.say(f"{chief.name} finished; tasks still running after {GRACE_SECS:.0f} s are "
+                 "stopped")
+
+    # -- the job --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        attempt = 0
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def interrupted(signum, frame):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, interrupted)
+        try:
+            while True:
+                code = self.run_once()
+                if code == 0:
+                    self.say(f"job finished: {chief_of(self.tasks).name} exited with 0")
+                    return 0
+                if attempt >= self.max_restarts:
+                    self.say(f"job failed: {chief_of(self.tasks).name} exited with "
+                             f"{_describe(code)}" + (f" after {attempt} restart(s)"
+                                                     if attempt else ""))
+                    return code
+                attempt += 1
+                self.say(f"job failed ({_describe(code)}); restarting every task "
+                         f"({attempt}/{self.max_restarts}): training resumes from the last "
+                         "checkpoint")
+        except KeyboardInterrupt:
+            self.say("interrupted: stopping every task")
+            self.stop_all()
+            return 130
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _signal_group(process, signum):
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe(code):
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
