@@ -79,6 +79,27 @@ def _parser():
                         help="restart the whole job this many times after a failure")
     launch.add_argument("--dry-run", action="store_true",
                         help="print each task's TF_CONFIG and command; start nothing")
+    export = sub.add_parser(
+        "export", help="write a manifest that runs a recipe on a real cluster (k8s, slurm)",
+        description="Print a Kubeflow TFJob manifest (k8s) or a Slurm batch script (slurm) "
+                    "whose tasks all run `kerastrain run RECIPE`; the cluster manager provides "
+                    "TF_CONFIG. See docs/clusters.md.",
+        epilog="examples:\n  kerastrain export k8s recipes/parameter_server.yaml --workers 4 "
+               "--ps 2 --image registry/me/train:1 > job.yaml\n  kerastrain export slurm "
+               "recipes/multi_worker.yaml --nodes 4 > job.sbatch\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    export.add_argument("target", choices=("k8s", "slurm"))
+    export.add_argument("recipe", help="the recipe's path as the tasks will see it")
+    export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="overrides passed on to every task (repeatable)")
+    export.add_argument("--workers", type=int, default=1, help="k8s: worker replicas")
+    export.add_argument("--ps", type=int, default=0, help="k8s: parameter-server replicas")
+    export.add_argument("--chief", action="store_true", help="k8s: a separate chief replica")
+    export.add_argument("--evaluator", action="store_true", help="k8s: a side-car evaluator")
+    export.add_argument("--image", default="kerastrain:latest", help="k8s: container image")
+    export.add_argument("--name", default=None, help="k8s: the TFJob's name")
+    export.add_argument("--namespace", default=None, help="k8s: the TFJob's namespace")
+    export.add_argument("--nodes", type=int, default=2, help="slurm: nodes (one worker each)")
     quick = sub.add_parser(
         "quickstart", help="train the built-in example model for real on this machine",
         description="Train a 2x256 MLP on 65,536 synthetic examples (binary target).",
@@ -214,6 +235,19 @@ def _launch(args):
     return launch.Launcher(tasks, max_restarts=args.max_restarts).run()
 
 
+def _export(args):
+    from kerastrain import manifests
+
+    if args.target == "k8s":
+        print(manifests.dump(manifests.tfjob(
+            args.recipe, workers=args.workers, ps=args.ps, chief=args.chief,
+            evaluator=args.evaluator, image=args.image, name=args.name,
+            namespace=args.namespace, sets=args.set)), end="")
+    else:
+        print(manifests.slurm_script(args.recipe, nodes=args.nodes, sets=args.set), end="")
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.version:
@@ -225,6 +259,8 @@ def main(argv=None) -> int:
             return _quickstart(args)
         if args.command == "info":
             return _info()
+        if args.command == "export":
+            return _export(args)
         if args.command == "launch":
             return _launch(args)
         if args.command in ("run", "validate"):

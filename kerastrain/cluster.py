@@ -210,3 +210,48 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def tf_config_from_slurm(strategy_name: str, num_ps: int = 1, port_base: int = 8888) -> str:
+    """The `TF_CONFIG` of this Slurm task, from Slurm's environment (one task per process).
+
+    Multi-worker mirrored: every task is a worker. Parameter servers: task 0 is the
+    chief (coordinator), the next `num_ps` are ps tasks, the rest workers.
+    """
+    import tensorflow as tf
+
+    environ_tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get(
+        "SLURM_NTASKS") or 0)
+    if "SLURM_PROCID" not in os.environ or not environ_tasks:
+        raise ValueError(
+            "`cluster_resolver: slurm` needs to run inside a Slurm job step (srun), which sets "
+            "SLURM_PROCID and SLURM_STEP_NUM_TASKS. Received: SLURM_PROCID="
+            f"{os.environ.get('SLURM_PROCID')!r}, SLURM_STEP_NUM_TASKS="
+            f"{os.environ.get('SLURM_STEP_NUM_TASKS')!r}")
+    if strategy_name == "ps":
+        if environ_tasks < num_ps + 2:
+            raise ValueError(
+                f"A parameter-server job needs a chief, {num_ps} ps and at least one worker: "
+                f"{num_ps + 2} Slurm tasks or more. Received: {environ_tasks} tasks")
+        jobs = {"chief": 1, "ps": num_ps, "worker": environ_tasks - 1 - num_ps}
+    else:
+        jobs = {"worker": environ_tasks}
+    # GPU placement is left to TensorFlow (auto_set_gpu=False); the resolver still
+    # divides GPUs among tasks and fails on nodes without any (a zero range step), so
+    # give it a count that cannot run out. Only hosts and ports are used here.
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+        jobs=jobs, port_base=port_base, auto_set_gpu=False, gpus_per_node=1024,
+        gpus_per_task=1)
+    spec = resolver.cluster_spec().as_dict()
+    return json.dumps({"cluster": {job: list(tasks) for job, tasks in spec.items()},
+                       "task": {"type": resolver.task_type, "index": resolver.task_id}})
+
+
+def use_slurm(strategy_name: str, options: dict) -> None:
+    """With `cluster_resolver: slurm`, set TF_CONFIG from Slurm's environment (once)."""
+    if options.get("cluster_resolver") != "slurm" or os.environ.get("KERASTRAIN_TF_CONFIG_FROM"):
+        return
+    os.environ["TF_CONFIG"] = tf_config_from_slurm(
+        strategy_name, num_ps=options.get("num_ps") or 1)
+    os.environ["KERASTRAIN_TF_CONFIG_FROM"] = "slurm"
+    logger.info("TF_CONFIG from Slurm: %s", os.environ["TF_CONFIG"])

@@ -122,6 +122,7 @@ class Launcher:
         task.process = subprocess.Popen(
             task.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, bufsize=1, start_new_session=True)
+        self.say(f"started {task.name} (pid {task.process.pid})")
         thread = threading.Thread(target=self._pump, args=(task, task.process.stdout),
                                   daemon=True)
         thread.start()

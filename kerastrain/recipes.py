@@ -244,12 +244,13 @@ def task_role(recipe) -> str:
     """
     from kerastrain import cluster, strategies
 
+    name, options = strategies.normalize(dict(recipe.strategy))
+    cluster.use_slurm(name, options)
     config = cluster.read_tf_config()
     if config is None:
         return "train"
     if config.task_type == "evaluator":
         return "evaluator"
-    name, _ = strategies.normalize(dict(recipe.strategy))
     if config.num_ps:
         if name not in ("ps", "auto"):
             raise ValueError(

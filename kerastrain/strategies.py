@@ -151,6 +151,7 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
         2
     """
     name, options = normalize(strategy, strategy_options)
+    cluster_lib.use_slurm(name, options)
     if "cpu_devices" in options:
         configure_cpu_devices(options["cpu_devices"])
     built = _REGISTRY[name].build(**options)
@@ -273,8 +274,13 @@ def _build_central_storage(compute_devices=None, parameter_device=None, cpu_devi
                          f"{parameter_device or 'the CPU'}")
 
 
-@_register("multi_worker_mirrored", communication=_check_choice("auto", "ring", "nccl"))
-def _build_mwm(communication="auto", cpu_devices=None):
+_RESOLVER = _check_choice("tf_config", "slurm")
+
+
+@_register("multi_worker_mirrored", communication=_check_choice("auto", "ring", "nccl"),
+           cluster_resolver=_RESOLVER, timeout_seconds=_check_int("timeout_seconds", 1))
+def _build_mwm(communication="auto", cpu_devices=None, cluster_resolver="tf_config",
+               timeout_seconds=None):
     import tensorflow as tf
     config = cluster_lib.read_tf_config()
     implementation = {
@@ -285,7 +291,7 @@ def _build_mwm(communication="auto", cpu_devices=None):
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(
-                implementation=implementation))
+                implementation=implementation, timeout_seconds=timeout_seconds))
     except RuntimeError as e:
         raise RuntimeError(
             "`multi_worker_mirrored` must be built before TensorFlow runs any operation in "
@@ -304,8 +310,9 @@ _LOCAL_PS_CACHE: dict = {}
 
 
 @_register("ps", num_workers=_check_int("num_workers", 1), num_ps=_check_int("num_ps", 1),
-           num_gpus_per_worker=_check_int("num_gpus_per_worker", 0))
-def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=None):
+           num_gpus_per_worker=_check_int("num_gpus_per_worker", 0), cluster_resolver=_RESOLVER)
+def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=None,
+              cluster_resolver="tf_config"):
     import tensorflow as tf
     config = cluster_lib.read_tf_config()
     if config is None:

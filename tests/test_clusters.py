@@ -1,0 +1,294 @@
+"""From a laptop to a cluster: TF_CONFIG errors, `kerastrain launch`, manifests, failures."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+import helpers
+from kerastrain import cli, cluster, manifests
+
+RECIPES = os.path.join(helpers.REPO, "recipes")
+QUICKSTART = os.path.join(RECIPES, "quickstart.yaml")
+PS_RECIPE = os.path.join(RECIPES, "parameter_server.yaml")
+
+
+# -- TF_CONFIG --------------------------------------------------------------------------
+
+MALFORMED = [
+    ("bad JSON", '{"cluster": {"worker": ["127.0.0.1:1"]', QUICKSTART,
+     "`TF_CONFIG` is not valid JSON"),
+    ("missing task", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}', QUICKSTART,
+     "`TF_CONFIG['task']['type']` must name a job of the cluster (['worker']). Received: task={}"),
+    ("index out of range", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+                           '"task": {"type": "worker", "index": 2}}', QUICKSTART,
+     "`TF_CONFIG['task']['index']` must be between 0 and 1 for job 'worker'"),
+    ("ps strategy, no ps tasks", '{"cluster": {"worker": ["127.0.0.1:1"]}, '
+                                 '"task": {"type": "worker", "index": 0}}', PS_RECIPE,
+     "The recipe's strategy is 'ps' but TF_CONFIG has no `ps` tasks"),
+    ("ps cluster, no chief", '{"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, '
+                             '"task": {"type": "worker", "index": 0}}', PS_RECIPE,
+     "A parameter-server cluster needs a `chief` task"),
+    ("ps cluster, mirrored recipe", '{"cluster": {"chief": ["127.0.0.1:3"], "worker": '
+                                    '["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": '
+                                    '{"type": "chief", "index": 0}}',
+     os.path.join(RECIPES, "mirrored.yaml"),
+     "TF_CONFIG describes a parameter-server cluster (1 ps task(s)) but the recipe's strategy "
+     "is 'mirrored'"),
+    ("unknown job", '{"cluster": {"master": ["127.0.0.1:1"]}, '
+                    '"task": {"type": "master", "index": 0}}', QUICKSTART,
+     "unknown job names ['master']"),
+    ("two chiefs", '{"cluster": {"chief": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+                   '"task": {"type": "chief", "index": 0}}', QUICKSTART,
+     "A cluster has at most one chief"),
+]
+
+
+@pytest.mark.parametrize("name,tf_config,recipe,message", MALFORMED,
+                         ids=[case[0] for case in MALFORMED])
+def test_malformed_tf_config_is_a_clear_error_before_any_server_starts(
+        monkeypatch, capsys, name, tf_config, recipe, message):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    assert cli.main(["run", recipe]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+def test_tf_config_from_slurm(monkeypatch):
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "gpu[07-10]")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1(x4)")
+    mwm = json.loads(cluster.tf_config_from_slurm("multi_worker_mirrored"))
+    assert mwm == {"cluster": {"worker": [f"gpu{n:02d}:8888" for n in range(7, 11)]},
+                   "task": {"type": "worker", "index": 2}}
+    ps = json.loads(cluster.tf_config_from_slurm("ps", num_ps=1))
+    assert ps["cluster"] == {"chief": ["gpu07:8888"], "ps": ["gpu08:8888"],
+                             "worker": ["gpu09:8888", "gpu10:8888"]}
+    assert ps["task"] == {"type": "worker", "index": 0}
+    monkeypatch.delenv("SLURM_PROCID")
+    with pytest.raises(ValueError, match="needs to run inside a Slurm job step"):
+        cluster.tf_config_from_slurm("multi_worker_mirrored")
+
+
+# -- launch --dry-run and manifests ---------------------------------------------------------
+
+def test_launch_dry_run_prints_each_task_and_starts_nothing(capsys):
+    assert cli.main(["launch", PS_RECIPE, "--workers", "2", "--ps", "1", "--evaluator",
+                     "--set", "trainer.epochs=1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    configs = {m.group(1): json.loads(m.group(2))
+               for m in re.finditer(r"^\[(\w+:\d)\] TF_CONFIG='(.+)'$", out, re.M)}
+    assert sorted(configs) == ["chief:0", "evaluator:0", "ps:0", "worker:0", "worker:1"]
+    training = configs["chief:0"]["cluster"]
+    assert sorted(training) == ["chief", "ps", "worker"]   # the evaluator is left out
+    assert configs["evaluator:0"]["cluster"]["evaluator"]
+    ports = [a for job in configs["evaluator:0"]["cluster"].values() for a in job]
+    assert len(set(ports)) == 5 and all(a.startswith("127.0.0.1:") for a in ports)
+    for name, config in configs.items():
+        assert config["task"] == {"type": name.split(":")[0], "index": int(name[-1])}
+        if name != "evaluator:0":
+            assert config["cluster"] == training
+    assert out.count(f"-m kerastrain.cli run {PS_RECIPE} --set trainer.epochs=1") == 5
+
+
+def test_kubernetes_manifest_structure(capsys):
+    assert cli.main(["export", "k8s", "recipes/parameter_server.yaml", "--workers", "3", "--ps",
+                     "2", "--image", "registry.example/train:1", "--set",
+                     "trainer.model_dir=/mnt/runs/ps"]) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "TFJob"
+    assert job["metadata"]["name"] == "parameter-server"
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert {k: v["replicas"] for k, v in specs.items()} == {"Chief": 1, "Worker": 3, "PS": 2}
+    for spec in specs.values():
+        assert spec["restartPolicy"] == "OnFailure"
+        (container,) = spec["template"]["spec"]["containers"]
+        assert container["name"] == "tensorflow" and container["image"] == \
+            "registry.example/train:1"
+        assert container["command"] == ["kerastrain", "run", "recipes/parameter_server.yaml",
+                                        "--set", "trainer.model_dir=/mnt/runs/ps"]
+        # The training operator sets TF_CONFIG per replica; the manifest must not.
+        assert "TF_CONFIG" not in {e["name"] for e in container["env"]}
+    mirrored = manifests.tfjob("recipes/multi_worker.yaml", workers=4)
+    assert list(mirrored["spec"]["tfReplicaSpecs"]) == ["Worker"]
+    script = manifests.slurm_script("recipes/multi_worker.yaml", nodes=4)
+    assert "#SBATCH --nodes=4" in script
+    assert "srun kerastrain run recipes/multi_worker.yaml --set " \
+           "strategy.cluster_resolver=slurm" in script
+
+
+# -- real local clusters ----------------------------------------------------------------------
+
+class Launch:
+    """`kerastrain launch ...` as a child process whose output is read as it comes."""
+
+    def __init__(self, args, env=None):
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                        PYTHONPATH=os.pathsep.join([helpers.REPO, os.path.join(
+                            helpers.REPO, "tests")]))
+        full_env.pop("TF_CONFIG", None)
+        full_env.update(env or {})
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kerastrain.cli", "launch", *args], env=full_env,
+            cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        self._new = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self._new:
+                self.lines.append(line.rstrip("\n"))
+                self._new.notify_all()
+
+    def wait_for(self, pattern, timeout=240):
+        """The first line (old or new) matching `pattern`."""
+        deadline = time.monotonic() + timeout
+        with self._new:
+            while True:
+                for line in self.lines:
+                    if re.search(pattern, line):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or self.process.poll() is not None and not self._reader.is_alive():
+                    raise AssertionError(f"no line matching {pattern!r}:\n" +
+                                         "\n".join(self.lines[-60:]))
+                self._new.wait(min(left, 1.0))
+
+    def finish(self, timeout=300):
+        try:
+            code = self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+        self._reader.join(timeout=10)
+        return code
+
+    @property
+    def text(self):
+        return "\n".join(self.lines)
+
+    def pids(self):
+        return [int(p) for p in re.findall(r"\[launch\] started \S+ \(pid (\d+)\)", self.text)]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for every purpose here; the launcher reaps its children.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _epoch_losses(text, task="chief:0"):
+    return [float(m) for m in re.findall(rf"^\[{task}\] \d+/\d+ - .* - loss: ([0-9.]+)", text,
+                                         re.M)]
+
+
+PS_LONG = ["trainer.epochs=3", "data.train.args.num_examples=12288",
+           "data.validation.args.num_examples=512", "trainer.steps_per_loop=4",
+           "trainer.verbose=2", "checkpoints.every_steps=12", "tensorboard.log_every_steps=0"]
+
+
+def _sets(items):
+    return [a for item in items for a in ("--set", item)]
+
+
+@pytest.mark.multiprocess
+def test_ps_job_survives_a_killed_worker_and_every_process_exits(tmp_path):
+    run = Launch([PS_RECIPE, "--workers", "2", "--ps", "1",
+                  *_sets(PS_LONG + [f"trainer.model_dir={tmp_path}"])])
+    run.wait_for(r"\[chief:0\] kerastrain: checkpoint saved at step")
+    time.sleep(np.random.RandomState().uniform(0.0, 2.0))  # a random step
+    worker = int(re.search(r"started worker:1 \(pid (\d+)\)", run.text).group(1))
+    os.kill(worker, signal.SIGKILL)
+    assert run.finish() == 0, run.text[-6000:]
+    assert "[launch] worker:1 exited with signal SIGKILL; restarting it (1/3)" in run.text
+    done = run.wait_for(r"\[chief:0\] kerastrain: done:")
+    assert "3 epochs, step 144," in done   # 12,288 examples / 256 = 48 steps an epoch
+    losses = _epoch_losses(run.text)
+    assert len(losses) == 3 and losses[-1] < losses[0], losses
+    assert "[launch] job finished: chief:0 exited with 0" in run.text
+    time.sleep(1)
+    assert not [p for p in run.pids() if _alive(p)]
+
+
+@pytest.mark.multiprocess
+def test_a_killed_parameter_server_stops_the_chief_and_a_restart_resumes(tmp_path):
+    run = Launch([PS_RECIPE, "--workers", "2", "--ps", "1", "--max-restarts", "1",
+                  *_sets(PS_LONG + [f"trainer.model_dir={tmp_path}"])])
+    run.wait_for(r"\[chief:0\] kerastrain: checkpoint saved at step")
+    ps = int(re.search(r"started ps:0 \(pid (\d+)\)", run.text).group(1))
+    os.kill(ps, signal.SIGKILL)
+    assert run.finish(timeout=420) == 0, run.text[-6000:]
+    assert "Lost contact with the parameter-server cluster" in run.text, run.text[-6000:]
+    assert "restarting every task (1/1): training resumes from the last checkpoint" in run.text
+    assert re.search(r"\[chief:0\] kerastrain: resumed from .*ckpt-\d+: step \d+", run.text)
+    done = run.wait_for(r"\[chief:0\] kerastrain: done:")
+    assert "step 144," in done
+    time.sleep(1)
+    assert not [p for p in run.pids() if _alive(p)]
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_stops_every_task_within_seconds(tmp_path):
+    run = Launch([PS_RECIPE, "--workers", "2", "--ps", "1",
+                  *_sets(PS_LONG + [f"trainer.model_dir={tmp_path}"])])
+    run.wait_for(r"\[chief:0\] kerastrain: strategy: ps")
+    pids = run.pids()
+    assert len(pids) == 4
+    run.process.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    assert run.finish(timeout=30) == 130
+    assert "[launch] interrupted: stopping every task" in run.text
+    while [p for p in pids if _alive(p)] and time.monotonic() - start < 10:
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], [p for p in pids if _alive(p)]
+
+
+PARITY_RECIPE = """\
+# Two launched workers must train exactly like one device (same global batches).
+model:
+  builder: helpers:build_model
+data:
+  train:
+    builder: helpers:global_batch_dataset_fn
+    args: {n: 96}
+strategy: multi_worker_mirrored
+trainer: {epochs: 2, seed: 0, verbose: 2, model_dir: MODEL_DIR}
+tensorboard: false
+"""
+
+
+@pytest.mark.multiprocess
+def test_launched_multi_worker_mirrored_matches_one_device(tmp_path):
+    import keras
+
+    import kerastrain as kt
+    recipe = tmp_path / "parity.yaml"
+    recipe.write_text(PARITY_RECIPE.replace("MODEL_DIR", str(tmp_path / "run")))
+    run = Launch([str(recipe), "--workers", "2"])
+    assert run.finish() == 0, run.text[-6000:]
+    assert "[worker:0] kerastrain: strategy: multi_worker_mirrored" in run.text
+    reference = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(96),
+                           strategy="one_device", seed=0, verbose=0)
+    reference.fit(epochs=2)
+    exported = keras.saving.load_model(tmp_path / "run" / "export" / "model.keras")
+    for got, want in zip(exported.get_weights(), reference.model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert not [p for p in run.pids() if _alive(p)]
