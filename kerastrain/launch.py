@@ -201,7 +201,8 @@ class Launcher:
         """After the chief: servers stop by themselves once it is gone (kerastrain.cluster.serve)."""
         deadline = time.monotonic() + GRACE_SECS
         while time.monotonic() < deadline:
-            if all(t.process.poll() is not None for t in self.tasks if t.type != "evaluator"):
+            # The evaluator too: it evaluates the last checkpoint, then sees the chief gone.
+            if all(t.process.poll() is not None for t in self.tasks):
                 return
             time.sleep(self.poll_secs)
         self.say(f"{chief.name} finished; tasks still running after {GRACE_SECS:.0f} s are "

@@ -18,11 +18,27 @@ def main():
     job = json.loads(sys.argv[1])
     out = sys.argv[2]
     import kerastrain as kt  # the strategy must be built before any TF op runs
-    from kerastrain import _logging
-    _logging.ensure_visible()  # as a Trainer does: kerastrain's INFO lines on the console
-    built = kt.build_strategy(job["strategy"])
     import keras
     import tensorflow as tf
+
+    class Count(keras.metrics.Metric):
+        """Examples seen (a sum), to check that each is trained on exactly once."""
+
+        def __init__(self, name="count", **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.total.assign_add(keras.ops.cast(keras.ops.shape(y_true)[0], "float32"))
+
+        def result(self):
+            return self.total
+
+    # One Trainer, hence one strategy, for the whole process: a second multi-worker
+    # strategy in the same process can mismatch collective keys between workers.
+    trainer = kt.Trainer(helpers.build_model, strategy=job["strategy"], seed=0, verbose=0,
+                         metrics=lambda: ["accuracy", Count()])
+    built = trainer._built
 
     from kerastrain import examples
     from kerastrain.data import DistributedInput
@@ -66,23 +82,8 @@ def main():
                 seen.append(ids)
         results[scenario["name"]] = {"policy": data.plan.policy, "seen": seen}
 
-    class Count(keras.metrics.Metric):
-        """Examples seen (a sum), to check that each is trained on exactly once."""
-
-        def __init__(self, name="count", **kwargs):
-            super().__init__(name=name, **kwargs)
-            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-
-        def update_state(self, y_true, y_pred, sample_weight=None):
-            self.total.assign_add(keras.ops.cast(keras.ops.shape(y_true)[0], "float32"))
-
-        def result(self):
-            return self.total
-
     fit = job.get("fit")
     if fit:
-        trainer = kt.Trainer(helpers.build_model, strategy=job["strategy"], seed=0, verbose=0,
-                             metrics=["accuracy", Count()])
         data = (helpers.arrays(fit["numpy"])[0], helpers.arrays(fit["numpy"])[1]) \
             if fit.get("numpy") else files_data(fit["dir"], False)
         history = trainer.fit(data, epochs=fit["epochs"], steps_per_epoch=fit.get("steps"),

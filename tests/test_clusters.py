@@ -282,13 +282,37 @@ def test_launched_multi_worker_mirrored_matches_one_device(tmp_path):
     import kerastrain as kt
     recipe = tmp_path / "parity.yaml"
     recipe.write_text(PARITY_RECIPE.replace("MODEL_DIR", str(tmp_path / "run")))
-    run = Launch([str(recipe), "--workers", "2"])
+    run = Launch([str(recipe), "--workers", "2", "--evaluator"])
     assert run.finish() == 0, run.text[-6000:]
     assert "[worker:0] kerastrain: strategy: multi_worker_mirrored" in run.text
+    # The side-car evaluator evaluated the final checkpoint, then stopped by itself.
+    assert re.search(r"\[evaluator:0\] kerastrain: evaluator: step 12: loss [0-9.]+, "
+                     r"accuracy", run.text), run.text[-4000:]
+    assert "[evaluator:0] kerastrain: evaluator: the chief has finished" in run.text
+    assert list((tmp_path / "run" / "logs" / "evaluator").glob("events.out.tfevents.*"))
     reference = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(96),
                            strategy="one_device", seed=0, verbose=0)
     reference.fit(epochs=2)
     exported = keras.saving.load_model(tmp_path / "run" / "export" / "model.keras")
     for got, want in zip(exported.get_weights(), reference.model.get_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert not [p for p in run.pids() if _alive(p)]
+
+
+@pytest.mark.multiprocess
+def test_a_killed_multi_worker_task_fails_the_job_and_a_restart_resumes(tmp_path):
+    run = Launch([QUICKSTART, "--workers", "2", "--max-restarts", "1", *_sets([
+        "trainer.epochs=2", "data.train.args.num_examples=16384",
+        "data.validation.args.num_examples=512", "trainer.verbose=2",
+        "checkpoints.every_steps=16", "tensorboard=false", f"trainer.model_dir={tmp_path}"])])
+    run.wait_for(r"\[worker:0\] kerastrain: checkpoint saved at step")
+    worker = int(re.search(r"started worker:1 \(pid (\d+)\)", run.text).group(1))
+    os.kill(worker, signal.SIGKILL)
+    assert run.finish() == 0, run.text[-6000:]
+    # The launcher does not wait for collectives to time out: it stops the job at once.
+    assert "[launch] worker:1 exited with signal SIGKILL; the job cannot go on without it" \
+        in run.text
+    assert "restarting every task (1/1)" in run.text
+    assert re.search(r"\[worker:0\] kerastrain: resumed from .*ckpt-\d+", run.text)
+    assert "step 128," in run.wait_for(r"\[worker:0\] kerastrain: done:")  # 2 x 64 steps
     assert not [p for p in run.pids() if _alive(p)]
