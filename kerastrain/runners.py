@@ -121,8 +121,8 @@ class PSRunner:
         try:
             coordinator.join()
             results = [remote.fetch() for remote, _ in scheduled]
-        except _cluster_errors() as e:
-            raise _lost_cluster(self.trainer, e) from None
+        except cluster_errors() as e:
+            raise lost_cluster(self.trainer, e) from None
         self.trainer._global_step.assign(step)
         for i, (part, ran) in enumerate(results):
             self.in_sync = i == len(results) - 1
@@ -144,8 +144,8 @@ class PSRunner:
             try:
                 scheduled.append((coordinator.schedule(
                     loop, args=(iterator, tf.constant(n, tf.int32))), n))
-            except _cluster_errors() as e:
-                raise _lost_cluster(self.trainer, e) from None
+            except cluster_errors() as e:
+                raise lost_cluster(self.trainer, e) from None
             done += n
             step += n
             if done < steps_per_epoch and checkpointer is not None and checkpointer.due(
@@ -156,13 +156,13 @@ class PSRunner:
         yield from self._drain(coordinator, scheduled, step)
 
 
-def _cluster_errors():
+def cluster_errors():
     import tensorflow as tf
     return (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
             tf.errors.InternalError)
 
 
-def _lost_cluster(trainer, error):
+def lost_cluster(trainer, error):
     """The error a coordinator raises when a parameter server is gone: say what to do."""
     checkpointer = trainer._checkpointer
     latest = None
@@ -172,7 +172,12 @@ def _lost_cluster(trainer, error):
     resume = (f"the latest checkpoint is {latest}; run the job again (or `kerastrain launch "
               "--max-restarts N`) to resume from it" if latest else
               "no checkpoint was written yet (set trainer.model_dir to keep progress)")
-    first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    import re
+    text = str(error)
+    tasks = sorted(set(re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)))
+    lost = [f"{job}:{index}" for job, index in tasks if job == "ps"] or [
+        f"{job}:{index}" for job, index in tasks]
+    what = f"{', '.join(lost)} unreachable" if lost else "a task unreachable"
     return RuntimeError(
-        f"Lost contact with the parameter-server cluster ({type(error).__name__}: {first}). "
+        f"Lost contact with the parameter-server cluster ({what}; {type(error).__name__}). "
         f"Parameter servers hold the model, so training stops here; {resume}.")

@@ -512,6 +512,11 @@ class Trainer:
                     cbs.on_epoch_end(epoch, logs)
                     if model.stop_training:
                         break
+        except runners.cluster_errors() as e:
+            if not self._built.is_parameter_server:
+                raise
+            # A ps task went away during a step, a save or a validation pass.
+            raise runners.lost_cluster(self, e) from None
         finally:
             self._watch = None
             release, self._release_preemption = self._release_preemption, None
