@@ -25,10 +25,12 @@ def test_ps_runner_is_in_sync_only_after_the_last_loop_of_a_join():
     coordinator = FakeCoordinator()
     checkpointer = checkpoints.Checkpointer(
         None, checkpoints.CheckpointOptions(every_steps=6), is_chief=False)
+    assigned = []
     trainer = types.SimpleNamespace(
         _loops=types.SimpleNamespace(train_loop=lambda: None),
         _built=types.SimpleNamespace(coordinator=coordinator),
-        _checkpointer=checkpointer, _watch=None)
+        _checkpointer=checkpointer, _watch=None,
+        _global_step=types.SimpleNamespace(assign=assigned.append))
     data = types.SimpleNamespace(per_worker_iterator=lambda: None)
     runner = runners.PSRunner(trainer)
     seen = []
@@ -37,3 +39,6 @@ def test_ps_runner_is_in_sync_only_after_the_last_loop_of_a_join():
     # Loops of 2 steps; a join at step 6 (a checkpoint boundary), the rest at the end.
     assert seen == [(2, False), (2, False), (2, True), (2, False), (2, True)]
     assert coordinator.joins == 2
+    # After each join the step counter holds the steps asked for, whatever retried
+    # closures added to it.
+    assert assigned == [6, 10]
