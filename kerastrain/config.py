@@ -219,15 +219,15 @@ def _import_path(value):
 
 @dataclasses.dataclass(frozen=True)
 class Key:
-    check: Callable | None = None      # None: a nested section
+    check: Callable | None = None      # None: taken as it is (checked elsewhere)
     required: bool = False
     default: Any = None
     doc: str = ""
     section: dict | None = None
 
 
-def _section(fields, doc=""):
-    return Key(section=fields, doc=doc)
+def _section(fields, doc="", required=False):
+    return Key(section=fields, doc=doc, required=required)
 
 
 BUILDER = {
@@ -246,18 +246,18 @@ SCHEMA = {
             "loss": Key(lambda v: v, doc="a Keras loss name, or {name: ..., **kwargs}"),
             "metrics": Key(lambda v: v, doc="a list of Keras metric names"),
         }, doc="overrides of what the builder compiled; omit to keep the builder's"),
-    }, doc="the model"),
+    }, doc="the model", required=True),
     "data": _section({
-        "train": _section(BUILDER, doc="training data: the builder returns NumPy arrays (x, y), a "
-                                       "tf.data.Dataset, a function of no arguments, or a "
-                                       "dataset_fn(ctx)"),
+        "train": _section(BUILDER, required=True,
+                          doc="training data: the builder returns NumPy arrays (x, y), a "
+                              "tf.data.Dataset, a function of no arguments, or a dataset_fn(ctx)"),
         "validation": _section(BUILDER, doc="validation data (optional), same forms"),
         "batch_size": Key(_int(1, optional=True),
                           doc="global batch size: for NumPy data, and passed to builders that "
                               "take `batch_size`"),
         "shard": Key(_choice("auto", "file", "data", "off"), default="auto",
                      doc="sharding across workers: auto, file, data or off"),
-    }, doc="the data"),
+    }, doc="the data", required=True),
     "strategy": Key(None, doc="a name, or {name: ..., **options}"),
     "trainer": _section({
         "epochs": Key(_int(0), default=1, doc="epochs to train"),
@@ -315,6 +315,8 @@ class _Checker:
                 if key in value and value[key] is not None:
                     out[key] = self.section(path + (key,), spec.section, value[key])
                 else:
+                    if spec.required:
+                        self.add(path + (key,), f"missing; expected {spec.doc} section")
                     out[key] = None
                 continue
             if key not in value:
@@ -457,21 +459,12 @@ def validate(tree, positions=None) -> Recipe:
     if not isinstance(tree, Mapping):
         checker.bad((), tree, "a mapping with the sections " + ", ".join(SCHEMA))
         raise RecipeError(checker.problems)
-    plain = {k: v for k, v in SCHEMA.items() if k not in ("strategy", "checkpoints",
-                                                         "tensorboard")}
-    checked = checker.section((), {**plain, "strategy": Key(lambda v: v),
-                                   "checkpoints": Key(lambda v: v),
-                                   "tensorboard": Key(lambda v: v)}, tree)
-    for key in ("model", "data"):
-        if tree.get(key) is None and checked.get(key) is None:
-            checker.add((key,), f"missing; expected {SCHEMA[key].doc} section")
+    checked = checker.section((), SCHEMA, tree)
     strategy = _check_strategy(checker, tree.get("strategy"))
     checkpoints = _check_options(checker, "checkpoints", CheckpointOptions, tree.get("checkpoints"))
     tensorboard = _check_options(checker, "tensorboard", TensorBoardOptions, tree.get("tensorboard"))
     model = checked.get("model") or {}
     data = checked.get("data") or {}
-    if data and data.get("train") is None and "train" not in (tree.get("data") or {}):
-        checker.add(("data", "train"), "missing; expected the training data builder")
     compile_config = _check_compile(checker, model.get("compile"))
     if not checker.problems:
         _check_builder_args(checker, ("model",), model["builder"], model["args"])
