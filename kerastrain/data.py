@@ -81,11 +81,6 @@ def input_form(data, argument="dataset_fn") -> str:
     return "global_fn" if not params else "context_fn"
 
 
-def check_dataset_fn(data, argument="dataset_fn"):
-    """Raise a clear error unless `data` is one of the accepted input forms."""
-    return input_form(data, argument)
-
-
 def describe(spec):
     import tensorflow as tf
 
@@ -293,10 +288,13 @@ class DistributedInput:
         cardinality: batches per epoch: per pipeline for `dataset_fn(ctx)`
             under synchronous strategies, global batches otherwise (the sum over
             workers under parameter servers); or INFINITE / UNKNOWN.
+
+    `role` ("training", "validation", "evaluation") names the input in the log
+    line; only training data is shuffled (NumPy input).
     """
 
-    def __init__(self, built, data, *, argument="dataset_fn", for_training=True, shard="auto",
-                 batch_size=None, seed=None, role="training"):
+    def __init__(self, built, data, *, argument="dataset_fn", shard="auto", batch_size=None,
+                 seed=None, role="training"):
         import tensorflow as tf
 
         self.form = input_form(data, argument)
@@ -308,7 +306,7 @@ class DistributedInput:
                 f"{self.form!r}")
         self._built = built
         self._argument = argument
-        self._for_training = for_training
+        for_training = role == "training"
         strategy = built.strategy
         ps = built.is_parameter_server
         pipelines = max(built.num_workers, 1)

@@ -78,7 +78,7 @@ class Trainer:
                  metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
                  checkpoint=True, shard="auto"):
         if dataset_fn is not None:
-            data_lib.check_dataset_fn(dataset_fn)
+            data_lib.input_form(dataset_fn)
         self._shard = sharding.check_policy(shard)
         if steps_per_loop != "auto" and (isinstance(steps_per_loop, bool) or not isinstance(
                 steps_per_loop, int) or steps_per_loop < 1):
@@ -196,7 +196,7 @@ class Trainer:
         key = (id(data), argument, batch_size)
         if key not in self._inputs or self._inputs[key][0] is not data:
             self._inputs[key] = (data, data_lib.DistributedInput(
-                self._built, data, argument=argument, for_training=role == "training",
+                self._built, data, argument=argument,
                 shard=self._shard, batch_size=batch_size, seed=self._seed, role=role))
         return self._inputs[key][1]
 
@@ -401,13 +401,14 @@ class Trainer:
         if validation_steps is not None:
             _check_count("validation_steps", validation_steps, minimum=1)
         callbacks = callbacks_lib.check_callbacks(callbacks)
-        train_input = self._input(dataset_fn, "dataset_fn", "training",
-                                  _numpy_batch(dataset_fn, batch_size))
+        train_input = self._input(dataset_fn, "dataset_fn", "training", batch_size)
         steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
         val_input = None
         if validation_dataset_fn is not None:
+            # `batch_size` is for NumPy data; a validation dataset batches itself.
+            numpy = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn") == "numpy"
             val_input = self._input(validation_dataset_fn, "validation_dataset_fn", "validation",
-                                    _numpy_batch(validation_dataset_fn, batch_size))
+                                    batch_size if numpy else None)
             self._eval_dataset_fn = validation_dataset_fn
         self._ensure_built(train_input.element_spec)
 
@@ -568,8 +569,7 @@ class Trainer:
             raise ValueError("No evaluation data: pass `dataset_fn`. Received: dataset_fn=None")
         if steps is not None:
             _check_count("steps", steps, minimum=1)
-        eval_input = self._input(dataset_fn, "dataset_fn", "evaluation",
-                                 _numpy_batch(dataset_fn, batch_size))
+        eval_input = self._input(dataset_fn, "dataset_fn", "evaluation", batch_size)
         self._ensure_built(eval_input.element_spec)
         return self._evaluate_input(eval_input, steps)
 
@@ -598,14 +598,6 @@ class Trainer:
             if ran < n:
                 break
         return self._loops.metrics.results(totals)
-
-
-def _numpy_batch(data, batch_size):
-    """`batch_size` for NumPy input (None otherwise; DistributedInput rejects a stray one)."""
-    if batch_size is None:
-        return None
-    _check_count("batch_size", batch_size, minimum=1)
-    return batch_size
 
 
 def _check_count(name, value, *, minimum):

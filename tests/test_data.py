@@ -91,6 +91,19 @@ def test_numpy_input_trains_exactly_like_the_equivalent_dataset_fn():
     assert loss_np[0] != loss_np[1]
 
 
+def test_numpy_training_data_with_a_dataset_for_validation():
+    import tensorflow as tf
+
+    x, y = helpers.arrays(64)
+    trainer = kt.Trainer(helpers.build_model, strategy="one_device", seed=0, verbose=0)
+    # `batch_size` is for the NumPy training data; the validation dataset batches itself.
+    history = trainer.fit((x, y), batch_size=16, epochs=1,
+                          validation_dataset_fn=tf.data.Dataset.from_tensor_slices((x, y)).batch(8))
+    assert trainer.global_step == 4 and "val_loss" in history.history
+    with pytest.raises(ValueError, match=r"`batch_size` applies to NumPy input only"):
+        trainer.evaluate(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), batch_size=8)
+
+
 def test_numpy_arrays_are_held_in_variables_not_graph_constants():
     import tensorflow as tf
 
