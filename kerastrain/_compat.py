@@ -105,12 +105,16 @@ def auto_shard(dataset, num_shards, index):
     return distribute._AutoShardDataset(dataset, num_shards, index, 1)
 
 
-def serialize_dataset(dataset):
-    """A dataset's graph as a string tensor, to rebuild it on another task."""
+def serialize_dataset(dataset, external_state="warn"):
+    """A dataset's graph as a string tensor (a serialised GraphDef).
+
+    "warn" to rebuild it on another task (state such as a shuffle's seed
+    generator is re-created there); "ignore" to read its structure only.
+    """
     import tensorflow as tf
     return tf.raw_ops.DatasetToGraphV2(
         input_dataset=tf.data.experimental.to_variant(dataset),
-        external_state_policy=0,  # WARN: state (e.g. a shuffle seed generator) is re-created
+        external_state_policy={"warn": 0, "ignore": 1}[external_state],
         strip_device_assignment=True)
 
 

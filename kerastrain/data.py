@@ -345,9 +345,10 @@ class DistributedInput:
             check_element_spec(probe, argument)
             self.element_spec = probe.element_spec
             self.cardinality = cardinality(probe)
-            source = sharding.file_source(probe) if pipelines > 1 or shard == "file" else None
+            pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
+            source = pipeline.file_source() if pipelines > 1 or shard == "file" else None
             global_batch = (self._numpy.batch_size if self.form == "numpy"
-                            else sharding.batch_size(probe))
+                            else pipeline.batch_size())
             replicas = strategy.num_replicas_in_sync
             if global_batch and not ps and global_batch % replicas:
                 low = global_batch // replicas

@@ -11,6 +11,9 @@ plain sentence. The sharding itself stays TensorFlow's.
 from __future__ import annotations
 
 import dataclasses
+import functools
+
+import numpy as np
 
 POLICIES = ("auto", "file", "data", "off")
 
@@ -70,20 +73,6 @@ def check_policy(shard, argument="shard"):
     return shard
 
 
-def _graph(dataset):
-    """The dataset's GraphDef, or None when it cannot be serialised (e.g. a py_function)."""
-    import tensorflow as tf
-
-    try:
-        serialized = tf.raw_ops.DatasetToGraphV2(
-            input_dataset=tf.data.experimental.to_variant(dataset),
-            external_state_policy=1,  # IGNORE: we only read its structure
-            strip_device_assignment=True)
-        return tf.compat.v1.GraphDef.FromString(serialized.numpy())
-    except (tf.errors.OpError, ValueError, TypeError):
-        return None
-
-
 def _base(op):
     return op[:-2] if op.endswith(("V2", "V3", "V4", "V5")) else op
 
@@ -109,85 +98,113 @@ def _string_count(node):
     if node is None or node.op != "Const" or node.attr["dtype"].type != tf.string.as_datatype_enum:
         return None
     dims = [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
-    return int(__import__("numpy").prod(dims)) if dims else 1
+    return int(np.prod(dims)) if dims else 1
+
+
+class PipelineGraph:
+    """A dataset's graph, serialised once and read for its file list and its final batch size."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    @functools.cached_property
+    def graph(self):
+        """The GraphDef, or None when it cannot be serialised (e.g. a py_function)."""
+        import tensorflow as tf
+
+        from kerastrain import _compat
+        try:
+            serialized = _compat.serialize_dataset(self.dataset, external_state="ignore")
+            return tf.compat.v1.GraphDef.FromString(serialized.numpy())
+        except (tf.errors.OpError, ValueError, TypeError):
+            return None
+
+    @functools.cached_property
+    def nodes(self):
+        return {n.name: n for n in self.graph.node} if self.graph is not None else {}
+
+    def _input(self, node, index=0):
+        return self.nodes.get(_input_name(node.input[index]))
+
+    def file_source(self) -> FileSource | None:
+        """The one list of files the pipeline reads, or None if there is not exactly one.
+
+        Recognises the shapes TensorFlow's FILE sharding shards: a reader over a
+        constant list of names (`TFRecordDataset(files)`), and a reader inside the
+        function of `interleave`/`flat_map` over a dataset of names, possibly
+        shuffled (`Dataset.list_files(...)`, `from_tensor_slices(files).interleave(...)`).
+        """
+        if self.graph is None:
+            return None
+        functions = {f.signature.name: f for f in self.graph.library.function}
+        reads_cache = {}
+
+        def function_reads(name, seen=()):
+            if name in reads_cache:
+                return reads_cache[name]
+            fn = functions.get(name)
+            found = None
+            if fn is not None and name not in seen:
+                for node in fn.node_def:
+                    found = _reader_of(node.op) or next(
+                        (function_reads(a.func.name, seen + (name,))
+                         for a in node.attr.values() if a.func.name), None)
+                    if found:
+                        break
+            reads_cache[name] = found
+            return found
+
+        def names_behind(node):
+            # Walk up a dataset of file names to the constant that lists them.
+            while node is not None and node.op in _FILE_LIST_PASS_THROUGH:
+                node = self._input(node)
+            if node is None or node.op not in ("TensorSliceDataset", "TensorDataset"):
+                return None
+            count = _string_count(self._input(node))
+            return None if count is None else 1 if node.op == "TensorDataset" else count
+
+        sources = []
+        for node in self.graph.node:
+            reader = _reader_of(node.op)
+            if reader:
+                count = _string_count(self._input(node))
+                if count is not None:
+                    sources.append(FileSource(count, reader))
+                continue
+            for attr in node.attr.values():
+                reader = attr.func.name and function_reads(attr.func.name)
+                if reader and node.input:
+                    count = names_behind(self._input(node))
+                    if count is not None:
+                        sources.append(FileSource(count, reader))
+                    break
+        return sources[0] if len(sources) == 1 else None
+
+    def batch_size(self) -> int | None:
+        """The batch size of the dataset's final `batch`, or None when it cannot be told."""
+        import tensorflow as tf
+
+        first = tf.nest.flatten(self.dataset.element_spec)[0]
+        if getattr(first, "shape", None) is not None and first.shape.rank and first.shape[0]:
+            return int(first.shape[0])  # static (drop_remainder): no need to serialise
+        if self.graph is None:
+            return None
+        sink = next((n for n in self.graph.node if n.op == "_Retval"), None)
+        node = self._input(sink) if sink is not None and sink.input else None
+        while node is not None and node.op in _BATCH_PASS_THROUGH:
+            node = self._input(node)
+        if node is None or node.op not in _BATCH_OPS:
+            return None
+        value = _const_value(self._input(node, 1))
+        return None if value is None else int(value)
 
 
 def file_source(dataset) -> FileSource | None:
-    """The one list of files the pipeline reads, or None if there is not exactly one.
-
-    Recognises the shapes TensorFlow's FILE sharding shards: a reader over a
-    constant list of names (`TFRecordDataset(files)`), and a reader inside the
-    function of `interleave`/`flat_map` over a dataset of names, possibly
-    shuffled (`Dataset.list_files(...)`, `from_tensor_slices(files).interleave(...)`).
-    """
-    graph = _graph(dataset)
-    if graph is None:
-        return None
-    nodes = {n.name: n for n in graph.node}
-    functions = {f.signature.name: f for f in graph.library.function}
-    reads_cache = {}
-
-    def function_reads(name, seen=()):
-        if name in reads_cache:
-            return reads_cache[name]
-        fn = functions.get(name)
-        found = None
-        if fn is not None and name not in seen:
-            for node in fn.node_def:
-                found = _reader_of(node.op) or next(
-                    (function_reads(a.func.name, seen + (name,))
-                     for a in node.attr.values() if a.func.name), None)
-                if found:
-                    break
-        reads_cache[name] = found
-        return found
-
-    def names_behind(node):
-        # Walk up a dataset of file names to the constant that lists them.
-        while node is not None and node.op in _FILE_LIST_PASS_THROUGH:
-            node = nodes.get(_input_name(node.input[0]))
-        if node is None or node.op not in ("TensorSliceDataset", "TensorDataset"):
-            return None
-        count = _string_count(nodes.get(_input_name(node.input[0])))
-        return None if count is None else 1 if node.op == "TensorDataset" else count
-
-    sources = []
-    for node in graph.node:
-        reader = _reader_of(node.op)
-        if reader:
-            count = _string_count(nodes.get(_input_name(node.input[0])))
-            if count is not None:
-                sources.append(FileSource(count, reader))
-            continue
-        for attr in node.attr.values():
-            reader = attr.func.name and function_reads(attr.func.name)
-            if reader and node.input:
-                count = names_behind(nodes.get(_input_name(node.input[0])))
-                if count is not None:
-                    sources.append(FileSource(count, reader))
-                break
-    return sources[0] if len(sources) == 1 else None
+    return PipelineGraph(dataset).file_source()
 
 
 def batch_size(dataset) -> int | None:
-    """The batch size of the dataset's final `batch`, or None when it cannot be told."""
-    import tensorflow as tf
-
-    first = tf.nest.flatten(dataset.element_spec)[0]
-    if getattr(first, "shape", None) is not None and first.shape.rank and first.shape[0]:
-        return int(first.shape[0])
-    graph = _graph(dataset)
-    if graph is None:
-        return None
-    nodes = {n.name: n for n in graph.node}
-    sink = next((n for n in graph.node if n.op == "_Retval"), None)
-    node = nodes.get(_input_name(sink.input[0])) if sink is not None and sink.input else None
-    while node is not None and node.op in _BATCH_PASS_THROUGH:
-        node = nodes.get(_input_name(node.input[0]))
-    if node is None or node.op not in _BATCH_OPS:
-        return None
-    value = _const_value(nodes.get(_input_name(node.input[1])))
-    return None if value is None else int(value)
+    return PipelineGraph(dataset).batch_size()
 
 
 def _each(count, pipelines):
