@@ -9,6 +9,8 @@ import time
 
 import yaml
 
+from kerastrain.config import RecipeError  # pure Python: no TensorFlow
+
 EXAMPLES = """examples:
   kerastrain run recipes/quickstart.yaml         # train as a recipe says
   kerastrain run recipes/digits.yaml --set trainer.epochs=10 --set data.batch_size=32
@@ -187,46 +189,36 @@ def _run(args, train):
         print("kerastrain: error: `run` needs a RECIPE file (or --print-config for a template)",
               file=sys.stderr)
         return 2
-    try:
-        recipe, tree = recipes.load(args.recipe, args.set)
-    except config.RecipeError as e:
-        print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
-        return 2
+    recipe, tree = recipes.load(args.recipe, args.set)
     text = recipes.dump(tree)
-    if train and not getattr(args, "print_config", False):
-        role = recipes.task_role(recipe)
-        if role == "server":
-            # A worker or ps task of a parameter-server cluster: serve until the chief ends.
-            from kerastrain import cluster
-            from kerastrain import _logging
-            _logging.ensure_visible()
-            cluster.serve()
-            return 0
-        if role == "evaluator":
-            from kerastrain import evaluator
-            return evaluator.run(recipe)
     if not train or getattr(args, "print_config", False):
         print(text, end="")
         if not train:
             print(f"kerastrain: {args.recipe} is valid", file=sys.stderr)
         return 0
+    role = recipes.task_role(recipe)
+    if role == "server":
+        # A worker or ps task of a parameter-server cluster: serve until the chief ends.
+        from kerastrain import _logging, cluster
+        _logging.ensure_visible()
+        cluster.serve()
+        return 0
+    if role == "evaluator":
+        from kerastrain import evaluator
+        return evaluator.run(recipe)
     recipes.run(recipe, resolved_text=f"# resolved from {args.recipe}"
                 + (f" with --set {' --set '.join(args.set)}" if args.set else "") + "\n" + text)
     return 0
 
 
 def _launch(args):
-    from kerastrain import config, launch, recipes
+    from kerastrain import launch, recipes
 
     if args.max_restarts < 0:
         print(f"kerastrain: error: --max-restarts must be >= 0. Received: {args.max_restarts}",
               file=sys.stderr)
         return 2
-    try:
-        recipes.load(args.recipe, args.set)  # every task would fail the same way: say it once
-    except config.RecipeError as e:
-        print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
-        return 2
+    recipes.load(args.recipe, args.set)  # every task would fail the same way: say it once
     spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator)
     tasks = launch.tasks_for(spec, args.recipe, args.set)
     if args.dry_run:
@@ -265,6 +257,9 @@ def main(argv=None) -> int:
             return _launch(args)
         if args.command in ("run", "validate"):
             return _run(args, train=args.command == "run")
+    except RecipeError as e:  # every problem in the recipe, one per line
+        print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
+        return 2
     except (ValueError, TypeError, RuntimeError) as e:
         print(f"kerastrain: error: {e}", file=sys.stderr)
         return 2
