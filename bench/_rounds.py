@@ -56,3 +56,20 @@ def report(rounds, rows, wall, cpu, json_path=None):
         with open(json_path, "w") as f:
             json.dump({"rows": rows, "wall": wall, "cpu": cpu, "machine": machine(),
                        "date": time.strftime("%Y-%m-%d")}, f, indent=1)
+
+
+class FitEpochs:
+    """`epoch()` trains one more epoch of the same kerastrain run (fit with `initial_epoch`).
+
+    The first epoch runs at creation, as a warm-up (tracing, first pass), untimed.
+    """
+
+    def __init__(self, trainer, **fit_kwargs):
+        self.trainer = trainer
+        self.fit_kwargs = fit_kwargs
+        self.epochs = 0
+        self.epoch()
+
+    def epoch(self):
+        self.epochs += 1
+        self.trainer.fit(epochs=self.epochs, initial_epoch=self.epochs - 1, **self.fit_kwargs)

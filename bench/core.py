@@ -25,27 +25,21 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _rounds import interleave, report  # noqa: E402
+from _rounds import FitEpochs, interleave, report  # noqa: E402
 from _rounds import ratio as rounds_ratio  # noqa: E402
 
 N, FEATURES, BATCH = 65536, 64, 256
 
 
-class KerastrainDefaults:
+class KerastrainDefaults(FitEpochs):
     options = {}
 
     def __init__(self, x, y):
         import kerastrain as kt
         from kerastrain import examples
-        self.trainer = kt.Trainer(examples.build_mlp,
-                                  examples.synthetic_dataset_fn(N, FEATURES, BATCH),
-                                  seed=0, verbose=0, **self.options)
-        self.epochs = 0
-        self.epoch()  # warm-up: tracing, first pass
-
-    def epoch(self):
-        self.epochs += 1
-        self.trainer.fit(epochs=self.epochs, initial_epoch=self.epochs - 1)
+        super().__init__(kt.Trainer(examples.build_mlp,
+                                    examples.synthetic_dataset_fn(N, FEATURES, BATCH),
+                                    seed=0, verbose=0, **self.options))
 
 
 class KerastrainTensorBoard(KerastrainDefaults):

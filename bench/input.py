@@ -29,24 +29,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _rounds import interleave, ratio, report  # noqa: E402
+from _rounds import FitEpochs, interleave, ratio, report  # noqa: E402
 
 N, FEATURES, BATCH = 65536, 64, 256
 MEMORY = "memory (dataset_fn)"
 
 
-class Run:
-    def __init__(self, data, **fit_kwargs):
-        import kerastrain as kt
-        from kerastrain import examples
-        self.trainer = kt.Trainer(examples.build_mlp, data, seed=0, verbose=0)
-        self.fit_kwargs = fit_kwargs
-        self.epochs = 0
-        self.epoch()  # warm-up: tracing, first pass
-
-    def epoch(self):
-        self.epochs += 1
-        self.trainer.fit(epochs=self.epochs, initial_epoch=self.epochs - 1, **self.fit_kwargs)
+def run(data, **fit_kwargs):
+    import kerastrain as kt
+    from kerastrain import examples
+    return FitEpochs(kt.Trainer(examples.build_mlp, data, seed=0, verbose=0), **fit_kwargs)
 
 
 def main():
@@ -69,11 +61,11 @@ def main():
         pattern = os.path.join(directory, "*.tfrecord")
         parse = examples.example_parser(FEATURES, 1)
         runners = {
-            MEMORY: Run(examples.synthetic_dataset_fn(N, FEATURES, BATCH)),
-            "memory (NumPy arrays)": Run((x, y), batch_size=BATCH),
-            "8 TFRecord files": Run(lambda: kt.data.files(pattern, parse, batch_size=BATCH)),
+            MEMORY: run(examples.synthetic_dataset_fn(N, FEATURES, BATCH)),
+            "memory (NumPy arrays)": run((x, y), batch_size=BATCH),
+            "8 TFRecord files": run(lambda: kt.data.files(pattern, parse, batch_size=BATCH)),
             # tf.data's shared, autotuned thread pool instead of the small-host default.
-            "8 TFRecord files, threads=None": Run(
+            "8 TFRecord files, threads=None": run(
                 lambda: kt.data.files(pattern, parse, batch_size=BATCH, threads=None)),
         }
         wall, cpu = interleave(runners, args.rounds, N)

@@ -29,27 +29,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _rounds import interleave, machine, ratio  # noqa: E402
+from _rounds import FitEpochs, interleave, machine, ratio  # noqa: E402
 
 FEATURES, HIDDEN, BATCH = 64, 256, 256
 KERASTRAIN = "kerastrain defaults"
 
 
-class Kerastrain:
-    def __init__(self, strategy_spec, steps):
-        import kerastrain as kt
-        from kerastrain import examples
-        self.trainer = kt.Trainer(
-            examples.build_mlp, examples.synthetic_dataset_fn(65536, FEATURES, BATCH, repeat=True),
-            strategy=strategy_spec, seed=0, verbose=0)
-        self.steps = steps
-        self.epochs = 0
-        self.epoch()  # warm-up: tracing, per-worker datasets
-
-    def epoch(self):
-        self.epochs += 1
-        self.trainer.fit(epochs=self.epochs, initial_epoch=self.epochs - 1,
-                         steps_per_epoch=self.steps)
+def kerastrain_run(strategy_spec, steps):
+    import kerastrain as kt
+    from kerastrain import examples
+    return FitEpochs(kt.Trainer(
+        examples.build_mlp, examples.synthetic_dataset_fn(65536, FEATURES, BATCH, repeat=True),
+        strategy=strategy_spec, seed=0, verbose=0), steps_per_epoch=steps)
 
 
 class TfKeras:
@@ -93,7 +84,7 @@ def child(workers, rounds, steps):
     spec = {"name": "ps", "num_workers": workers, "num_ps": 1}
     built = kt.build_strategy(spec)
     runners = {
-        KERASTRAIN: Kerastrain(spec, steps),
+        KERASTRAIN: kerastrain_run(spec, steps),
         "tf_keras fit, steps_per_execution=100": TfKeras(built.strategy, steps),
         "tf_keras fit, steps_per_execution=1": TfKerasDefault(built.strategy, steps),
     }
