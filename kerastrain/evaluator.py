@@ -61,8 +61,8 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
         trainer=dataclasses.replace(recipe.trainer, model_dir=None, verbose=0))
     trainer = recipes.build_trainer(local)
     data_config = recipe.data.validation or recipe.data.train
-    data = recipes._call_builder(data_config, recipe.data.batch_size)
-    batch = recipe.data.batch_size if isinstance(data, (tuple, list)) else None
+    data = recipes.call_builder(data_config, recipe.data.batch_size)
+    batch = recipes.numpy_batch_size(data, recipe.data.batch_size)
     eval_input = trainer._input(data, "validation data", "evaluation", batch)
     trainer._ensure_built(eval_input.element_spec)
     checkpoint = tf.train.Checkpoint(model=trainer.model, global_step=trainer._global_step)

@@ -99,7 +99,6 @@ class Launcher:
         self.parameter_servers = any(t.type == "ps" for t in tasks)
         self._lock = threading.Lock()
         self._threads = []
-        self._stopping = False
 
     # -- processes ---------------------------------------------------------------------
 

@@ -196,7 +196,8 @@ def dump(tree) -> str:
 
 # -- running ---------------------------------------------------------------------------------
 
-def _call_builder(section, batch_size):
+def call_builder(section, batch_size):
+    """Call a data builder with its args, plus `batch_size` if it takes one."""
     fn = config_lib.resolve(section.builder)
     kwargs = dict(section.args)
     try:
@@ -300,10 +301,10 @@ def run(recipe, resolved_text=None):
     if resolved_text is not None:
         trainer.write_text("recipe.yaml", resolved_text)
     data = recipe.data
-    train = _call_builder(data.train, data.batch_size)
-    validation = None if data.validation is None else _call_builder(
+    train = call_builder(data.train, data.batch_size)
+    validation = None if data.validation is None else call_builder(
         data.validation, data.batch_size)
-    numpy_batch = data.batch_size if isinstance(train, (tuple, list)) else None
+    numpy_batch = numpy_batch_size(train, data.batch_size)
     t = recipe.trainer
     history = trainer.fit(train, epochs=t.epochs, steps_per_epoch=t.steps_per_epoch,
                           validation_dataset_fn=validation, validation_steps=t.validation_steps,
@@ -312,6 +313,12 @@ def run(recipe, resolved_text=None):
     if trainer.is_chief:
         print(summary, flush=True)
     return trainer, history
+
+
+def numpy_batch_size(data, batch_size):
+    """`data.batch_size` is fit's batch size only for NumPy data; other forms batch themselves."""
+    from kerastrain import data as data_lib
+    return batch_size if data_lib.input_form(data) == "numpy" else None
 
 
 def summary_line(history, trainer, seconds):
