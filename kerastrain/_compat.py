@@ -6,6 +6,8 @@ the private name is needed; when Keras grows a public equivalent, switch here.
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 
 
@@ -146,3 +148,108 @@ def per_worker_iterator(coordinator, strategy, make):
             strategy, dataset_fn.structured_outputs)
         remotes.append(remote)
     return values_lib.PerWorkerDistributedIterator(tuple(remotes))
+
+
+@contextlib.contextmanager
+def instance_override(obj, name, fn):
+    """Temporarily replace one method of one object (not of its class).
+
+    Used to route a Keras optimizer's slot creation (`add_variable_from_reference`,
+    which every built-in optimizer's `build` calls per variable) through kerastrain
+    for partitioned variables; Keras has no hook for where slots are placed.
+    """
+    object.__setattr__(obj, name, fn)
+    try:
+        yield
+    finally:
+        obj.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def partitioned_like(parts):
+    """Variables created inside are `ShardedVariable`s split like `parts`, shard by shard.
+
+    Each shard is created next to the matching shard of `parts` (the parameter-server
+    strategy does not partition a variable created with `colocate_with`), so a slot
+    and its variable's shard share a parameter server.
+    """
+    import tensorflow as tf
+
+    def creator(next_creator, **kwargs):
+        initial = kwargs.get("initial_value")
+        if callable(initial):
+            initial = initial()
+        initial = tf.convert_to_tensor(initial)
+        name = kwargs.get("name") or "Variable"
+        shards, offset = [], 0
+        for j, part in enumerate(parts):
+            rows = int(part.shape[0])
+            # `colocate_with` is the strategy's own "place it there, do not partition".
+            shards.append(next_creator(**dict(
+                kwargs, initial_value=initial[offset:offset + rows], shape=part.shape,
+                name=f"{name}/part_{j}", colocate_with=part)))
+            offset += rows
+        return tf.__internal__.distribute.ShardedVariable(shards, name=name)
+
+    with tf.variable_creator_scope(creator):
+        yield
+
+
+def share_optimizer_state(update, optimizer):
+    """Make `update` count steps and read its learning rate from `optimizer`.
+
+    Keras 3 keeps both in private attributes (`_iterations`, `_learning_rate`);
+    sharing the objects keeps schedules, bias corrections and learning-rate
+    callbacks exact for the per-shard update optimizer.
+    """
+    object.__setattr__(update, "_iterations", optimizer._iterations)
+    object.__setattr__(update, "_learning_rate", optimizer._learning_rate)
+
+
+def checkpoint_whole(sharded):
+    """Checkpoint a `ShardedVariable` as one whole variable, restorable into any split.
+
+    A Keras variable holding a `ShardedVariable` asks it for `_serialize_to_tensors`,
+    which TensorFlow implements only in its legacy form (Keras then falls back to
+    saving the object as one tensor, which fails for want of a device). Saving the
+    whole value under the key a one-device run uses makes the checkpoint restore
+    into any number of shards, or into a model without partitioning; restoring
+    splits it by rows. (Slices of one variable would avoid the whole copy, but
+    TensorFlow's restore path for Keras variables hands back one slice only.)
+    The whole value is assembled on the first shard's parameter server.
+    """
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import tensor_callable
+
+    key = "VARIABLE_VALUE"
+    parts = list(sharded.variables)
+    device = parts[0].device
+
+    def read():
+        with tf.device(device):
+            return tf.concat([p.read_value() for p in parts], axis=0)
+
+    def serialize():
+        # A callable, read at each save (as TensorFlow's own variables do).
+        return {key: tensor_callable.Callable(read, dtype=sharded.dtype, device=device)}
+
+    def restore(restored):
+        value, pieces, offset = restored[key], [], 0
+        for part in parts:
+            rows = int(part.shape[0])
+            pieces.append(part._restore_from_tensors({key: value[offset:offset + rows]}))
+            offset += rows
+        return tf.group(pieces)
+
+    object.__setattr__(sharded, "_serialize_to_tensors", serialize)
+    object.__setattr__(sharded, "_restore_from_tensors", restore)
+
+
+def set_variable_partitioner(strategy, partitioner):
+    """Change the partitioner of an existing `ParameterServerStrategy`.
+
+    A process connects to one in-process cluster through one strategy object
+    (kerastrain caches it); the partitioner is a constructor argument, kept in
+    `extended._variable_partitioner` and read only when variables are created.
+    """
+    strategy.extended._variable_partitioner = partitioner

@@ -89,7 +89,8 @@ class MetricState:
 class Loops:
     """Builds the compiled train and evaluation loops for one model under one strategy."""
 
-    def __init__(self, built, model, global_step, jit_compile=False, stop_flag=None):
+    def __init__(self, built, model, global_step, jit_compile=False, stop_flag=None,
+                 partitioned=None):
         import tensorflow as tf
 
         self.built = built
@@ -98,6 +99,8 @@ class Loops:
         self.model = model
         self.global_step = global_step
         self.metrics = MetricState(model)
+        # Partitioned variables (parameter servers): gradients and updates per shard.
+        self.partitioned = partitioned
         self._train = None
         self._eval = None
         self._eval_local = None
@@ -155,6 +158,9 @@ class Loops:
             if hasattr(optimizer, "scale_loss"):
                 objective = optimizer.scale_loss(objective)
         variables = model.trainable_variables
+        if self.partitioned:
+            variables = self.partitioned.flat(variables)
+            optimizer = self.partitioned.update_optimizer
         grads = tape.gradient(objective, variables)
         optimizer.apply(grads, variables)
         return self._pack(loss_sum, n, state)

@@ -8,6 +8,7 @@ import logging
 from typing import Any, Callable, Mapping
 
 from kerastrain import cluster as cluster_lib
+from kerastrain import partitioning
 
 logger = logging.getLogger("kerastrain")
 
@@ -76,6 +77,10 @@ def _check_devices(key, value):
         raise ValueError(f"Strategy option `{key}` must be a non-empty list of device strings "
                          f"such as ['/gpu:0', '/gpu:1']. Received: {key}={value!r}")
     return list(value)
+
+
+def _check_partitioner(key, value):
+    return partitioning.check_partitioner(value, key=f"Strategy option `{key}`")
 
 
 _COMMON = {"cpu_devices": _check_int("cpu_devices", 1)}
@@ -310,11 +315,17 @@ _LOCAL_PS_CACHE: dict = {}
 
 
 @_register("ps", num_workers=_check_int("num_workers", 1), num_ps=_check_int("num_ps", 1),
-           num_gpus_per_worker=_check_int("num_gpus_per_worker", 0), cluster_resolver=_RESOLVER)
+           num_gpus_per_worker=_check_int("num_gpus_per_worker", 0), cluster_resolver=_RESOLVER,
+           variable_partitioner=_check_partitioner)
 def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=None,
-              cluster_resolver="tf_config"):
+              cluster_resolver="tf_config", variable_partitioner=None):
     import tensorflow as tf
+
+    from kerastrain import _compat
     config = cluster_lib.read_tf_config()
+    partitioner = partitioning.build_partitioner(variable_partitioner)
+    split = ("; variables split by " + partitioning.describe(variable_partitioner)
+             if variable_partitioner else "")
     if config is None:
         num_workers, num_ps = num_workers or 2, num_ps or 1
         key = (num_workers, num_ps, num_gpus_per_worker)
@@ -326,10 +337,12 @@ def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=
             coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
             _LOCAL_PS_CACHE[key] = (strategy, coordinator, tuple(servers))
         strategy, coordinator, servers = _LOCAL_PS_CACHE[key]
+        # The partitioner is read when variables are created: each Trainer sets its own.
+        _compat.set_variable_partitioner(strategy, partitioner)
         return BuiltStrategy(
             strategy, "ps",
             f"no cluster configured: started a local in-process cluster of {num_workers} "
-            f"worker(s) and {num_ps} ps on 127.0.0.1",
+            f"worker(s) and {num_ps} ps on 127.0.0.1{split}",
             coordinator=coordinator, num_workers=num_workers, keep_alive=servers)
     if not config.num_ps or "worker" not in config.cluster:
         raise ValueError(
@@ -352,10 +365,10 @@ def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(training), task_type=config.task_type, task_id=config.task_index,
         rpc_layer=config.rpc_layer)
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     return BuiltStrategy(
         strategy, "ps",
-        f"{len(config.cluster['worker'])} workers and {config.num_ps} ps from TF_CONFIG",
+        f"{len(config.cluster['worker'])} workers and {config.num_ps} ps from TF_CONFIG{split}",
         coordinator=coordinator, num_workers=len(config.cluster["worker"]),
         is_chief=config.task_type == "chief")

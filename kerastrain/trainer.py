@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -17,6 +18,7 @@ from kerastrain import data as data_lib
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
+from kerastrain import partitioning
 from kerastrain import preemption
 from kerastrain import runners
 from kerastrain import sharding
@@ -125,6 +127,7 @@ class Trainer:
             keras.utils.set_random_seed(seed)
 
         import tensorflow as tf
+        self._model_source = model  # a function can build the model again (export)
         with self._built.strategy.scope():
             self._model = models_lib.materialize(
                 model, self._built, optimizer=optimizer, loss=loss, metrics=metrics)
@@ -205,14 +208,32 @@ class Trainer:
             return
         from kerastrain import _compat
         data_lib.check_against_model(element_spec, self._model)
+        optimizer = self._model.optimizer
         with self.strategy.scope():
+            # Keras builds the optimizer at the end of a symbolic build; under
+            # parameter servers kerastrain builds it (partitioned variables need
+            # partitioned slots), so Keras's build waits.
+            hold = (_compat.instance_override(optimizer, "build", lambda variables: None)
+                    if self._built.is_parameter_server and not optimizer.built
+                    else contextlib.nullcontext())
             try:
-                _compat.symbolic_build(self._model, element_spec)
+                with hold:
+                    _compat.symbolic_build(self._model, element_spec)
             except (ValueError, TypeError) as e:
                 raise ValueError(
                     "The model cannot run on the batches the dataset yields. Received: "
                     f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
-            self._model.optimizer.build(self._model.trainable_variables)
+            partitioned = None
+            if self._built.is_parameter_server:
+                partitioned = partitioning.Partitioning(self.strategy, self._model)
+            if partitioned:
+                partitioned.check()
+                partitioned.install()
+                logger.info(partitioned.summary())
+                partitioned.build_optimizers(optimizer, self._model.trainable_variables)
+            else:
+                partitioned = None
+                optimizer.build(self._model.trainable_variables)
         jit = self._jit_compile
         if jit is None:
             jit = bool(getattr(self._model, "jit_compile", False)) and not self._built.places_variables
@@ -220,7 +241,7 @@ class Trainer:
         # would hang otherwise), so no per-worker stop inside their loops.
         flag = None if self._built.is_multi_worker else self._stop_flag
         self._loops = loops_lib.Loops(self._built, self._model, self._global_step,
-                                      jit_compile=jit, stop_flag=flag)
+                                      jit_compile=jit, stop_flag=flag, partitioned=partitioned)
         import tensorflow as tf
         with self.strategy.scope():
             self._epoch_totals = tf.Variable(np.zeros(self._loops.metrics.width), dtype=tf.float64,
@@ -290,7 +311,11 @@ class Trainer:
         if not (self._ckpt_options and self._ckpt_options.export and self.model_dir):
             return None
         if self.is_chief:
-            paths = checkpoints.export(self._model, self._outputs.dir("export"))
+            model = self._model
+            if self._loops is not None and self._loops.partitioned:
+                # One machine serves it: the same model with whole variables.
+                model = partitioning.unpartitioned_copy(self._model, self._model_source)
+            paths = checkpoints.export(model, self._outputs.dir("export"))
             logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
             return paths
         if self._built.is_multi_worker:

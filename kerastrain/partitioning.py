@@ -1,0 +1,335 @@
+"""Partitioned variables (large embedding tables) for Keras 3 models on parameter servers.
+
+TensorFlow's parameter-server strategy can split a variable into shards on
+several parameter servers (a `ShardedVariable`), but a Keras 3 variable holding
+one cannot be differentiated or updated by Keras ("no attribute 'handle'"). This
+module makes such a model train, one shard at a time:
+
+- **Forward**: a partitioned `Embedding` looks its rows up shard by shard
+  (`tf.nn.embedding_lookup` over the shards, each gather placed on its parameter
+  server), so a step reads only the rows it needs. Other layers read the whole
+  variable, as they need all of it.
+- **Gradients** are taken with respect to the shards, so an embedding's gradient
+  is one `IndexedSlices` per shard: rows, not the table.
+- **Optimizer**: the model's optimizer keeps the state a one-device run would
+  have, one slot per model variable, but a partitioned variable's slots are
+  partitioned the same way, each shard next to its variable's shard. A second
+  instance of the same optimizer, sharing those slots, its step counter and its
+  learning rate, applies the updates shard by shard on the parameter servers.
+- **Checkpoints** hold every variable and slot whole, under the names a
+  one-device run uses, so a checkpoint restores into any number of shards or
+  into a model without partitioning.
+
+Everything private about it lives in `kerastrain._compat`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("kerastrain")
+
+# name -> (TensorFlow class name, {option: (type, minimum)})
+PARTITIONERS = {
+    "min_size": ("MinSizePartitioner", {"min_shard_bytes": (int, 1), "max_shards": (int, 1),
+                                        "bytes_per_string": (int, 1)}),
+    "fixed_shards": ("FixedShardsPartitioner", {"num_shards": (int, 1)}),
+    "max_size": ("MaxSizePartitioner", {"max_shard_bytes": (int, 1), "max_shards": (int, 1),
+                                        "bytes_per_string": (int, 1)}),
+}
+_REQUIRED = {"fixed_shards": ("num_shards",), "max_size": ("max_shard_bytes",)}
+
+
+def check_partitioner(value, key="variable_partitioner") -> dict:
+    """Validate a partitioner spec; returns it as a dict. Imports no TensorFlow.
+
+    Accepts a name (`"min_size"`) or a mapping `{"name": "min_size", "min_shard_bytes": ...}`.
+    """
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict) or "name" not in value:
+        raise ValueError(
+            f"`{key}` must be a partitioner name or a mapping with a `name`, e.g. "
+            '{"name": "min_size", "min_shard_bytes": 262144, "max_shards": 2}. '
+            f"Received: {value!r}")
+    name = value["name"]
+    if name not in PARTITIONERS:
+        raise ValueError(
+            f"`{key}.name` must be one of {sorted(PARTITIONERS)}. Received: {name!r}")
+    allowed = PARTITIONERS[name][1]
+    for option, given in value.items():
+        if option == "name":
+            continue
+        if option not in allowed:
+            raise ValueError(
+                f"`{key}`: partitioner {name!r} has no option {option!r}; its options are "
+                f"{sorted(allowed)}. Received: {value!r}")
+        kind, minimum = allowed[option]
+        if isinstance(given, bool) or not isinstance(given, kind) or given < minimum:
+            raise ValueError(
+                f"`{key}.{option}` must be an integer >= {minimum}. Received: {given!r}")
+    missing = [o for o in _REQUIRED.get(name, ()) if o not in value]
+    if missing:
+        raise ValueError(f"`{key}`: partitioner {name!r} needs {missing}. Received: {value!r}")
+    return dict(value)
+
+
+def build_partitioner(spec):
+    """The TensorFlow partitioner object for a checked spec (None for None)."""
+    if spec is None:
+        return None
+    import tensorflow as tf
+    spec = check_partitioner(spec)
+    cls = getattr(tf.distribute.experimental.partitioners, PARTITIONERS[spec["name"]][0])
+    return cls(**{k: v for k, v in spec.items() if k != "name"})
+
+
+def describe(spec) -> str:
+    spec = check_partitioner(spec)
+    options = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name")
+    return f"{spec['name']}({options})"
+
+
+def _sharded_class():
+    import tensorflow as tf
+    return tf.__internal__.distribute.ShardedVariable
+
+
+def shards_of(variable):
+    """The shard variables of a partitioned Keras variable, or None."""
+    value = getattr(variable, "value", variable)
+    if isinstance(value, _sharded_class()):
+        return list(value.variables)
+    return None
+
+
+def _owners(model):
+    """{id(variable): layer} for the innermost layer owning each variable."""
+    owners = {}
+    layers = [model] + list(model._flatten_layers(include_self=False)) if hasattr(
+        model, "_flatten_layers") else [model]
+    for layer in layers:
+        for v in getattr(layer, "_trainable_variables", []) + getattr(
+                layer, "_non_trainable_variables", []):
+            owners[id(v)] = layer
+    return owners
+
+
+class Partitioning:
+    """What is partitioned in one model, and the per-shard view of its training."""
+
+    def __init__(self, strategy, model):
+        from kerastrain import _compat
+        self.strategy = strategy
+        self.model = model
+        owners = _owners(model)
+        self.partitioned = [(v, owners.get(id(v))) for v in model.variables
+                            if shards_of(v) is not None]
+        self._shards = {id(v): shards_of(v) for v, _ in self.partitioned}
+        for v, _ in self.partitioned:
+            _compat.checkpoint_whole(v.value)
+        self.update_optimizer = None
+        self._slots = {}
+
+    def __bool__(self):
+        return bool(self.partitioned)
+
+    def summary(self) -> str:
+        parts = []
+        for v, layer in self.partitioned:
+            shards = self._shards[id(v)]
+            devices = sorted({_task(s.device) for s in shards})
+            rows = "+".join(str(int(s.shape[0])) for s in shards)
+            parts.append(f"{v.path} {tuple(v.shape)} in {len(shards)} shards ({rows} rows) "
+                         f"on {', '.join(devices)}")
+        return "partitioned variables: " + "; ".join(parts)
+
+    # -- checks ---------------------------------------------------------------
+
+    def check(self):
+        """Clear errors for layers and optimizers that cannot use partitioned variables."""
+        import keras
+        for v, layer in self.partitioned:
+            where = f"layer {layer.name!r} ({type(layer).__name__})" if layer is not None else "model"
+            problem = None
+            if getattr(v, "overwrite_with_gradient", False):
+                problem = "it is overwritten with its gradient (overwrite_with_gradient)"
+            elif layer is not None and getattr(layer, "lora_enabled", False):
+                problem = "the layer has LoRA enabled"
+            elif layer is not None and getattr(layer, "quantization_mode", None):
+                problem = f"the layer is quantized ({layer.quantization_mode})"
+            elif getattr(v, "constraint", None) is not None:
+                problem = "it has a constraint, which Keras applies to the whole variable"
+            if problem:
+                raise ValueError(self._cannot(v, where, problem))
+        optimizer = self.model.optimizer
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise ValueError(
+                "Partitioned variables cannot be trained with a LossScaleOptimizer (mixed "
+                "precision): its loss scale is not kept per shard. Use a float32 policy, or "
+                f"leave the variables whole. Received: optimizer {type(optimizer).__name__}; "
+                f"{self.summary()}")
+
+    def _cannot(self, variable, where, problem):
+        import numpy as np
+        import tensorflow as tf
+        nbytes = int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
+        return (f"Variable {variable.path!r} of {where} is partitioned by the "
+                f"variable_partitioner, but {problem}, so it cannot be split into shards. "
+                f"Keep it whole: raise `min_shard_bytes` (or `max_shard_bytes`) above its size, "
+                f"{nbytes} bytes, e.g. min_shard_bytes={_round_up(nbytes + 1)}.")
+
+    # -- forward --------------------------------------------------------------
+
+    def install(self):
+        """Make partitioned layers read shard by shard and name themselves in errors."""
+        import keras
+        for layer in {id(layer): layer for _, layer in self.partitioned
+                      if layer is not None}.values():
+            if layer.__dict__.get("_kerastrain_call") is not None:
+                continue
+            original = layer.call
+            lookup = (type(layer).call is keras.layers.Embedding.call)
+            variables = [v for v, owner in self.partitioned if owner is layer]
+            layer._kerastrain_call = original
+            layer.call = _partitioned_call(layer, original, variables, lookup)
+
+    # -- gradients and updates -----------------------------------------------
+
+    def flat(self, variables):
+        """`variables` with each partitioned one replaced by its shards, in order."""
+        out = []
+        for v in variables:
+            out.extend(self._shards.get(id(v)) or [v])
+        return out
+
+    def build_optimizers(self, optimizer, trainable_variables):
+        """Build `optimizer` (state, partitioned like the variables) and the update optimizer.
+
+        Returns the optimizer that applies gradients for `self.flat(trainable_variables)`.
+        """
+        from kerastrain import _compat
+
+        slots = self._slots
+        shards = self._shards
+
+        def logical_slot(reference, name, initializer="zeros"):
+            # The model's optimizer: a partitioned variable's slot is partitioned alike.
+            parts = shards.get(id(reference))
+            if parts is None:
+                slot = original_add(reference, name=name, initializer=initializer)
+            else:
+                with _compat.partitioned_like(parts):
+                    slot = optimizer.add_variable(
+                        shape=reference.shape, initializer=initializer, dtype=reference.dtype,
+                        name=f"{reference.path.replace('/', '_')}_{name or 'var'}")
+                _compat.checkpoint_whole(slot.value)
+            slots[(id(reference), name)] = slot
+            return slot
+
+        original_add = optimizer.add_variable_from_reference
+        with _compat.instance_override(optimizer, "add_variable_from_reference", logical_slot):
+            optimizer.build(trainable_variables)
+
+        owner = {}
+        for v in trainable_variables:
+            for j, shard in enumerate(shards.get(id(v)) or []):
+                owner[id(shard)] = (v, j)
+
+        def shared_slot(reference, name, initializer="zeros"):
+            # The update optimizer: each shard's slot is the model optimizer's slot shard.
+            if id(reference) in owner:
+                variable, j = owner[id(reference)]
+                return shards_of(slots[(id(variable), name)])[j]
+            return slots[(id(reference), name)]
+
+        update = type(optimizer).from_config(optimizer.get_config())
+        _compat.share_optimizer_state(update, optimizer)
+        with _compat.instance_override(update, "add_variable_from_reference", shared_slot):
+            update.build(self.flat(trainable_variables))
+        self.update_optimizer = update
+        return update
+
+
+def _task(device: str) -> str:
+    import tensorflow as tf
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{spec.job}:{spec.task}" if spec.job else device
+
+
+def _round_up(n: int) -> int:
+    power = 1
+    while power < n:
+        power *= 2
+    return power
+
+
+def _partitioned_call(layer, original, variables, lookup):
+    import functools
+
+    @functools.wraps(original)
+    def call(inputs, *args, **kwargs):
+        try:
+            if lookup and not args and not kwargs:
+                return _embedding_call(layer, inputs)
+            return original(inputs, *args, **kwargs)
+        except (AttributeError, TypeError, NotImplementedError) as e:
+            if "ShardedVariable" not in str(e) and "handle" not in str(e):
+                raise
+            names = ", ".join(repr(v.path) for v in variables)
+            raise TypeError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) cannot run with its partitioned "
+                f"variable(s) {names}: it uses them in a way a sharded variable does not "
+                f"support. Keep them whole: raise `min_shard_bytes` (or `max_shard_bytes`) "
+                f"in the `variable_partitioner` above their size. TensorFlow said: "
+                f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+    return call
+
+
+def _embedding_call(layer, inputs):
+    import tensorflow as tf
+    if inputs.dtype not in (tf.int32, tf.int64):
+        inputs = tf.cast(inputs, tf.int32)
+    outputs = tf.nn.embedding_lookup(layer.embeddings.value, inputs)
+    return tf.cast(outputs, layer.compute_dtype)
+
+
+def unpartitioned_copy(model, source=None):
+    """The same model with whole variables on this machine, compiled alike, for export.
+
+    Built from `source` when it is a model function, else cloned from the model's
+    config; then every variable gets the partitioned model's value.
+    """
+    import keras
+    import tensorflow as tf
+
+    from kerastrain import _compat, models
+
+    if tf.distribute.has_strategy():
+        raise RuntimeError("unpartitioned_copy must be called outside a strategy scope")
+    if callable(source) and not isinstance(source, keras.Model):
+        copy = source()
+    else:
+        try:
+            copy = keras.models.clone_model(model)
+        except Exception as e:  # clone_model raises several types
+            raise ValueError(
+                f"The model {model.name!r} has partitioned variables, so kerastrain exports "
+                "a copy with whole variables, but Keras cannot clone it from its config. "
+                "Pass a function that builds and compiles the model, e.g. "
+                f"`Trainer(build_model, ...)`. Cause: {type(e).__name__}: {e}") from None
+        args = _compat.compile_args(model)
+        if args is not None and getattr(model, "compiled", False):
+            models._recompile(copy, args, fresh=True)
+    if len(copy.weights) != len(model.weights):
+        copy.build_from_config(model.get_build_config())
+    mine, theirs = copy.weights, model.weights
+    if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
+        raise ValueError(
+            f"The rebuilt model {copy.name!r} does not have the trained model's variables "
+            "(a model function must build the same model each time). Received shapes "
+            f"{[tuple(v.shape) for v in mine]}, expected {[tuple(v.shape) for v in theirs]}")
+    for target, variable in zip(mine, theirs):
+        target.assign(tf.convert_to_tensor(variable.value))
+    return copy
+
