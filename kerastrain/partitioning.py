@@ -25,7 +25,9 @@ Everything private about it lives in `kerastrain._compat`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 
 logger = logging.getLogger("kerastrain")
 
@@ -171,9 +173,7 @@ class Partitioning:
                 f"{self.summary()}")
 
     def _cannot(self, variable, where, problem):
-        import numpy as np
-        import tensorflow as tf
-        nbytes = int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
+        nbytes = _nbytes(variable)
         return (f"Variable {variable.path!r} of {where} is partitioned by the "
                 f"variable_partitioner, but {problem}, so it cannot be split into shards. "
                 f"Keep it whole: raise `min_shard_bytes` (or `max_shard_bytes`) above its size, "
@@ -333,3 +333,51 @@ def unpartitioned_copy(model, source=None):
         target.assign(tf.convert_to_tensor(variable.value))
     return copy
 
+
+
+@contextlib.contextmanager
+def explain_failures():
+    """Turn a layer's failure on a partitioned variable while the model is built into advice.
+
+    Keras runs every layer symbolically when a model is built; a layer that reads a
+    variable in a way a `ShardedVariable` does not support (its raw `handle`, say)
+    fails there with TensorFlow's bare AttributeError. Keras's message names the
+    layer; the partitioned variables created so far say what to keep whole.
+    """
+    import tensorflow as tf
+    created = []
+
+    def record(next_creator, **kwargs):
+        variable = next_creator(**kwargs)
+        if isinstance(variable, _sharded_class()):
+            created.append(variable)
+        return variable
+
+    try:
+        with tf.variable_creator_scope(record):
+            yield
+    except (AttributeError, TypeError, NotImplementedError) as e:
+        text = str(e)
+        if not created or ("ShardedVariable" not in text and "handle" not in text):
+            raise
+        found = re.search(r"of '([^']+)' \(of type (\w+)\)", text)
+        layer = f"Layer {found.group(1)!r} ({found.group(2)})" if found else "A layer"
+        last = created[-1]
+        nbytes = _nbytes(last)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Keras colours its messages
+        cause = next((line for line in text.splitlines() if "ShardedVariable" in line),
+                     text.splitlines()[0] if text else "")
+        name = re.sub(r"/part_\d+(:\d+)?$", "", last.variables[0].name)
+        raise TypeError(
+            f"{layer} cannot run with a partitioned variable: it uses it in a way a sharded "
+            f"variable does not support. The partitioned variable it created last is "
+            f"{name!r} {tuple(last.shape)}, {nbytes} bytes, in {len(last.variables)} "
+            f"shards. Keep it whole: raise `min_shard_bytes` (or `max_shard_bytes`) in the "
+            f"`variable_partitioner` above its size, e.g. min_shard_bytes="
+            f"{_round_up(nbytes + 1)}. TensorFlow said: {cause.strip()[:300]}") from None
+
+
+def _nbytes(variable) -> int:
+    import numpy as np
+    import tensorflow as tf
+    return int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size

@@ -128,7 +128,9 @@ class Trainer:
 
         import tensorflow as tf
         self._model_source = model  # a function can build the model again (export)
-        with self._built.strategy.scope():
+        explain = (partitioning.explain_failures() if self._built.is_parameter_server
+                   else contextlib.nullcontext())
+        with self._built.strategy.scope(), explain:
             self._model = models_lib.materialize(
                 model, self._built, optimizer=optimizer, loss=loss, metrics=metrics)
             self._global_step = tf.Variable(
@@ -216,13 +218,17 @@ class Trainer:
             hold = (_compat.instance_override(optimizer, "build", lambda variables: None)
                     if self._built.is_parameter_server and not optimizer.built
                     else contextlib.nullcontext())
-            try:
-                with hold:
-                    _compat.symbolic_build(self._model, element_spec)
-            except (ValueError, TypeError) as e:
-                raise ValueError(
-                    "The model cannot run on the batches the dataset yields. Received: "
-                    f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
+            explain = (partitioning.explain_failures() if self._built.is_parameter_server
+                       else contextlib.nullcontext())
+            with explain:  # outside the `try`: its advice is not about the data
+                try:
+                    with hold:
+                        _compat.symbolic_build(self._model, element_spec)
+                except (ValueError, TypeError) as e:
+                    raise ValueError(
+                        "The model cannot run on the batches the dataset yields. Received: "
+                        f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}"
+                    ) from None
             partitioned = None
             if self._built.is_parameter_server:
                 partitioned = partitioning.Partitioning(self.strategy, self._model)
