@@ -150,7 +150,6 @@ class Partitioning:
 
     def check(self):
         """Clear errors for layers and optimizers that cannot use partitioned variables."""
-        import keras
         for v, layer in self.partitioned:
             where = f"layer {layer.name!r} ({type(layer).__name__})" if layer is not None else "model"
             problem = None
@@ -164,13 +163,35 @@ class Partitioning:
                 problem = "it has a constraint, which Keras applies to the whole variable"
             if problem:
                 raise ValueError(self._cannot(v, where, problem))
-        optimizer = self.model.optimizer
+        self._check_optimizer(self.model.optimizer)
+
+    def _check_optimizer(self, optimizer):
+        import keras
+        name = type(optimizer).__name__
+        problem = None
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            problem = "its loss scale (mixed precision) is not kept per shard"
+        elif name in _WHOLE_VARIABLE_OPTIMIZERS:
+            problem = _WHOLE_VARIABLE_OPTIMIZERS[name]
+        elif getattr(optimizer, "use_ema", False):
+            problem = "its moving average of the weights (use_ema) is not kept per shard"
+        elif getattr(optimizer, "gradient_accumulation_steps", None):
+            problem = "gradient accumulation is not kept per shard"
+        elif getattr(optimizer, "clipnorm", None):
+            problem = ("`clipnorm` clips each variable's gradient by its own norm (use "
+                       "`global_clipnorm`, the same over shards, or `clipvalue`)")
+        if problem:
             raise ValueError(
-                "Partitioned variables cannot be trained with a LossScaleOptimizer (mixed "
-                "precision): its loss scale is not kept per shard. Use a float32 policy, or "
-                f"leave the variables whole. Received: optimizer {type(optimizer).__name__}; "
+                f"The optimizer {name} cannot update partitioned variables shard by shard: "
+                f"{problem}. Use an optimizer whose update is element by element "
+                f"({', '.join(sorted(_PER_ELEMENT_OPTIMIZERS))}), or keep the variables whole "
+                f"(no variable_partitioner, or a larger min_shard_bytes). Received: "
                 f"{self.summary()}")
+        if name not in _PER_ELEMENT_OPTIMIZERS:
+            logger.warning(
+                "kerastrain updates partitioned variables shard by shard with %s; that equals "
+                "updating them whole only if its update is element by element (true of %s)",
+                name, ", ".join(sorted(_PER_ELEMENT_OPTIMIZERS)))
 
     def _cannot(self, variable, where, problem):
         nbytes = _nbytes(variable)
@@ -245,10 +266,40 @@ class Partitioning:
 
         update = type(optimizer).from_config(optimizer.get_config())
         _compat.share_optimizer_state(update, optimizer)
-        with _compat.instance_override(update, "add_variable_from_reference", shared_slot):
+        created = []
+
+        def record(next_creator, **kwargs):
+            created.append(kwargs.get("name"))
+            return next_creator(**kwargs)
+
+        import tensorflow as tf
+        with _compat.instance_override(update, "add_variable_from_reference", shared_slot), \
+                tf.variable_creator_scope(record):
             update.build(self.flat(trainable_variables))
+        if created:
+            # State not shaped like one variable (Adafactor's factored moments, Nadam's
+            # running product) cannot be split per shard and still mean the same.
+            raise ValueError(
+                f"The optimizer {type(optimizer).__name__} keeps state that is not one slot "
+                f"per variable ({', '.join(map(str, created))}), so it cannot update "
+                "partitioned variables shard by shard. Use an optimizer with per-variable "
+                "slots (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Lion, Ftrl, ...), or keep "
+                f"the variables whole. Received: {self.summary()}")
         self.update_optimizer = update
         return update
+
+
+# Checked in tests against one device: a shard-by-shard update equals the whole one.
+_PER_ELEMENT_OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "Adadelta",
+                           "Lion", "Ftrl"}
+# Their update of a variable depends on all of it (or on state beside its slots).
+_WHOLE_VARIABLE_OPTIMIZERS = {
+    "Lamb": "its trust ratio uses the norm of the whole variable",
+    "Lars": "its trust ratio uses the norm of the whole variable",
+    "Adafactor": "its second moments are factored over the whole variable's rows and columns",
+    "Muon": "it orthogonalises the whole matrix",
+    "Nadam": "its momentum schedule product is state beside the per-variable slots",
+}
 
 
 def _task(device: str) -> str:

@@ -157,7 +157,19 @@ def main():
         model.compile(optimizer="adam", loss="mse")
         return model
 
-    for name, builder in [("constraint", constrained), ("handle", handle_model)]:
+    def small(optimizer):
+        def build():
+            model = keras.Sequential([keras.Input((IDS,), dtype="int32"),
+                                      keras.layers.Embedding(ROWS, 8),
+                                      keras.layers.Flatten(), keras.layers.Dense(1)])
+            model.compile(optimizer=optimizer(), loss="mse")
+            return model
+        return build
+
+    cases = [("constraint", constrained), ("handle", handle_model),
+             ("lamb", small(lambda: keras.optimizers.Lamb(0.01))),
+             ("clipnorm", small(lambda: keras.optimizers.Adam(0.01, clipnorm=1.0)))]
+    for name, builder in cases:
         try:
             kt.Trainer(builder, dataset_fn, seed=1, verbose=0, strategy={
                 "name": "ps", "num_workers": 1, "num_ps": 2, "variable_partitioner": SPLIT,
@@ -166,6 +178,29 @@ def main():
         except Exception as e:  # the test checks the type and the message
             errors[name] = f"{type(e).__name__}: {e}"
     result["errors"] = errors
+
+    # 5. Optimizers whose update is element by element: per shard equals whole, exactly.
+    optimizers = {
+        "SGD": lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+        "Adam": lambda: keras.optimizers.Adam(0.01, amsgrad=True, global_clipnorm=0.5),
+        "AdamW": lambda: keras.optimizers.AdamW(0.01),
+        "RMSprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, centered=True),
+        "Adagrad": lambda: keras.optimizers.Adagrad(0.1),
+        "Adamax": lambda: keras.optimizers.Adamax(0.01),
+        "Adadelta": lambda: keras.optimizers.Adadelta(1.0),
+        "Lion": lambda: keras.optimizers.Lion(0.01),
+        "Ftrl": lambda: keras.optimizers.Ftrl(0.1),
+    }
+    result["optimizers"] = {}
+    for name, optimizer in optimizers.items():
+        both = []
+        for strategy in ({"name": "ps", "num_workers": 1, "num_ps": 2,
+                          "variable_partitioner": {"name": "fixed_shards", "num_shards": 2}},
+                         "one_device"):
+            t = kt.Trainer(small(optimizer), dataset_fn, strategy=strategy, seed=1, verbose=0)
+            t.fit(epochs=1, steps_per_epoch=3)
+            both.append(state(t))
+        result["optimizers"][name] = max_diff(*both)
 
     with open(os.path.join(OUT, "result.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -63,6 +63,19 @@ def test_layers_that_cannot_be_partitioned_are_named_with_advice(result):
                              "variable"), handle
     assert "/raw/raw_table' (100000, 32), 12800000 bytes, in 2 shards" in handle
     assert "no attribute 'handle'" in handle and "min_shard_bytes=16777216" in handle
+    lamb = result["errors"]["lamb"]
+    assert lamb.startswith("ValueError: The optimizer Lamb cannot update partitioned variables "
+                           "shard by shard: its trust ratio uses the norm of the whole "
+                           "variable"), lamb
+    assert "`clipnorm` clips each variable's gradient by its own norm" in result["errors"][
+        "clipnorm"]
+
+
+@pytest.mark.multiprocess
+def test_per_element_optimizers_match_one_device_shard_by_shard(result):
+    assert set(result["optimizers"]) == partitioning._PER_ELEMENT_OPTIMIZERS
+    for name, diff in result["optimizers"].items():
+        assert diff <= 1e-6, (name, diff)
 
 
 def test_partitioner_options_are_checked_without_tensorflow():
