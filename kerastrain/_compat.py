@@ -253,3 +253,18 @@ def set_variable_partitioner(strategy, partitioner):
     `extended._variable_partitioner` and read only when variables are created.
     """
     strategy.extended._variable_partitioner = partitioner
+
+
+def variable_owners(model) -> dict:
+    """{id(variable): layer} for the innermost layer that owns each of the model's variables.
+
+    Keras 3 walks sublayers only through `_flatten_layers` and keeps a layer's own
+    variables in `_trainable_variables` / `_non_trainable_variables`; errors about a
+    partitioned variable name its layer.
+    """
+    owners = {}
+    for layer in model._flatten_layers(include_self=True):
+        for v in list(getattr(layer, "_trainable_variables", [])) + list(
+                getattr(layer, "_non_trainable_variables", [])):
+            owners[id(v)] = layer
+    return owners

@@ -166,6 +166,44 @@ def digits(split: str = "train", validation_fraction: float = 0.25, seed: int = 
     return x[keep], y[keep]
 
 
+def synthetic_interactions(num_examples: int = 65536, items: int = 100_000,
+                           ids_per_example: int = 8, seed: int = 0, task_seed: int = 1234):
+    """A click-style task over a large item vocabulary: `(ids int32 [n, k], y float32 [n, 1])`.
+
+    Every item has a hidden score (fixed by `task_seed`); an example is `k` items drawn
+    with Zipf-like popularity (a few items are frequent, most are rare, as in real
+    logs), labelled 1 when their mean score plus noise is positive. Learning it
+    means learning one embedding row per item, so it exercises large tables.
+    """
+    scores = np.random.RandomState(task_seed).randn(items).astype("float32")
+    rng = np.random.RandomState(seed)
+    ids = ((rng.zipf(1.3, size=(num_examples, ids_per_example)) - 1) % items).astype("int32")
+    noise = 0.3 * rng.randn(num_examples).astype("float32")
+    y = (scores[ids].mean(axis=1) + noise > 0).astype("float32")[:, None]
+    return ids, y
+
+
+def build_ranker(items: int = 100_000, dim: int = 32, ids_per_example: int = 8,
+                 hidden: int = 64, learning_rate: float = 1e-3):
+    """Embedding(items, dim) -> mean over the ids -> Dense(hidden, relu) -> Dense(1) logits.
+
+    The item table is the model's bulk (`items * dim` floats); under `ps` with a
+    `variable_partitioner` it is split over the parameter servers.
+    """
+    import keras
+    model = keras.Sequential([
+        keras.Input((ids_per_example,), dtype="int32"),
+        keras.layers.Embedding(items, dim, name="items"),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(hidden, activation="relu"),
+        keras.layers.Dense(1),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                  loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                  metrics=[keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")])
+    return model
+
+
 def build_classifier(features: int = 64, classes: int = 10, hidden: int = 128,
                      dropout: float = 0.0, learning_rate: float = 1e-3):
     """Dense(hidden, relu) [-> Dropout] -> Dense(classes) logits; Adam; sparse cross-entropy."""

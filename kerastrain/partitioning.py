@@ -105,18 +105,6 @@ def shards_of(variable):
     return None
 
 
-def _owners(model):
-    """{id(variable): layer} for the innermost layer owning each variable."""
-    owners = {}
-    layers = [model] + list(model._flatten_layers(include_self=False)) if hasattr(
-        model, "_flatten_layers") else [model]
-    for layer in layers:
-        for v in getattr(layer, "_trainable_variables", []) + getattr(
-                layer, "_non_trainable_variables", []):
-            owners[id(v)] = layer
-    return owners
-
-
 class Partitioning:
     """What is partitioned in one model, and the per-shard view of its training."""
 
@@ -124,7 +112,7 @@ class Partitioning:
         from kerastrain import _compat
         self.strategy = strategy
         self.model = model
-        owners = _owners(model)
+        owners = _compat.variable_owners(model)
         self.partitioned = [(v, owners.get(id(v))) for v in model.variables
                             if shards_of(v) is not None]
         self._shards = {id(v): shards_of(v) for v, _ in self.partitioned}
@@ -212,8 +200,11 @@ class Partitioning:
             original = layer.call
             lookup = (type(layer).call is keras.layers.Embedding.call)
             variables = [v for v, owner in self.partitioned if owner is layer]
-            layer._kerastrain_call = original
-            layer.call = _partitioned_call(layer, original, variables, lookup)
+            # On the instance, not the class: other models' layers are untouched, and
+            # the export (a copy with whole variables) has plain layers.
+            object.__setattr__(layer, "_kerastrain_call", original)
+            object.__setattr__(layer, "call",
+                               _partitioned_call(layer, original, variables, lookup))
 
     # -- gradients and updates -----------------------------------------------
 
@@ -234,8 +225,9 @@ class Partitioning:
         slots = self._slots
         shards = self._shards
 
-        def logical_slot(reference, name, initializer="zeros"):
+        def logical_slot(reference_variable, name=None, initializer="zeros"):
             # The model's optimizer: a partitioned variable's slot is partitioned alike.
+            reference = reference_variable
             parts = shards.get(id(reference))
             if parts is None:
                 slot = original_add(reference, name=name, initializer=initializer)
@@ -257,8 +249,9 @@ class Partitioning:
             for j, shard in enumerate(shards.get(id(v)) or []):
                 owner[id(shard)] = (v, j)
 
-        def shared_slot(reference, name, initializer="zeros"):
+        def shared_slot(reference_variable, name=None, initializer="zeros"):
             # The update optimizer: each shard's slot is the model optimizer's slot shard.
+            reference = reference_variable
             if id(reference) in owner:
                 variable, j = owner[id(reference)]
                 return shards_of(slots[(id(variable), name)])[j]
@@ -277,14 +270,13 @@ class Partitioning:
                 tf.variable_creator_scope(record):
             update.build(self.flat(trainable_variables))
         if created:
-            # State not shaped like one variable (Adafactor's factored moments, Nadam's
-            # running product) cannot be split per shard and still mean the same.
+            # State beside the per-variable slots would not be shared with the model's
+            # optimizer (nor checkpointed): a custom optimizer we have not vetted.
             raise ValueError(
-                f"The optimizer {type(optimizer).__name__} keeps state that is not one slot "
-                f"per variable ({', '.join(map(str, created))}), so it cannot update "
-                "partitioned variables shard by shard. Use an optimizer with per-variable "
-                "slots (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Lion, Ftrl, ...), or keep "
-                f"the variables whole. Received: {self.summary()}")
+                f"The optimizer {type(optimizer).__name__} creates state besides one slot per "
+                f"variable ({', '.join(map(str, created))}), so it cannot update partitioned "
+                f"variables shard by shard. Use one of {', '.join(sorted(_PER_ELEMENT_OPTIMIZERS))}"
+                f", or keep the variables whole. Received: {self.summary()}")
         self.update_optimizer = update
         return update
 

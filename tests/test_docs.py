@@ -1,4 +1,4 @@
-"""Every Python example in docs/strategies.md and docs/data.md runs as written (fresh processes)."""
+"""Every Python example in the strategy, data and parameter-server docs runs as written."""
 
 import re
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 
 import helpers
 
-DOCS = [Path(helpers.REPO) / "docs" / name for name in ("strategies.md", "data.md")]
+DOCS = [Path(helpers.REPO) / "docs" / name for name in ("strategies.md", "data.md", "parameter_servers.md")]
 BLOCKS = [block for doc in DOCS
           for block in re.findall(r"```python\n(.+?)```", doc.read_text(), flags=re.S)]
 

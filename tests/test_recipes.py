@@ -174,7 +174,7 @@ def test_validate_does_not_start_tensorflow():
 def test_every_shipped_recipe_validates():
     names = {os.path.basename(p) for p in RECIPES}
     assert {"quickstart.yaml", "mirrored.yaml", "multi_worker.yaml", "parameter_server.yaml",
-            "digits.yaml", "files.yaml"} <= names
+            "digits.yaml", "files.yaml", "embeddings.yaml"} <= names
     for path in RECIPES:
         recipes.load(path, [])
         text = open(path).read()
@@ -186,6 +186,7 @@ SHORTEN = {
     "files.yaml": ["data.train.args.num_examples=2048", "data.validation.args.num_examples=512",
                    "trainer.steps_per_epoch=4"],
     "parameter_server.yaml": ["data.train.args.num_examples=2048", "trainer.steps_per_loop=2"],
+    "embeddings.yaml": ["data.train.args.num_examples=2048", "trainer.steps_per_loop=2"],
 }
 
 
