@@ -73,3 +73,39 @@ class FitEpochs:
     def epoch(self):
         self.epochs += 1
         self.trainer.fit(epochs=self.epochs, initial_epoch=self.epochs - 1, **self.fit_kwargs)
+
+
+def in_child_processes(script, values, label, args):
+    """Run `script --child V --rounds R --steps S` for each value; return {V: its RESULT JSON}.
+
+    One process per value: a process connects to one TensorFlow cluster only. The
+    child prints its rounds and one line `RESULT {json}`.
+    """
+    import subprocess
+    import sys
+    results = {}
+    for value in values:
+        proc = subprocess.run(
+            [sys.executable, script, "--child", str(value), "--rounds", str(args.rounds),
+             "--steps", str(args.steps)], capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            sys.exit(f"the run for {label(value)} failed:\n{proc.stdout[-2000:]}\n"
+                     f"{proc.stderr[-4000:]}")
+        print(f"{label(value)}:")
+        print("\n".join("  " + line for line in proc.stdout.splitlines()
+                        if line.startswith("round")))
+        results[value] = json.loads(lines[0][len("RESULT "):])
+    return results
+
+
+def parse_args(description, option, default, help_text, rounds=5, steps=200):
+    """Arguments shared by the multi-process benchmarks: `option` picks the child runs."""
+    import argparse
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(option, default=default, help=help_text)
+    parser.add_argument("--rounds", type=int, default=rounds, help="timed epochs per configuration")
+    parser.add_argument("--steps", type=int, default=steps, help="steps per epoch")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    return parser.parse_args()

@@ -23,18 +23,17 @@ Needs `pip install tf_keras` (matching the TensorFlow version) and Linux.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _rounds import FitEpochs, interleave, machine, ratio  # noqa: E402
+from _rounds import (FitEpochs, in_child_processes, interleave, machine,  # noqa: E402
+                     parse_args, ratio)
 
 DIM, IDS, BATCH, HIDDEN = 32, 8, 256, 64
 SPLIT = {"name": "min_size", "min_shard_bytes": 256 << 10, "max_shards": 2}
@@ -129,29 +128,12 @@ def child(rows, rounds, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="100000,1000000", help="table sizes, comma-separated")
-    parser.add_argument("--rounds", type=int, default=5, help="timed epochs per configuration")
-    parser.add_argument("--steps", type=int, default=200, help="steps per epoch")
-    parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(__doc__.splitlines()[0], "--rows", "100000,1000000", "table sizes, comma-separated")
     if args.child is not None:
         child(args.child, args.rounds, args.steps)
         return
-    results = {}
-    for rows in [int(r) for r in args.rows.split(",")]:
-        # One process per table: a process connects to one cluster only.
-        proc = subprocess.run(
-            [sys.executable, __file__, "--child", str(rows), "--rounds", str(args.rounds),
-             "--steps", str(args.steps)], capture_output=True, text=True)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            sys.exit(f"the {rows}-row run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-        print(f"{rows:,} rows:")
-        print("\n".join("  " + line for line in proc.stdout.splitlines()
-                        if line.startswith("round")))
-        results[rows] = json.loads(lines[0][len("RESULT "):])
+    results = in_child_processes(
+        __file__, [int(v) for v in args.rows.split(",")], lambda r: f"{r:,} rows", args)
     print(f"\n{'rows':>10}  {'configuration':<40}{'shards':>15}{'steps/s':>9}{'x tf_keras':>12}"
           f"{'KB/step':>10}")
     rows_out = []

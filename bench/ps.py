@@ -18,18 +18,17 @@ Needs `pip install tf_keras` (matching the TensorFlow version).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _rounds import FitEpochs, interleave, machine, ratio  # noqa: E402
+from _rounds import (FitEpochs, in_child_processes, interleave, machine,  # noqa: E402
+                     parse_args, ratio)
 
 FEATURES, HIDDEN, BATCH = 64, 256, 256
 KERASTRAIN = "kerastrain defaults"
@@ -93,30 +92,12 @@ def child(workers, rounds, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", default="1,2,4", help="cluster sizes, comma-separated")
-    parser.add_argument("--rounds", type=int, default=5, help="timed epochs per configuration")
-    parser.add_argument("--steps", type=int, default=200, help="steps per epoch")
-    parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(__doc__.splitlines()[0], "--workers", "1,2,4", "cluster sizes, comma-separated")
     if args.child is not None:
         child(args.child, args.rounds, args.steps)
         return
-    results = {}
-    for workers in [int(w) for w in args.workers.split(",")]:
-        # One process per cluster: a process connects to one cluster only.
-        proc = subprocess.run(
-            [sys.executable, __file__, "--child", str(workers), "--rounds", str(args.rounds),
-             "--steps", str(args.steps)], capture_output=True, text=True)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            sys.exit(f"the {workers}-worker run failed:\n{proc.stdout[-2000:]}\n"
-                     f"{proc.stderr[-4000:]}")
-        print(f"{workers} worker(s):")
-        print("\n".join("  " + line for line in proc.stdout.splitlines()
-                        if line.startswith("round")))
-        results[workers] = json.loads(lines[0][len("RESULT "):])
+    results = in_child_processes(
+        __file__, [int(v) for v in args.workers.split(",")], lambda w: f"{w} worker(s)", args)
     print(f"\n{'workers':<9}{'configuration':<40}{'steps/s':>9}{'x tf_keras':>12}"
           f"{'x tf_keras spe=1':>18}")
     rows = []

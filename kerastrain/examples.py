@@ -28,6 +28,12 @@ def build_mlp(features: int = 64, hidden: int = 256, learning_rate: float = 1e-3
         keras.layers.Dense(hidden, activation="relu"),
         keras.layers.Dense(1),
     ])
+    return _compile_binary(model, learning_rate)
+
+
+def _compile_binary(model, learning_rate):
+    """Adam and binary cross-entropy on logits, with accuracy at logit 0."""
+    import keras
     model.compile(optimizer=keras.optimizers.Adam(learning_rate),
                   loss=keras.losses.BinaryCrossentropy(from_logits=True),
                   metrics=[keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")])
@@ -198,10 +204,7 @@ def build_ranker(items: int = 100_000, dim: int = 32, ids_per_example: int = 8,
         keras.layers.Dense(hidden, activation="relu"),
         keras.layers.Dense(1),
     ])
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
-                  loss=keras.losses.BinaryCrossentropy(from_logits=True),
-                  metrics=[keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")])
-    return model
+    return _compile_binary(model, learning_rate)
 
 
 def build_classifier(features: int = 64, classes: int = 10, hidden: int = 128,
