@@ -63,7 +63,11 @@ def main():
         "history": history.history,
         "global_step": trainer.global_step,
         "is_chief": trainer.is_chief,
-        "devices": sorted({v.value.device for v in trainer.model.variables}),
+        # Every variable's place, or its shards' places when it is partitioned.
+        "devices": sorted({part.device for v in trainer.model.variables
+                           for part in getattr(v.value, "variables", [v.value])}),
+        "shards": {v.path: len(v.value.variables) for v in trainer.model.variables
+                   if hasattr(v.value, "variables")},
         "evaluate": trainer.evaluate(helpers.global_batch_dataset_fn(job.get("n", 96)))
         if job.get("evaluate") else None,
     }
