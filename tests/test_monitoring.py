@@ -30,6 +30,8 @@ def read_scalars(run_dir):
     for tag in acc.Tags()["tensors"]:
         events = acc.Tensors(tag)
         if events and events[0].tensor_proto.dtype == tf.float32.as_datatype_enum:
+            # TensorBoard's Scalars tab shows only what carries the scalars plugin's metadata.
+            assert acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", tag
             out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
     return out
 
