@@ -163,8 +163,6 @@ class Partitioning:
             problem = _WHOLE_VARIABLE_OPTIMIZERS[name]
         elif getattr(optimizer, "use_ema", False):
             problem = "its moving average of the weights (use_ema) is not kept per shard"
-        elif getattr(optimizer, "gradient_accumulation_steps", None):
-            problem = "gradient accumulation is not kept per shard"
         elif getattr(optimizer, "clipnorm", None):
             problem = ("`clipnorm` clips each variable's gradient by its own norm (use "
                        "`global_clipnorm`, the same over shards, or `clipvalue`)")

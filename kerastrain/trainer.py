@@ -133,6 +133,7 @@ class Trainer:
         with self._built.strategy.scope(), explain:
             self._model = models_lib.materialize(
                 model, self._built, optimizer=optimizer, loss=loss, metrics=metrics)
+            _check_accumulation(self._model.optimizer, self._built.name)
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -634,3 +635,18 @@ class Trainer:
 def _check_count(name, value, *, minimum):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"`{name}` must be an int >= {minimum}. Received: {name}={value!r}")
+
+
+def _check_accumulation(optimizer, strategy_name):
+    """Keras applies accumulated gradients inside a `cond`; tf.distribute strategies
+    synchronise there (`merge_call`), which TensorFlow does not support."""
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if steps and strategy_name not in ("default", "one_device"):
+        raise ValueError(
+            f"`gradient_accumulation_steps` works with the 'default' and 'one_device' "
+            f"strategies only: Keras applies the accumulated gradients inside a conditional, "
+            f"and under {strategy_name!r} TensorFlow cannot synchronise replicas there "
+            f"(\"merge_call called while defining a new graph\"). Multiply the global batch "
+            f"size by {steps} instead, which gives the same gradient, or train on one device. "
+            f"Received: {type(optimizer).__name__}(gradient_accumulation_steps={steps}) "
+            f"under {strategy_name!r}")

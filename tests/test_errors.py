@@ -188,3 +188,21 @@ def test_auto_builds_what_it_chose_and_logs_why(caplog, two_cpus):
         built = strategies.build_strategy("auto", two_cpus)
     assert built.name == "mirrored" and built.strategy.num_replicas_in_sync == 2
     assert "strategy: mirrored (auto: no GPU, CPU split into 2 logical devices)" in caplog.text
+
+
+def test_gradient_accumulation_under_a_distribution_strategy_is_refused():
+    def build():
+        model = helpers.build_model()
+        model.compile(optimizer=keras.optimizers.Adam(gradient_accumulation_steps=4),
+                      loss="binary_crossentropy")
+        return model
+    with pytest.raises(ValueError) as e:
+        kt.Trainer(build, dataset_fn, strategy="central_storage", verbose=0)
+    message = str(e.value)
+    assert "'default' and 'one_device' strategies only" in message
+    assert "Multiply the global batch size by 4" in message
+    assert "Adam(gradient_accumulation_steps=4) under 'central_storage'" in message
+    # On one device it trains.
+    trainer = kt.Trainer(build, dataset_fn, strategy="one_device", verbose=0)
+    trainer.fit(epochs=2)
+    assert int(trainer.model.optimizer.iterations) == 1  # 4 batches, one update
