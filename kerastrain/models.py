@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import keras
 
 from kerastrain import _compat
+
+logger = logging.getLogger("kerastrain")
 
 _DEFAULT_OPTIMIZER = "rmsprop"  # what keras.Model.compile uses when none is given
 
@@ -74,7 +79,66 @@ def materialize(model, built, *, optimizer=None, loss=None, metrics=None):
             "what to minimise. Call `model.compile(optimizer=..., loss=...)` in your model "
             "function, or pass `Trainer(..., optimizer='adam', loss='mse')`. "
             f"Received: model {instance.name!r} with compiled={getattr(instance, 'compiled', False)}")
+    _check_accumulation(instance.optimizer, built.name)
     return instance
+
+
+def build_state(model, built, element_spec):
+    """Create the model's, metrics' and optimizer's variables from the data's shapes.
+
+    Call inside `strategy.scope()`. Under parameter servers, variables the strategy
+    partitioned are set up for training shard by shard (`kerastrain.partitioning`).
+
+    Returns:
+        The `Partitioning` of the model, or None when no variable is partitioned.
+
+    Raises:
+        ValueError: the model cannot run on batches of `element_spec`.
+        TypeError: a layer cannot run with its partitioned variable.
+    """
+    from kerastrain import data as data_lib
+    from kerastrain import partitioning
+
+    optimizer = model.optimizer
+    ps = built.is_parameter_server
+    # Keras builds the optimizer at the end of a symbolic build; under parameter
+    # servers kerastrain builds it (partitioned variables need partitioned slots),
+    # so Keras's build waits.
+    hold = (_compat.instance_override(optimizer, "build", lambda variables: None)
+            if ps and not optimizer.built else contextlib.nullcontext())
+    explain = partitioning.explain_failures() if ps else contextlib.nullcontext()
+    with explain:  # outside the `try`: its advice is not about the data
+        try:
+            with hold:
+                _compat.symbolic_build(model, element_spec)
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                "The model cannot run on the batches the dataset yields. Received: "
+                f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
+    partitioned = partitioning.Partitioning(built.strategy, model) if ps else None
+    if not partitioned:
+        optimizer.build(model.trainable_variables)
+        return None
+    partitioned.check()
+    partitioned.install()
+    logger.info(partitioned.summary())
+    partitioned.build_optimizers(optimizer, model.trainable_variables)
+    return partitioned
+
+
+def _check_accumulation(optimizer, strategy_name):
+    """Keras applies accumulated gradients inside a `cond`; tf.distribute strategies
+    synchronise there (`merge_call`), which TensorFlow does not support."""
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if steps and strategy_name not in ("default", "one_device"):
+        raise ValueError(
+            f"`gradient_accumulation_steps` works with the 'default' and 'one_device' "
+            f"strategies only: Keras applies the accumulated gradients inside a conditional, "
+            f"and under {strategy_name!r} TensorFlow cannot synchronise replicas there "
+            f"(\"merge_call called while defining a new graph\"). Multiply the global batch "
+            f"size by {steps} instead, which gives the same gradient, or train on one device. "
+            f"Received: {type(optimizer).__name__}(gradient_accumulation_steps={steps}) "
+            f"under {strategy_name!r}")
 
 
 def _recompile(model, args, *, fresh):

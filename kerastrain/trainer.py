@@ -133,7 +133,6 @@ class Trainer:
         with self._built.strategy.scope(), explain:
             self._model = models_lib.materialize(
                 model, self._built, optimizer=optimizer, loss=loss, metrics=metrics)
-            _check_accumulation(self._model.optimizer, self._built.name)
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -209,38 +208,9 @@ class Trainer:
     def _ensure_built(self, element_spec):
         if self._loops is not None:
             return
-        from kerastrain import _compat
         data_lib.check_against_model(element_spec, self._model)
-        optimizer = self._model.optimizer
         with self.strategy.scope():
-            # Keras builds the optimizer at the end of a symbolic build; under
-            # parameter servers kerastrain builds it (partitioned variables need
-            # partitioned slots), so Keras's build waits.
-            hold = (_compat.instance_override(optimizer, "build", lambda variables: None)
-                    if self._built.is_parameter_server and not optimizer.built
-                    else contextlib.nullcontext())
-            explain = (partitioning.explain_failures() if self._built.is_parameter_server
-                       else contextlib.nullcontext())
-            with explain:  # outside the `try`: its advice is not about the data
-                try:
-                    with hold:
-                        _compat.symbolic_build(self._model, element_spec)
-                except (ValueError, TypeError) as e:
-                    raise ValueError(
-                        "The model cannot run on the batches the dataset yields. Received: "
-                        f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}"
-                    ) from None
-            partitioned = None
-            if self._built.is_parameter_server:
-                partitioned = partitioning.Partitioning(self.strategy, self._model)
-            if partitioned:
-                partitioned.check()
-                partitioned.install()
-                logger.info(partitioned.summary())
-                partitioned.build_optimizers(optimizer, self._model.trainable_variables)
-            else:
-                partitioned = None
-                optimizer.build(self._model.trainable_variables)
+            partitioned = models_lib.build_state(self._model, self._built, element_spec)
         jit = self._jit_compile
         if jit is None:
             jit = bool(getattr(self._model, "jit_compile", False)) and not self._built.places_variables
@@ -635,18 +605,3 @@ class Trainer:
 def _check_count(name, value, *, minimum):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"`{name}` must be an int >= {minimum}. Received: {name}={value!r}")
-
-
-def _check_accumulation(optimizer, strategy_name):
-    """Keras applies accumulated gradients inside a `cond`; tf.distribute strategies
-    synchronise there (`merge_call`), which TensorFlow does not support."""
-    steps = getattr(optimizer, "gradient_accumulation_steps", None)
-    if steps and strategy_name not in ("default", "one_device"):
-        raise ValueError(
-            f"`gradient_accumulation_steps` works with the 'default' and 'one_device' "
-            f"strategies only: Keras applies the accumulated gradients inside a conditional, "
-            f"and under {strategy_name!r} TensorFlow cannot synchronise replicas there "
-            f"(\"merge_call called while defining a new graph\"). Multiply the global batch "
-            f"size by {steps} instead, which gives the same gradient, or train on one device. "
-            f"Received: {type(optimizer).__name__}(gradient_accumulation_steps={steps}) "
-            f"under {strategy_name!r}")
