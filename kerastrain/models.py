@@ -44,12 +44,14 @@ def materialize(model, built, *, optimizer=None, loss=None, metrics=None):
         needs_scope = built.places_variables
         if needs_scope and instance.variables and not all(
                 _created_in_scope(strategy, v) for v in instance.variables):
-            instance = _rebuild(instance)
+            with _explained(built):
+                instance = _rebuild(instance)
         elif needs_scope and getattr(instance, "optimizer", None) is not None and not all(
                 _created_in_scope(strategy, v) for v in instance.optimizer.variables):
             _recompile(instance, _compat.compile_args(instance) or {}, fresh=True)
     elif callable(model):
-        instance = model()
+        with _explained(built):
+            instance = model()
         if not isinstance(instance, keras.Model):
             raise TypeError(
                 "The model function must return a keras.Model. "
@@ -106,8 +108,7 @@ def build_state(model, built, element_spec):
     # so Keras's build waits.
     hold = (_compat.instance_override(optimizer, "build", lambda variables: None)
             if ps and not optimizer.built else contextlib.nullcontext())
-    explain = partitioning.explain_failures() if ps else contextlib.nullcontext()
-    with explain:  # outside the `try`: its advice is not about the data
+    with _explained(built):  # outside the `try`: its advice is not about the data
         try:
             with hold:
                 _compat.symbolic_build(model, element_spec)
@@ -115,7 +116,7 @@ def build_state(model, built, element_spec):
             raise ValueError(
                 "The model cannot run on the batches the dataset yields. Received: "
                 f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
-    partitioned = partitioning.Partitioning(built.strategy, model) if ps else None
+    partitioned = partitioning.Partitioning(model) if ps else None
     if not partitioned:
         optimizer.build(model.trainable_variables)
         return None
@@ -155,17 +156,37 @@ def _recompile(model, args, *, fresh):
 
 def _rebuild(model):
     """Clone a model made outside the scope, copy its weights and compile settings."""
+    clone = clone_compiled(model, (
+        f"The model {model.name!r} was created outside the strategy's scope and cannot be "
+        "rebuilt inside it"))
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def clone_compiled(model, why):
+    """`keras.models.clone_model(model)`, compiled as `model` is (with fresh optimizer state).
+
+    Raises:
+        ValueError: Keras cannot clone the model from its config; `why` starts the message.
+    """
     try:
         clone = keras.models.clone_model(model)
     except Exception as e:  # clone_model raises several types for unclonable models
         cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise ValueError(
-            f"The model {model.name!r} was created outside the strategy's scope and cannot be "
-            "rebuilt inside it (Keras cannot clone it from its config). Pass a function that "
+            f"{why} (Keras cannot clone it from its config). Pass a function that "
             "builds and compiles the model instead, e.g. `Trainer(build_model, ...)`; kerastrain "
-            f"calls it inside the scope. Cause: {type(e).__name__}: {cause}") from None
-    clone.set_weights(model.get_weights())
+            f"calls it wherever it needs the model built. Cause: {type(e).__name__}: {cause}"
+        ) from None
     args = _compat.compile_args(model)
     if args is not None and getattr(model, "compiled", False):
         _recompile(clone, args, fresh=True)
     return clone
+
+
+def _explained(built):
+    """Under parameter servers, a layer failing on a partitioned variable gets advice."""
+    if not built.is_parameter_server:
+        return contextlib.nullcontext()
+    from kerastrain import partitioning
+    return partitioning.explain_failures()

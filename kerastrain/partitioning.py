@@ -108,9 +108,8 @@ def shards_of(variable):
 class Partitioning:
     """What is partitioned in one model, and the per-shard view of its training."""
 
-    def __init__(self, strategy, model):
+    def __init__(self, model):
         from kerastrain import _compat
-        self.strategy = strategy
         self.model = model
         owners = _compat.variable_owners(model)
         self.partitioned = [(v, owners.get(id(v))) for v in model.variables
@@ -214,9 +213,9 @@ class Partitioning:
         return out
 
     def build_optimizers(self, optimizer, trainable_variables):
-        """Build `optimizer` (state, partitioned like the variables) and the update optimizer.
+        """Build `optimizer` (state, partitioned like the variables) and `update_optimizer`,
 
-        Returns the optimizer that applies gradients for `self.flat(trainable_variables)`.
+        which applies gradients for `self.flat(trainable_variables)`.
         """
         from kerastrain import _compat
 
@@ -276,7 +275,6 @@ class Partitioning:
                 f"variables shard by shard. Use one of {', '.join(sorted(_PER_ELEMENT_OPTIMIZERS))}"
                 f", or keep the variables whole. Received: {self.summary()}")
         self.update_optimizer = update
-        return update
 
 
 # Checked in tests against one device: a shard-by-shard update equals the whole one.
@@ -344,24 +342,16 @@ def unpartitioned_copy(model, source=None):
     import keras
     import tensorflow as tf
 
-    from kerastrain import _compat, models
+    from kerastrain import models
 
     if tf.distribute.has_strategy():
         raise RuntimeError("unpartitioned_copy must be called outside a strategy scope")
     if callable(source) and not isinstance(source, keras.Model):
         copy = source()
     else:
-        try:
-            copy = keras.models.clone_model(model)
-        except Exception as e:  # clone_model raises several types
-            raise ValueError(
-                f"The model {model.name!r} has partitioned variables, so kerastrain exports "
-                "a copy with whole variables, but Keras cannot clone it from its config. "
-                "Pass a function that builds and compiles the model, e.g. "
-                f"`Trainer(build_model, ...)`. Cause: {type(e).__name__}: {e}") from None
-        args = _compat.compile_args(model)
-        if args is not None and getattr(model, "compiled", False):
-            models._recompile(copy, args, fresh=True)
+        copy = models.clone_compiled(model, (
+            f"The model {model.name!r} has partitioned variables, so kerastrain exports a copy "
+            "with whole variables, but it cannot make one"))
     if len(copy.weights) != len(model.weights):
         copy.build_from_config(model.get_build_config())
     mine, theirs = copy.weights, model.weights
@@ -373,7 +363,6 @@ def unpartitioned_copy(model, source=None):
     for target, variable in zip(mine, theirs):
         target.assign(tf.convert_to_tensor(variable.value))
     return copy
-
 
 
 @contextlib.contextmanager

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import logging
 import os
@@ -128,9 +127,7 @@ class Trainer:
 
         import tensorflow as tf
         self._model_source = model  # a function can build the model again (export)
-        explain = (partitioning.explain_failures() if self._built.is_parameter_server
-                   else contextlib.nullcontext())
-        with self._built.strategy.scope(), explain:
+        with self._built.strategy.scope():
             self._model = models_lib.materialize(
                 model, self._built, optimizer=optimizer, loss=loss, metrics=metrics)
             self._global_step = tf.Variable(
