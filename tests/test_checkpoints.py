@@ -169,7 +169,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caplog):
         import tensorflow as tf
         x, y = helpers.arrays(96)
         clean = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-        x[50] = np.nan
+        y[50] = np.nan  # a label, not an input: see test_terminate_on_nan_stops
         bad = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
         return clean.concatenate(bad)
 
