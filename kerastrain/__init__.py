@@ -14,10 +14,14 @@ _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "CSVWriter": "kerastrain.summaries",
     "CheckpointOptions": "kerastrain.checkpoints",
+    "LoggingWriter": "kerastrain.summaries",
     "MetricWriter": "kerastrain.summaries",
+    "MultiWriter": "kerastrain.summaries",
     "Preempted": "kerastrain.preemption",
     "TensorBoardOptions": "kerastrain.summaries",
+    "TensorBoardWriter": "kerastrain.summaries",
     "Trainer": "kerastrain.trainer",
     "build_strategy": "kerastrain.strategies",
     "configure_cpu_devices": "kerastrain.strategies",

@@ -25,11 +25,6 @@ def compile_loss(model):
     return getattr(model, "_compile_loss", None)
 
 
-def loss_tracker(model):
-    """Keras's own running-mean "loss" tracker, which kerastrain replaces."""
-    return getattr(model, "_loss_tracker", None)
-
-
 def symbolic_build(model, element_spec):
     """Create model, metric, loss and optimizer state from shapes only.
 

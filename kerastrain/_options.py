@@ -1,9 +1,63 @@
-"""Accepting option groups as True/False/None, a dict of fields, or the dataclass itself."""
+"""Option dataclasses: one field declares an option's default, check and doc; coercion.
+
+The recipe schema and its commented template (`kerastrain.config`) are generated
+from these fields, so an option's default is written in exactly one place.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Mapping
+
+
+def option(default=None, doc: str = "", *, check=None, example=None, section=None):
+    """A dataclass field with its recipe doc and, for recipe keys, a check.
+
+    Args:
+        default: the option's default (its one and only statement).
+        doc: one line for the template's comment and error messages.
+        check: `value -> value`, raising `config._Bad(expected)` (recipe sections whose
+            dataclass does not check itself in `__post_init__`).
+        example: a value the template shows for a required option (no default).
+        section: the option dataclass of a nested recipe section.
+    """
+    metadata = {"doc": doc, "check": check, "example": example, "section": section}
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=lambda: type(default)(default),
+                                 metadata=metadata)
+    if default is REQUIRED:
+        return dataclasses.field(metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+REQUIRED = object()  # `option(REQUIRED, ...)`: no default, the recipe must give it
+
+
+def default_of(field):
+    """A dataclass field's default (REQUIRED when it has none)."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return REQUIRED
+
+
+def check_int(name: str, value, *, minimum=None, optional=False, also=None):
+    """Raise a ValueError naming `name` and the value unless it is an int >= `minimum`.
+
+    `optional` also accepts None; `also` names another accepted value for the message
+    (the caller has already let it through).
+    """
+    import numbers
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
+            minimum is not None and value < minimum):
+        wanted = "an int" + ("" if minimum is None else f" >= {minimum}")
+        alternatives = [a for a in (also, "None" if optional else None) if a]
+        if alternatives:
+            wanted += " or " + " or ".join(alternatives)
+        raise ValueError(f"`{name}` must be {wanted}. Received: {name}={value!r}")
 
 
 def coerce(cls, value, argument: str):

@@ -158,7 +158,7 @@ def _quickstart(args):
         return 0
     final = {k: round(v[-1], 4) for k, v in history.history.items()}
     print(f"kerastrain: trained to step {trainer.global_step} in {seconds:.1f}s under "
-          f"{trainer._built.name} ({trainer.strategy.num_replicas_in_sync} replica(s)); "
+          f"{trainer.strategy_name} ({trainer.strategy.num_replicas_in_sync} replica(s)); "
           f"final {json.dumps(final)}"
           + (f"; outputs in {args.model_dir}" if args.model_dir else ""))
     return 0

@@ -37,9 +37,6 @@ class ClusterConfig:
             return True
         return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.cluster
 
-    def address(self, task_type: str, index: int = 0) -> str:
-        return self.cluster[task_type][index]
-
 
 def read_tf_config(environ=None) -> ClusterConfig | None:
     """Parse `TF_CONFIG` from the environment, or return None when it is absent.

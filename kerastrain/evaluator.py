@@ -63,9 +63,7 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
     data_config = recipe.data.validation or recipe.data.train
     data = recipes.call_builder(data_config, recipe.data.batch_size)
     batch = recipes.numpy_batch_size(data, recipe.data.batch_size)
-    eval_input = trainer._input(data, "validation data", "evaluation", batch)
-    trainer._ensure_built(eval_input.element_spec)
-    checkpoint = tf.train.Checkpoint(model=trainer.model, global_step=trainer._global_step)
+    trainer.build(data, batch_size=batch)
     writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "evaluator"))
     directory = os.path.abspath(os.path.join(model_dir, "checkpoints"))
     logger.info("evaluator: watching %s until %s finishes", directory, chief)
@@ -73,12 +71,11 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
     for path in tf.train.checkpoints_iterator(directory, min_interval_secs=0, timeout=poll_secs,
                                               timeout_fn=_ChiefWatch(chief, startup_timeout)):
         try:
-            checkpoint.read(path).expect_partial()
+            step = trainer.load_checkpoint(path)
         except (tf.errors.OpError, ValueError) as e:  # rotated away or half-written
             logger.warning("evaluator: skipped %s (%s)", path, type(e).__name__)
             continue
-        logs = trainer._evaluate_input(eval_input, recipe.trainer.validation_steps)
-        step = trainer.global_step
+        logs = trainer.evaluate(data, steps=recipe.trainer.validation_steps, batch_size=batch)
         with writer.as_default(step=step):
             for name, value in logs.items():
                 tf.summary.scalar(f"eval_{name}", value)

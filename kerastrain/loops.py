@@ -86,8 +86,13 @@ class MetricState:
         return logs
 
 
-class Loops:
-    """Builds the compiled train and evaluation loops for one model under one strategy."""
+class Step:
+    """The compiled functions for one model under one strategy, and nothing else.
+
+    `train_loop`, `eval_loop` (and `eval_loop_local` under parameter servers) and
+    `skip_loop` each run many steps per `tf.function` call; a driver
+    (`kerastrain.driver`) decides how many and where.
+    """
 
     def __init__(self, built, model, global_step, jit_compile=False, stop_flag=None,
                  partitioned=None):

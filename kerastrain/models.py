@@ -184,6 +184,35 @@ def clone_compiled(model, why):
     return clone
 
 
+def unpartitioned_copy(model, source=None):
+    """The same model with whole variables on this machine, compiled alike, for export.
+
+    Built from `source` when it is a model function, else cloned from the model's
+    config; then every variable gets the partitioned model's value.
+    """
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy():
+        raise RuntimeError("unpartitioned_copy must be called outside a strategy scope")
+    if callable(source) and not isinstance(source, keras.Model):
+        copy = source()
+    else:
+        copy = clone_compiled(model, (
+            f"The model {model.name!r} has partitioned variables, so kerastrain exports a copy "
+            "with whole variables, but it cannot make one"))
+    if len(copy.weights) != len(model.weights):
+        copy.build_from_config(model.get_build_config())
+    mine, theirs = copy.weights, model.weights
+    if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
+        raise ValueError(
+            f"The rebuilt model {copy.name!r} does not have the trained model's variables "
+            "(a model function must build the same model each time). Received shapes "
+            f"{[tuple(v.shape) for v in mine]}, expected {[tuple(v.shape) for v in theirs]}")
+    for target, variable in zip(mine, theirs):
+        target.assign(tf.convert_to_tensor(variable.value))
+    return copy
+
+
 def _explained(built):
     """Under parameter servers, a layer failing on a partitioned variable gets advice."""
     if not built.is_parameter_server:

@@ -333,38 +333,6 @@ def _embedding_call(layer, inputs):
     return tf.cast(outputs, layer.compute_dtype)
 
 
-def unpartitioned_copy(model, source=None):
-    """The same model with whole variables on this machine, compiled alike, for export.
-
-    Built from `source` when it is a model function, else cloned from the model's
-    config; then every variable gets the partitioned model's value.
-    """
-    import keras
-    import tensorflow as tf
-
-    from kerastrain import models
-
-    if tf.distribute.has_strategy():
-        raise RuntimeError("unpartitioned_copy must be called outside a strategy scope")
-    if callable(source) and not isinstance(source, keras.Model):
-        copy = source()
-    else:
-        copy = models.clone_compiled(model, (
-            f"The model {model.name!r} has partitioned variables, so kerastrain exports a copy "
-            "with whole variables, but it cannot make one"))
-    if len(copy.weights) != len(model.weights):
-        copy.build_from_config(model.get_build_config())
-    mine, theirs = copy.weights, model.weights
-    if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
-        raise ValueError(
-            f"The rebuilt model {copy.name!r} does not have the trained model's variables "
-            "(a model function must build the same model each time). Received shapes "
-            f"{[tuple(v.shape) for v in mine]}, expected {[tuple(v.shape) for v in theirs]}")
-    for target, variable in zip(mine, theirs):
-        target.assign(tf.convert_to_tensor(variable.value))
-    return copy
-
-
 @contextlib.contextmanager
 def explain_failures():
     """Turn a layer's failure on a partitioned variable while the model is built into advice.

@@ -10,6 +10,8 @@ from typing import Mapping
 
 import numpy as np
 
+from kerastrain._options import option
+
 logger = logging.getLogger("kerastrain")
 
 VALIDATION_PREFIX = "val_"
@@ -31,6 +33,9 @@ class MetricWriter:
     def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None:
         pass
 
+    def write_graph(self, graph) -> None:
+        """A `tf.Graph` of the model's forward pass, once per fit (TensorBoard's Graphs tab)."""
+
     def flush(self) -> None:
         pass
 
@@ -39,6 +44,8 @@ class MetricWriter:
 
 
 class MultiWriter(MetricWriter):
+    """Writes everything to each of `writers`, in order."""
+
     def __init__(self, writers):
         self.writers = list(writers)
 
@@ -53,6 +60,10 @@ class MultiWriter(MetricWriter):
     def write_histograms(self, step, arrays):
         for w in self.writers:
             w.write_histograms(step, arrays)
+
+    def write_graph(self, graph):
+        for w in self.writers:
+            w.write_graph(graph)
 
     def flush(self):
         for w in self.writers:
@@ -191,24 +202,14 @@ class CSVWriter(MetricWriter):
 
 @dataclasses.dataclass(frozen=True)
 class TensorBoardOptions:
-    """What the chief writes under `model_dir/logs`.
+    """What the chief writes under `model_dir/logs` (each field's doc is in its declaration)."""
 
-    Attributes:
-        log_every_steps: write the running epoch loss and metrics, the learning
-            rate, examples per second and step time every this many steps (and at
-            every epoch end). 0 writes at epoch ends only.
-        histograms_every_epochs: weight histograms every N epochs (0: never).
-        write_graph: the model's forward graph, once.
-        write_config: the trainer's resolved settings as text, once per fit.
-        profile_steps: `(first, last)` global steps to profile with TensorBoard's
-            profiler, or None.
-    """
-
-    log_every_steps: int = 100
-    histograms_every_epochs: int = 0
-    write_graph: bool = False
-    write_config: bool = False
-    profile_steps: tuple | None = None
+    log_every_steps: int = option(
+        100, "running loss/metrics, learning rate and throughput every N steps; 0: epoch ends only")
+    histograms_every_epochs: int = option(0, "weight histograms every N epochs; 0: never")
+    write_graph: bool = option(False, "the model's forward graph, once")
+    write_config: bool = option(False, "the trainer's resolved settings as text, once per fit")
+    profile_steps: tuple | None = option(None, "[first, last] global steps to profile")
 
     def __post_init__(self):
         for name in ("log_every_steps", "histograms_every_epochs"):
@@ -295,7 +296,7 @@ class Monitor:
             return
         if texts and self.options.write_config:
             self.writer.write_texts(step, texts)
-        if graph is not None and self.options.write_graph and hasattr(self.writer, "write_graph"):
+        if graph is not None and self.options.write_graph:
             self.writer.write_graph(graph)
         self._profile(step)
 
@@ -383,3 +384,43 @@ class Monitor:
             self._profiling = False
         if self.active:
             self.writer.flush()
+
+
+def model_monitor(model, writer, options, *, step, settings, element_spec, train_logdir=None):
+    """A started `Monitor` for `model`: its learning rate, weights and (if asked) its graph.
+
+    Args:
+        writer: the chief's writer, or None (other tasks: nothing is written).
+        settings: the run's resolved settings as YAML text (`write_config`).
+        element_spec: the training batches' spec, to trace the forward graph.
+    """
+    from kerastrain import _compat
+    optimizer = model.optimizer
+    schedule = _compat.learning_rate_schedule(optimizer)
+
+    def learning_rate(at):
+        # The rate the step just taken used: the schedule at its iteration.
+        if schedule is not None:
+            return float(schedule(max(at - 1, 0)))
+        return float(np.asarray(optimizer.learning_rate))
+
+    def weights():
+        return {v.path: np.asarray(v.numpy()) for v in model.weights}
+
+    monitor = Monitor(writer, options, learning_rate_fn=learning_rate, weights_fn=weights,
+                      train_logdir=train_logdir)
+    graph = None
+    if monitor.active and monitor.options.write_graph:
+        graph = _forward_graph(model, element_spec)
+    monitor.start(step, texts={"config": "```\n" + settings + "```"}, graph=graph)
+    return monitor
+
+
+def _forward_graph(model, element_spec):
+    import tensorflow as tf
+    try:
+        return tf.function(lambda x: model(x, training=False)).get_concrete_function(
+            element_spec[0]).graph
+    except Exception as e:  # the graph is a nicety; never fail training for it
+        logger.warning("could not trace the model's graph for TensorBoard: %s", e)
+        return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -11,18 +12,19 @@ import sys
 import numpy as np
 
 from kerastrain import _logging
+from kerastrain import actions as actions_lib
 from kerastrain import callbacks as callbacks_lib
 from kerastrain import checkpoints
 from kerastrain import data as data_lib
+from kerastrain import driver as driver_lib
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
-from kerastrain import partitioning
 from kerastrain import preemption
-from kerastrain import runners
 from kerastrain import sharding
 from kerastrain import strategies
 from kerastrain import summaries
+from kerastrain._options import check_int
 
 logger = logging.getLogger("kerastrain")
 
@@ -81,17 +83,8 @@ class Trainer:
         if dataset_fn is not None:
             data_lib.input_form(dataset_fn)
         self._shard = sharding.check_policy(shard)
-        if steps_per_loop != "auto" and (isinstance(steps_per_loop, bool) or not isinstance(
-                steps_per_loop, int) or steps_per_loop < 1):
-            raise ValueError("`steps_per_loop` must be a positive int or 'auto'. "
-                             f"Received: steps_per_loop={steps_per_loop!r}")
-        if verbose not in (0, 1, 2, "auto"):
-            raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
-        if jit_compile not in (None, True, False):
-            raise ValueError("`jit_compile` must be None, True or False. "
-                             f"Received: jit_compile={jit_compile!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+        _check_init_options(steps_per_loop=steps_per_loop, verbose=verbose,
+                            jit_compile=jit_compile, seed=seed, writers=writers)
         _logging.ensure_visible()
         # Checks names and options before TensorFlow does anything heavy.
         self._built = strategies.build_strategy(strategy, strategy_options)
@@ -102,12 +95,7 @@ class Trainer:
                 "XLA cannot compile. Remove it. Received: jit_compile=True")
         self._jit_compile = jit_compile
         self._tb_options = summaries.TensorBoardOptions.coerce(tensorboard)
-        writers = list(writers or [])
-        for w in writers:
-            if not isinstance(w, summaries.MetricWriter):
-                raise TypeError("`writers` must be kerastrain.summaries.MetricWriter instances. "
-                                f"Received an item of type {type(w).__name__}: {w!r}")
-        self._extra_writers = writers
+        self._extra_writers = list(writers or [])
         self._writer = None
         self._tb_writer = None
         self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
@@ -124,12 +112,24 @@ class Trainer:
         if seed is not None:
             import keras
             keras.utils.set_random_seed(seed)
-
-        import tensorflow as tf
         self._model_source = model  # a function can build the model again (export)
+        self._make_state(model, optimizer=optimizer, loss=loss, metrics=metrics)
+        self._step = None
+        self._inputs = {}
+        self._release_preemption = None
+        self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
+        self._lock = None
+        if self._outputs.enabled:
+            self._lock = checkpoints.ModelDirLock(self.model_dir)
+            self._lock.acquire()
+            atexit.register(self._lock.release)
+        self._settings = _settings(self, seed=seed, steps_per_loop=steps_per_loop, shard=shard)
+
+    def _make_state(self, model, **compile_overrides):
+        """The model and the training state, created under the strategy's scope."""
+        import tensorflow as tf
         with self._built.strategy.scope():
-            self._model = models_lib.materialize(
-                model, self._built, optimizer=optimizer, loss=loss, metrics=metrics)
+            self._model = models_lib.materialize(model, self._built, **compile_overrides)
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -138,32 +138,9 @@ class Trainer:
             # training data, batches into the current pass).
             self._state = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
                            for name in ("epoch", "step_in_epoch", "data_pass", "data_offset")}
-        self._loops = None
-        self._inputs = {}
-        self._watch = None
-        self._release_preemption = None
         # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
         # step. A plain local variable: only this task's loop reads it.
         self._stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
-        self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
-        self._lock = None
-        if self._outputs.enabled:
-            self._lock = checkpoints.ModelDirLock(self.model_dir)
-            self._lock.acquire()
-            atexit.register(self._lock.release)
-        self._settings = {
-            "strategy": self._built.name, "strategy_reason": self._built.reason,
-            "strategy_options": self._built.options,
-            "replicas": self.strategy.num_replicas_in_sync, "workers": self._built.num_workers,
-            "seed": seed, "steps_per_loop": steps_per_loop, "model_dir": self.model_dir,
-            "shard": shard,
-            "model": self._model.name,
-            "optimizer": type(self._model.optimizer).__name__,
-            "checkpoint": None if self._ckpt_options is None else dataclasses.asdict(
-                self._ckpt_options),
-            "tensorboard": None if self._tb_options is None else dataclasses.asdict(
-                self._tb_options),
-        }
 
     # -- public properties ----------------------------------------------------
 
@@ -174,6 +151,11 @@ class Trainer:
     @property
     def strategy(self):
         return self._built.strategy
+
+    @property
+    def strategy_name(self) -> str:
+        """The strategy's kerastrain name (what `"auto"` resolved to, e.g. `"mirrored"`)."""
+        return self._built.name
 
     @property
     def global_step(self) -> int:
@@ -192,6 +174,40 @@ class Trainer:
         """
         return self._outputs.write_text(name, text)
 
+    def close(self):
+        """Flush writers and release the model_dir lock (also done at interpreter exit)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._lock is not None:
+            self._lock.release()
+
+    def build(self, data, *, batch_size=None):
+        """Create the model's, optimizer's and metrics' variables for batches of `data`.
+
+        `fit` and `evaluate` do this on first use; call it to restore a checkpoint
+        (`load_checkpoint`) before either.
+        """
+        self._ensure_built(self._input(data, "dataset_fn", "evaluation", batch_size).element_spec)
+
+    def load_checkpoint(self, path: str) -> int:
+        """Load the model's weights and the global step from the checkpoint `path`.
+
+        The optimizer state is loaded too where the checkpoint holds it. Returns
+        the checkpoint's global step.
+
+        Raises:
+            RuntimeError: the model is not built yet (call `build` or `fit` first).
+        """
+        import tensorflow as tf
+        if self._step is None:
+            raise RuntimeError("`load_checkpoint` needs the model's variables: call "
+                               "`trainer.build(data)` (or `fit`/`evaluate`) first. "
+                               f"Received: path={path!r}")
+        tf.train.Checkpoint(model=self._model, global_step=self._global_step).read(
+            path).expect_partial()
+        return self.global_step
+
     # -- set-up helpers -------------------------------------------------------
 
     def _input(self, data, argument, role, batch_size=None):
@@ -203,7 +219,7 @@ class Trainer:
         return self._inputs[key][1]
 
     def _ensure_built(self, element_spec):
-        if self._loops is not None:
+        if self._step is not None:
             return
         data_lib.check_against_model(element_spec, self._model)
         with self.strategy.scope():
@@ -214,11 +230,11 @@ class Trainer:
         # Under multi-worker mirrored, workers must agree on where to stop (collectives
         # would hang otherwise), so no per-worker stop inside their loops.
         flag = None if self._built.is_multi_worker else self._stop_flag
-        self._loops = loops_lib.Loops(self._built, self._model, self._global_step,
-                                      jit_compile=jit, stop_flag=flag, partitioned=partitioned)
+        self._step = loops_lib.Step(self._built, self._model, self._global_step,
+                                    jit_compile=jit, stop_flag=flag, partitioned=partitioned)
         import tensorflow as tf
         with self.strategy.scope():
-            self._epoch_totals = tf.Variable(np.zeros(self._loops.metrics.width), dtype=tf.float64,
+            self._epoch_totals = tf.Variable(np.zeros(self._step.metrics.width), dtype=tf.float64,
                                              trainable=False, name="epoch_totals")
         options = self._ckpt_options
         if options and (self.model_dir or options.restore not in ("latest", "none")):
@@ -228,16 +244,16 @@ class Trainer:
                 optimizer=self._model.optimizer, global_step=self._global_step,
                 epoch_totals=self._epoch_totals, **self._state)
 
-    def close(self):
-        """Flush writers and release the model_dir lock (also done at interpreter exit)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._lock is not None:
-            self._lock.release()
+    def _start_watching(self):
+        """A fresh stop state for one fit, and the SIGTERM watch (not yet entered)."""
+        self._model.stop_training = False
+        self._stop_flag.assign(False)
+        # Under multi-worker mirrored, TensorFlow's PreemptionCheckpointHandler owns SIGTERM.
+        return preemption.SigtermWatch(self._stop_flag, install=not self._built.is_multi_worker)
 
-    def _maybe_restore(self):
-        """On the first fit, restore the latest checkpoint; return where training stood."""
+    def _maybe_restore(self, driver, train_input):
+        """On the first fit, restore the latest checkpoint and move the driver's data to
+        where it stood; return where training stood (None: nothing restored)."""
         if self._restored or self._checkpointer is None:
             return None
         self._restored = True
@@ -249,36 +265,51 @@ class Trainer:
         logger.info("resumed from %s: step %d, epoch %d%s", path, self.global_step,
                     info["epoch"] + 1, f", {info['step_in_epoch']} steps into it"
                     if info["step_in_epoch"] else " (at its start)")
+        driver.fast_forward(train_input, info["data_pass"], info["data_offset"])
         return info
 
-    def _set_state(self, epoch, batch, totals, runner):
+    def _set_state(self, driver, epoch, batch, totals):
         for name, value in (("epoch", epoch), ("step_in_epoch", batch),
-                            ("data_pass", runner.passes), ("data_offset", runner.offset)):
+                            ("data_pass", driver.passes), ("data_offset", driver.offset)):
             self._state[name].assign(value)
         self._epoch_totals.assign(totals)
 
-    def _save(self, step, epoch, batch, totals, runner):
-        self._set_state(epoch, batch, totals, runner)
-        self._checkpointer.save(step)
-
-    def _preemption_handler(self, ckpt):
-        """Under multi-worker mirrored with checkpoints: `agree(step)`, else None."""
-        if ckpt is None or not self._built.is_multi_worker or not self.model_dir:
+    def _save(self, driver, epoch, batch, totals, step):
+        """Save training state at `step`; returns the checkpoint's path (None: not kept here)."""
+        if self._checkpointer is None:
             return None
-        agree, self._release_preemption = preemption.multi_worker_handler(
-            self.strategy.cluster_resolver, ckpt)
-        return agree
+        self._set_state(driver, epoch, batch, totals)
+        self._checkpointer.save(step)
+        return self._checkpointer.last_path
 
-    def _preempt(self, step, epoch, batch, totals, runner):
-        """SIGTERM: save at exactly the step reached; the caller raises what this returns."""
-        path = None
-        if self._checkpointer is not None:
-            self._save(step, epoch, batch, totals, runner)
-            path = self._checkpointer.last_path
-        logger.warning("SIGTERM: stopped after step %d%s; exiting with code %d so the job can be "
-                       "restarted", step, f", checkpoint {path}" if path else
-                       " (no model_dir: nothing saved)", preemption.EXIT_CODE)
-        return preemption.Preempted(step, path)
+    @contextlib.contextmanager
+    def _preemption_agreement(self):
+        """Under multi-worker mirrored with checkpoints, yield `agree(step)`, else None."""
+        ckpt = self._checkpointer
+        if ckpt is None or not self._built.is_multi_worker or not self.model_dir:
+            yield None
+            return
+        agree, release = preemption.multi_worker_handler(self.strategy.cluster_resolver, ckpt)
+        try:
+            yield agree
+        finally:
+            release()
+
+    @contextlib.contextmanager
+    def _cluster_errors_explained(self):
+        """Under parameter servers, a lost task becomes one error that says what to do."""
+        try:
+            yield
+        except driver_lib.cluster_errors() as e:
+            if not self._built.is_parameter_server:
+                raise
+            # A ps task went away during a step, a save or a validation pass.
+            raise self._lost_cluster(e) from None
+
+    def _lost_cluster(self, error):
+        candidates = self._checkpointer.candidates() if (
+            self._checkpointer is not None and self._checkpointer.directory) else []
+        return driver_lib.lost_cluster(error, candidates[0] if candidates else None)
 
     def _export(self):
         """The chief exports to model_dir/export; other workers take part in a removed temp dir."""
@@ -286,9 +317,9 @@ class Trainer:
             return None
         if self.is_chief:
             model = self._model
-            if self._loops is not None and self._loops.partitioned:
+            if self._step is not None and self._step.partitioned:
                 # One machine serves it: the same model with whole variables.
-                model = partitioning.unpartitioned_copy(self._model, self._model_source)
+                model = models_lib.unpartitioned_copy(self._model, self._model_source)
             paths = checkpoints.export(model, self._outputs.dir("export"))
             logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
             return paths
@@ -322,37 +353,17 @@ class Trainer:
                 self._writer = writers[0] if len(writers) == 1 else summaries.MultiWriter(writers)
         return self._writer
 
-    def _monitor(self):
+    def _monitor(self, element_spec):
+        """The chief's `summaries.Monitor` for one fit, started at the current step."""
         import yaml
-
-        from kerastrain import _compat
+        settings = yaml.safe_dump(self._settings, sort_keys=False)
+        # The settings this run resolved to, next to what it wrote (chief only).
+        self._outputs.write_text("config.yaml", settings)
         writer = self._metric_writer()
-        optimizer = self._model.optimizer
-        schedule = _compat.learning_rate_schedule(optimizer)
-
-        def learning_rate(step):
-            # The rate the step just taken used: the schedule at its iteration.
-            if schedule is not None:
-                return float(schedule(max(step - 1, 0)))
-            return float(np.asarray(optimizer.learning_rate))
-
-        def weights():
-            return {v.path: np.asarray(v.numpy()) for v in self._model.weights}
-
-        tb = self._tb_writer.train_dir if self._tb_writer is not None else None
-        return summaries.Monitor(writer, self._tb_options, learning_rate_fn=learning_rate,
-                                 weights_fn=weights, train_logdir=tb), yaml.safe_dump(
-                                     self._settings, sort_keys=False)
-
-    def _forward_graph(self, element_spec):
-        import tensorflow as tf
-        x_spec = element_spec[0]
-        try:
-            return tf.function(lambda x: self._model(x, training=False)).get_concrete_function(
-                x_spec).graph
-        except Exception as e:  # the graph is a nicety; never fail training for it
-            logger.warning("could not trace the model's graph for TensorBoard: %s", e)
-            return None
+        return summaries.model_monitor(
+            self._model, writer, self._tb_options, step=self.global_step, settings=settings,
+            element_spec=element_spec,
+            train_logdir=self._tb_writer.train_dir if self._tb_writer is not None else None)
 
     def _resolve_steps_per_loop(self, callbacks):
         if self._steps_per_loop != "auto":
@@ -360,6 +371,41 @@ class Trainer:
         if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
             return 1  # a user's batch hooks see every batch, as under model.fit
         return _AUTO_STEPS_PER_LOOP
+
+    def _driver(self, stop_requested):
+        """The driver of this strategy's epochs: this task's replicas, or the ps workers."""
+        step = self._step
+        if not self._built.is_parameter_server:
+            return driver_lib.SyncDriver(step.train_loop(), step.skip_loop())
+        ckpt = self._checkpointer
+        return driver_lib.PSDriver(
+            step.train_loop(), self._built.coordinator, self._global_step,
+            stop_requested=stop_requested,
+            join_at=None if ckpt is None else (lambda s: ckpt.due(s, epoch_end=False)),
+            max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster)
+
+    def _actions(self, driver, *, watch, agree, monitor, callback_list, validate,
+                 steps_per_epoch, batch_logs):
+        """What happens after each loop and epoch, in order; the chief-only rule is here."""
+        results = self._step.metrics.results
+
+        def save(p, epoch, batch, totals):
+            return self._save(driver, epoch, batch, totals, p.step)
+
+        listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
+                  actions_lib.StopOnNonFinite(self._model)]
+        if validate is not None:
+            listed.append(actions_lib.Validation(validate))
+        if self.is_chief and monitor.active:  # other tasks write no summaries
+            listed.append(actions_lib.Summaries(
+                monitor, results, timed=not self._built.is_parameter_server))
+        if self._checkpointer is not None:  # every task saves; only the chief keeps files
+            listed.append(actions_lib.Checkpoints(self._checkpointer, save, steps_per_epoch))
+        if agree is not None:
+            listed.append(actions_lib.AgreeOnPreemption(
+                agree, lambda p: self._set_state(driver, p.epoch, p.batch, p.totals)))
+        listed.append(actions_lib.Callbacks(callback_list, self._model, results, batch_logs))
+        return listed
 
     # -- training -------------------------------------------------------------
 
@@ -389,145 +435,92 @@ class Trainer:
         Raises:
             ValueError: missing data, or infinite data without `steps_per_epoch`.
         """
+        for name, value, minimum in (("epochs", epochs, 0), ("initial_epoch", initial_epoch, 0),
+                                     ("steps_per_epoch", steps_per_epoch, 1),
+                                     ("validation_steps", validation_steps, 1)):
+            check_int(name, value, minimum=minimum, optional=minimum == 1)
+        callbacks = callbacks_lib.check_callbacks(callbacks)
+        train_input = self._input(self._training_data(dataset_fn), "dataset_fn", "training",
+                                  batch_size)
+        validate = self._validation(validation_dataset_fn, validation_steps, batch_size)
+        self._ensure_built(train_input.element_spec)
+        steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
+        verbose = self._resolve_verbose(verbose)
+        cbs = callbacks_lib.callback_list(callbacks, model=self._model, verbose=verbose,
+                                          epochs=epochs, steps=steps_per_epoch)
+        watch = self._start_watching()
+        driver = self._driver(lambda: watch.requested or self._model.stop_training)
+        resumed = self._maybe_restore(driver, train_input)
+        initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
+        first_step, monitor = self.global_step, self._monitor(train_input.element_spec)
+        cbs.on_train_begin()
+        with self._cluster_errors_explained(), self._preemption_agreement() as agree, \
+                watch, monitor:
+            listed = self._actions(driver, watch=watch, agree=agree, monitor=monitor,
+                                   callback_list=cbs, validate=validate,
+                                   steps_per_epoch=steps_per_epoch,
+                                   batch_logs=bool(callbacks) or verbose != 0)
+            progress = self._train_epochs(
+                driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
+                self._resolve_steps_per_loop(callbacks), resumed, cbs)
+        if listed[0].preempted is not None:
+            raise listed[0].preempted  # after the handlers above have let go of SIGTERM
+        cbs.on_train_end(progress.logs or {})
+        if progress.stop != actions_lib.DIVERGED and self.global_step > first_step:
+            self._export()  # (a resumed run with nothing left to train keeps its export)
+        return callbacks_lib.history_of(cbs)
+
+    def _train_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,
+                      steps_per_loop, resumed, callback_list):
+        """Run the epochs: the driver's loops, the actions after each loop and epoch."""
+        metrics = self._step.metrics
+        p = actions_lib.Progress(epoch=epochs.start, step=self.global_step, batch=0,
+                                 totals=np.zeros(metrics.width, np.float64))
+        for epoch in epochs:
+            callback_list.on_epoch_begin(epoch)
+            p.epoch, p.batch, p.logs, p.last = epoch, 0, None, None
+            p.totals = np.zeros(metrics.width, np.float64)
+            if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
+                p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
+            remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
+            for result in driver.run_epoch(
+                    train_input, remaining, steps_per_loop, p.step,
+                    lambda step: actions_lib.steps_to_boundary(listed, step)):
+                p.last = result
+                p.totals = p.totals + result.totals
+                p.batch += result.steps
+                p.step += result.steps
+                if actions_lib.run(listed, p).stop:
+                    break
+            if p.stop == actions_lib.PREEMPTED:
+                return p
+            if p.batch == 0:
+                raise ValueError(
+                    f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
+                    "dataset is not empty and that each input pipeline gets data.")
+            p.logs = metrics.results(p.totals)
+            driver.epoch_done(steps_per_epoch)
+            if actions_lib.run(listed, p).stop:
+                return p
+        return p
+
+    def _training_data(self, dataset_fn):
         dataset_fn = dataset_fn if dataset_fn is not None else self._dataset_fn
         if dataset_fn is None:
             raise ValueError("No training data: pass `dataset_fn` to `Trainer(...)` or to "
                              "`fit(...)`. Received: dataset_fn=None")
-        _check_count("epochs", epochs, minimum=0)
-        _check_count("initial_epoch", initial_epoch, minimum=0)
-        if steps_per_epoch is not None:
-            _check_count("steps_per_epoch", steps_per_epoch, minimum=1)
-        if validation_steps is not None:
-            _check_count("validation_steps", validation_steps, minimum=1)
-        callbacks = callbacks_lib.check_callbacks(callbacks)
-        train_input = self._input(dataset_fn, "dataset_fn", "training", batch_size)
-        steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
-        val_input = None
-        if validation_dataset_fn is not None:
-            # `batch_size` is for NumPy data; a validation dataset batches itself.
-            numpy = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn") == "numpy"
-            val_input = self._input(validation_dataset_fn, "validation_dataset_fn", "validation",
-                                    batch_size if numpy else None)
-            self._eval_dataset_fn = validation_dataset_fn
-        self._ensure_built(train_input.element_spec)
+        return dataset_fn
 
-        verbose = self._resolve_verbose(verbose)
-        steps_per_loop = self._resolve_steps_per_loop(callbacks)
-        cbs = callbacks_lib.callback_list(callbacks, model=self._model, verbose=verbose,
-                                          epochs=epochs, steps=steps_per_epoch)
-        batch_logs_wanted = bool(callbacks) or verbose != 0
-        model = self._model
-        model.stop_training = False
-        runner = (runners.PSRunner(self) if self._built.is_parameter_server
-                  else runners.SyncRunner(self))
-        resumed = self._maybe_restore()
-        if resumed is not None:
-            initial_epoch = max(initial_epoch, resumed["epoch"])
-            runner.fast_forward(train_input, resumed["data_pass"], resumed["data_offset"])
-        monitor, settings_text = self._monitor()
-        config_dir = self._outputs.dir()
-        if config_dir:
-            # The settings this run resolved to, next to what it wrote (chief only).
-            with open(os.path.join(config_dir, "config.yaml"), "w") as f:
-                f.write(settings_text)
-        ckpt = self._checkpointer
-        every = ckpt.options.every_steps if ckpt else None
-
-        def boundary(at):
-            # Loops stop where something must happen: a log line, a profile, a save.
-            found = [b for b in (monitor.steps_to_boundary(at),
-                                 every - at % every if every else None) if b]
-            return min(found) if found else None
-
-        step = first_step = self.global_step
-        monitor.start(step, texts={"config": "```\n" + settings_text + "```"},
-                      graph=self._forward_graph(train_input.element_spec)
-                      if monitor.active and monitor.options.write_graph else None)
-        metrics = self._loops.metrics
-        self._stop_flag.assign(False)
-        # Under multi-worker mirrored, TensorFlow's PreemptionCheckpointHandler owns SIGTERM.
-        watch = preemption.SigtermWatch(self._stop_flag, install=not self._built.is_multi_worker)
-        self._watch = watch
-        cbs.on_train_begin()
-        logs, diverged, preempted = {}, False, None
-        try:
-            agreed_stop = self._preemption_handler(ckpt)
-            with watch, monitor:
-                for epoch in range(initial_epoch, epochs):
-                    cbs.on_epoch_begin(epoch)
-                    totals = np.zeros(metrics.width, np.float64)
-                    batch = 0
-                    if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
-                        totals, batch = resumed["totals"].copy(), resumed["step_in_epoch"]
-                    remaining = None if steps_per_epoch is None else steps_per_epoch - batch
-                    for totals_part, ran in runner.train_epoch(
-                            train_input, remaining, steps_per_loop, step, boundary):
-                        totals += totals_part
-                        batch += ran
-                        step += ran
-                        if watch.requested:
-                            preempted = self._preempt(step, epoch, batch, totals, runner)
-                            break
-                        if not np.isfinite(totals_part[0]):
-                            diverged = True
-                            logger.error(
-                                "the loss became %s by step %d (epoch %d); training stopped. Nothing "
-                                "was saved after the last finite step, so the latest checkpoint is "
-                                "the last good one.", totals_part[0], step, epoch + 1)
-                            model.stop_training = True
-                            break
-                        monitor.after_loop(step, float(totals_part[1]),
-                                           lambda: metrics.results(totals),
-                                           timed=not self._built.is_parameter_server)
-                        if ran and batch_logs_wanted:
-                            cbs.on_train_batch_end(batch - 1, metrics.results(totals))
-                        if ckpt is not None and runner.in_sync and ckpt.due(
-                                step, epoch_end=False) and (
-                                steps_per_epoch is None or batch < steps_per_epoch):
-                            self._save(step, epoch, batch, totals, runner)
-                        if agreed_stop is not None:
-                            # All workers call this after every loop; after a SIGTERM on any
-                            # of them, all save this same step and raise Preempted.
-                            self._set_state(epoch, batch, totals, runner)
-                            agreed_stop(step)
-                        if model.stop_training:
-                            break
-                    if preempted is not None:
-                        break
-                    if batch == 0:
-                        raise ValueError(
-                            f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
-                            "dataset is not empty and that each input pipeline gets data.")
-                    logs = metrics.results(totals)
-                    if diverged:
-                        cbs.on_epoch_end(epoch, logs)
-                        break
-                    if val_input is not None:
-                        val_logs = self._evaluate_input(val_input, validation_steps)
-                        logs.update({f"val_{k}": v for k, v in val_logs.items()})
-                    monitor.epoch_end(epoch, step, logs)
-                    runner.epoch_done(steps_per_epoch)
-                    if ckpt is not None and ckpt.due(step, epoch_end=True):
-                        self._save(step, epoch + 1, 0, np.zeros_like(totals), runner)
-                    cbs.on_epoch_end(epoch, logs)
-                    if model.stop_training:
-                        break
-        except runners.cluster_errors() as e:
-            if not self._built.is_parameter_server:
-                raise
-            # A ps task went away during a step, a save or a validation pass.
-            raise runners.lost_cluster(self, e) from None
-        finally:
-            self._watch = None
-            release, self._release_preemption = self._release_preemption, None
-            if release is not None:
-                release()
-        if preempted is not None:
-            raise preempted
-        cbs.on_train_end(logs)
-        if not diverged and step > first_step:
-            self._export()  # (a resumed run with nothing left to train keeps its export)
-        return callbacks_lib.history_of(cbs)
+    def _validation(self, validation_dataset_fn, validation_steps, batch_size):
+        """`() -> val logs` for the validation data (None without any)."""
+        if validation_dataset_fn is None:
+            return None
+        # `batch_size` is for NumPy data; a validation dataset batches itself.
+        numpy = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn") == "numpy"
+        val_input = self._input(validation_dataset_fn, "validation_dataset_fn", "validation",
+                                batch_size if numpy else None)
+        self._eval_dataset_fn = validation_dataset_fn
+        return lambda: self._evaluate_input(val_input, validation_steps)
 
     def _epoch_length(self, train_input, steps_per_epoch):
         if steps_per_epoch is not None:
@@ -566,39 +559,53 @@ class Trainer:
                 break
         if dataset_fn is None:
             raise ValueError("No evaluation data: pass `dataset_fn`. Received: dataset_fn=None")
-        if steps is not None:
-            _check_count("steps", steps, minimum=1)
+        check_int("steps", steps, minimum=1, optional=True)
         eval_input = self._input(dataset_fn, "dataset_fn", "evaluation", batch_size)
         self._ensure_built(eval_input.element_spec)
         return self._evaluate_input(eval_input, steps)
 
     def _evaluate_input(self, eval_input, steps):
-        import tensorflow as tf
-
         if steps is None and eval_input.cardinality == data_lib.INFINITE:
             raise ValueError("The evaluation data is infinite (it repeats): pass `steps` "
                              "(`validation_steps` in fit). Received: steps=None")
         if self._built.is_parameter_server:
             iterator = iter(eval_input.local_dataset())
-            loop = self._loops.eval_loop_local()
+            loop = self._step.eval_loop_local()
         else:
             iterator = iter(eval_input.distributed())
-            loop = self._loops.eval_loop()
-        totals = np.zeros(self._loops.metrics.width, np.float64)
-        remaining = steps
-        chunk = 1000
-        while remaining is None or remaining > 0:
-            n = chunk if remaining is None else min(chunk, remaining)
-            part, ran = loop(iterator, tf.constant(n, tf.int32))
-            totals += np.asarray(part, np.float64)
-            ran = int(ran)
-            if remaining is not None:
-                remaining -= ran
-            if ran < n:
-                break
-        return self._loops.metrics.results(totals)
+            loop = self._step.eval_loop()
+        totals = driver_lib.run_to_end(loop, iterator, steps, self._step.metrics.width)
+        return self._step.metrics.results(totals)
 
 
-def _check_count(name, value, *, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}. Received: {name}={value!r}")
+def _check_init_options(*, steps_per_loop, verbose, jit_compile, seed, writers):
+    if steps_per_loop != "auto":
+        check_int("steps_per_loop", steps_per_loop, minimum=1, also="'auto'")
+    if verbose not in (0, 1, 2, "auto"):
+        raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
+    if jit_compile not in (None, True, False):
+        raise ValueError("`jit_compile` must be None, True or False. "
+                         f"Received: jit_compile={jit_compile!r}")
+    check_int("seed", seed, optional=True)
+    for w in writers or []:
+        if not isinstance(w, summaries.MetricWriter):
+            raise TypeError("`writers` must be kerastrain.summaries.MetricWriter instances. "
+                            f"Received an item of type {type(w).__name__}: {w!r}")
+
+
+def _settings(trainer, *, seed, steps_per_loop, shard):
+    """What the run resolved to, written to `model_dir/config.yaml` and TensorBoard."""
+    built = trainer._built
+    return {
+        "strategy": built.name, "strategy_reason": built.reason,
+        "strategy_options": built.options,
+        "replicas": built.strategy.num_replicas_in_sync, "workers": built.num_workers,
+        "seed": seed, "steps_per_loop": steps_per_loop, "model_dir": trainer.model_dir,
+        "shard": shard,
+        "model": trainer.model.name,
+        "optimizer": type(trainer.model.optimizer).__name__,
+        "checkpoint": None if trainer._ckpt_options is None else dataclasses.asdict(
+            trainer._ckpt_options),
+        "tensorboard": None if trainer._tb_options is None else dataclasses.asdict(
+            trainer._tb_options),
+    }

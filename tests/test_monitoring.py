@@ -213,3 +213,24 @@ def test_multi_worker_only_the_chief_writes(tmp_path):
     assert os.listdir(tmp_path / "tmp1") == [] and os.listdir(tmp_path / "tmp0") == []
     assert "6/6 - " in outs[0] and "- loss:" in outs[0]
     assert "- loss:" not in outs[1]  # non-chief tasks are silent by default
+
+
+def test_the_graph_reaches_tensorboard_and_the_users_writers_together(tmp_path):
+    class GraphRecorder(summaries.MetricWriter):
+        def __init__(self):
+            self.graphs = []
+
+        def write_graph(self, graph):
+            self.graphs.append(graph)
+
+    mine = GraphRecorder()
+    trainer = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(N),
+                         strategy="default", model_dir=tmp_path, verbose=0, writers=[mine],
+                         tensorboard={"write_graph": True, "log_every_steps": 0})
+    trainer.fit(epochs=1)
+    # Both writers, behind one MultiWriter, received the graph.
+    assert len(mine.graphs) == 1 and mine.graphs[0].get_operations()
+    from tensorboard.backend.event_processing import event_accumulator
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "logs" / "train"))
+    acc.Reload()
+    assert acc.Tags()["graph"]

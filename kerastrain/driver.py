@@ -1,0 +1,252 @@
+"""Drivers: run one epoch's compiled loops on this task's replicas, or on parameter-server workers.
+
+A driver knows nothing of the Trainer. It is given a compiled loop
+(`fn(iterator, num_steps) -> (totals, steps)`, see `kerastrain.loops`), the input,
+and how long the epoch and each loop are; it yields one `LoopResult` per loop.
+What happens between loops (logging, checkpoints, callbacks, stopping) is the
+business of the actions the caller runs on each result (`kerastrain.actions`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from typing import Callable, Iterator
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopResult:
+    """What one compiled loop returned.
+
+    Attributes:
+        totals: the loop's summed `[loss sum, examples, metric deltas...]` (float64).
+        steps: steps it ran (fewer than asked where the data ended).
+        in_sync: the variables hold the state after exactly the steps reported so
+            far. Always true under synchronous strategies; under parameter servers,
+            only for the last result delivered by a join.
+    """
+
+    totals: np.ndarray
+    steps: int
+    in_sync: bool = True
+
+
+def loop_size(steps_per_loop, steps_per_epoch, done, to_boundary):
+    """Steps for the next loop: at most `steps_per_loop`, never past the epoch or a boundary."""
+    n = steps_per_loop
+    if steps_per_epoch is not None:
+        n = min(n, steps_per_epoch - done)
+    if to_boundary:
+        n = min(n, to_boundary)
+    return n
+
+
+class SyncDriver:
+    """Runs epochs under synchronous strategies (one device, mirrored, multi-worker).
+
+    It tracks the data position as (passes begun, batches into the current
+    pass), which checkpoints keep: a resumed run re-creates that many iterators
+    (each advances the data's reshuffling exactly as the first run did) and skips
+    the batches already trained on, so it sees the batches the first run would have.
+
+    Args:
+        train_loop: the compiled training loop; it stops early where the data ends.
+        skip_loop: `fn(iterator, n) -> skipped`, reads and drops up to n batches.
+    """
+
+    def __init__(self, train_loop, skip_loop):
+        self._loop = train_loop
+        self._skip = skip_loop
+        self._iterator = None
+        self._continue_pass = False
+        self.passes = 0
+        self.offset = 0
+
+    def _new_iterator(self, train_input):
+        self._iterator = iter(train_input.distributed())
+        self.passes += 1
+        self.offset = 0
+
+    def fast_forward(self, train_input, passes, offset):
+        """Stand where a run that began `passes` passes and read `offset` batches stood."""
+        import tensorflow as tf
+
+        dataset = train_input.distributed()
+        for _ in range(passes - (1 if offset else 0)):
+            iter(dataset)
+        self.passes = passes - (1 if offset else 0)
+        if offset:
+            self._new_iterator(train_input)
+            self.offset = int(self._skip(self._iterator, tf.constant(offset, tf.int32)))
+            self._continue_pass = True
+
+    def epoch_done(self, steps_per_epoch):
+        if steps_per_epoch is None:
+            self.offset = 0  # the pass ended with the epoch; the next epoch starts a new one
+
+    def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
+                  boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
+        """Yield a result per compiled loop; loops stop `boundary(step)` steps ahead.
+
+        Stops at `steps_per_epoch` steps (starting more passes over the data as
+        needed) or, when it is None, where the data ends. The caller may stop
+        consuming at any result.
+        """
+        import tensorflow as tf
+
+        if self._continue_pass:
+            self._continue_pass = False
+        elif steps_per_epoch is None or self._iterator is None:
+            self._new_iterator(train_input)
+        done = 0
+        restarted = False
+        while steps_per_epoch is None or done < steps_per_epoch:
+            n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
+            part, ran = self._loop(self._iterator, tf.constant(n, tf.int32))
+            ran = int(ran)
+            done += ran
+            step += ran
+            self.offset += ran
+            yield LoopResult(np.asarray(part, np.float64), ran)
+            if ran < n:
+                if steps_per_epoch is None or (ran == 0 and restarted):
+                    return  # the end of the data (or an empty dataset, which fit reports)
+                # The data ended before `steps_per_epoch`: start another pass.
+                self._new_iterator(train_input)
+                restarted = True
+
+
+class PSDriver:
+    """Schedules loops on parameter-server workers through a `ClusterCoordinator`.
+
+    Workers read repeated per-worker datasets, so there is no shared data
+    position to save: a resumed run continues with fresh data passes.
+
+    At most `max_in_flight` loops are scheduled ahead: when more are queued, the
+    oldest one's result is fetched (waiting for it), so a stop request is acted
+    on within that many loops rather than after a whole scheduled epoch.
+    Results fetched that way are not `in_sync` (other loops are still running);
+    a join makes the last result `in_sync`, and it happens before a checkpoint
+    is due, when a stop is requested, and at the end of the epoch.
+
+    Args:
+        train_loop: the compiled training loop (runs exactly `num_steps` steps).
+        coordinator: the `ClusterCoordinator`.
+        global_step: kerastrain's step variable; set after each join to the steps
+            asked for (a loop a failed worker had begun is run again elsewhere, so
+            the variables may have taken a few extra updates, but checkpoints and
+            resumes count the steps asked for).
+        stop_requested: `() -> bool`, checked before each loop is scheduled.
+        join_at: `(step) -> bool`, whether the variables must hold exactly `step`
+            (a mid-epoch checkpoint); None never asks.
+        max_in_flight: loops scheduled ahead of the oldest unfinished one.
+        on_lost: `(error) -> Exception` to raise when the cluster cannot be reached.
+    """
+
+    in_sync = True
+
+    def __init__(self, train_loop, coordinator, global_step, *, stop_requested,
+                 join_at=None, max_in_flight=4, on_lost=None):
+        self._loop = train_loop
+        self._coordinator = coordinator
+        self._global_step = global_step
+        self._stop_requested = stop_requested
+        self._join_at = join_at or (lambda step: False)
+        self._max_in_flight = max_in_flight
+        self._on_lost = on_lost or (lambda e: e)
+        self.passes = 0
+        self.offset = 0
+
+    def fast_forward(self, train_input, passes, offset):
+        pass
+
+    def epoch_done(self, steps_per_epoch):
+        pass
+
+    def _schedule(self, iterator, n):
+        import tensorflow as tf
+        try:
+            return self._coordinator.schedule(self._loop, args=(iterator, tf.constant(n, tf.int32)))
+        except cluster_errors() as e:
+            raise self._on_lost(e) from None
+
+    def _fetch(self, remote, in_sync=False):
+        try:
+            part, ran = remote.fetch()
+        except cluster_errors() as e:
+            raise self._on_lost(e) from None
+        return LoopResult(np.asarray(part, np.float64), int(ran), in_sync)
+
+    def _join(self, in_flight, step):
+        """Wait for every scheduled loop; yield their results, the last one `in_sync`."""
+        try:
+            self._coordinator.join()
+        except cluster_errors() as e:
+            raise self._on_lost(e) from None
+        self._global_step.assign(step)
+        while in_flight:
+            remote = in_flight.popleft()
+            yield self._fetch(remote, in_sync=not in_flight)
+
+    def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
+                  boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
+        """Schedule `steps_per_epoch` steps in loops cut at `boundary(step)`; yield results."""
+        iterator = train_input.per_worker_iterator()
+        in_flight = collections.deque()
+        done = 0
+        while done < steps_per_epoch and not self._stop_requested():
+            n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
+            in_flight.append(self._schedule(iterator, n))
+            done += n
+            step += n
+            if done < steps_per_epoch and self._join_at(step):
+                yield from self._join(in_flight, step)
+            while len(in_flight) > self._max_in_flight:
+                yield self._fetch(in_flight.popleft())
+        yield from self._join(in_flight, step)
+
+
+def run_to_end(loop, iterator, steps, width, chunk=1000):
+    """Run `loop` over `iterator` for `steps` steps, or to the end of the data (None).
+
+    Returns the summed totals (float64). Used for evaluation, where every task
+    reads to the end and nothing happens between loops.
+    """
+    import tensorflow as tf
+
+    totals = np.zeros(width, np.float64)
+    remaining = steps
+    while remaining is None or remaining > 0:
+        n = chunk if remaining is None else min(chunk, remaining)
+        part, ran = loop(iterator, tf.constant(n, tf.int32))
+        totals += np.asarray(part, np.float64)
+        ran = int(ran)
+        if remaining is not None:
+            remaining -= ran
+        if ran < n:
+            break
+    return totals
+
+
+def cluster_errors():
+    import tensorflow as tf
+    return (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+            tf.errors.InternalError)
+
+
+def lost_cluster(error, latest_checkpoint=None):
+    """The error to raise when a parameter server is gone: which task, and what to do."""
+    resume = (f"the latest checkpoint is {latest_checkpoint}; run the job again (or `kerastrain "
+              "launch --max-restarts N`) to resume from it" if latest_checkpoint else
+              "no checkpoint was written yet (set trainer.model_dir to keep progress)")
+    text = str(error)
+    tasks = sorted(set(re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)))
+    lost = [f"{job}:{index}" for job, index in tasks if job == "ps"] or [
+        f"{job}:{index}" for job, index in tasks]
+    what = f"{', '.join(lost)} unreachable" if lost else "a task unreachable"
+    return RuntimeError(
+        f"Lost contact with the parameter-server cluster ({what}; {type(error).__name__}). "
+        f"Parameter servers hold the model, so training stops here; {resume}.")

@@ -1,0 +1,79 @@
+"""The package keeps the shape docs/architecture.md describes: layers, sizes, no back-references."""
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "kerastrain"
+
+
+def modules():
+    for path in sorted(PACKAGE.glob("*.py")):
+        yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def imported_kerastrain_modules(tree):
+    """Every kerastrain module a module imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("kerastrain."))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "kerastrain":
+                found.update(f"kerastrain.{a.name}" for a in node.names)
+            elif node.module.startswith("kerastrain."):
+                found.add(node.module)
+    return found
+
+
+def test_no_module_but_the_trainer_reaches_into_a_trainers_privates():
+    offenders = []
+    for path, _ in modules():
+        if path.name == "trainer.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\btrainer\._\w", line):
+                offenders.append(f"{path.name}:{number}: {line.strip()}")
+    assert not offenders, offenders
+
+
+def test_the_import_graph_has_no_circle():
+    names = {("kerastrain" if p.stem == "__init__" else f"kerastrain.{p.stem}"): t
+             for p, t in modules()}
+    graph = {name: imported_kerastrain_modules(tree) & set(names) - {name}
+             for name, tree in names.items()}
+    circles = []
+
+    def visit(node, path):
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                visit(nxt, path + [nxt])
+        done.add(node)
+
+    done = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert not circles, circles
+
+
+def function_lengths():
+    for path, tree in modules():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{path.name}:{node.name}", node.end_lineno - node.lineno + 1
+
+
+def test_functions_stay_short_and_fit_reads_in_one_screen():
+    lengths = dict(function_lengths())
+    assert lengths["trainer.py:fit"] <= 60
+    assert not {k: n for k, n in lengths.items() if n > 80}
+
+
+def test_writers_and_public_names_are_exported():
+    import kerastrain
+    for name in ("LoggingWriter", "CSVWriter", "MultiWriter", "MetricWriter", "TensorBoardWriter"):
+        assert name in kerastrain.__all__
+        assert getattr(kerastrain, name).__module__ == "kerastrain.summaries"
