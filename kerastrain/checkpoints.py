@@ -11,6 +11,7 @@ import socket
 import time
 
 from kerastrain import outputs
+from kerastrain._options import option
 
 logger = logging.getLogger("kerastrain")
 
@@ -19,21 +20,15 @@ logger = logging.getLogger("kerastrain")
 class CheckpointOptions:
     """When checkpoints are written under `model_dir/checkpoints`, and what happens at start.
 
-    Attributes:
-        every_steps: also save every this many global steps (None: not by steps).
-        every_secs: also save when this many seconds passed since the last save.
-        at_epoch_end: save at every epoch end.
-        max_to_keep: checkpoints kept; older ones are deleted after a newer one is written.
-        restore: "latest" (resume from `model_dir`), "none", or a checkpoint path.
-        export: write `export/model.keras` and `export/saved_model/` when `fit` ends.
+    Each field's doc is in its declaration (also shown by `kerastrain run --print-config`).
     """
 
-    every_steps: int | None = None
-    every_secs: float | None = None
-    at_epoch_end: bool = True
-    max_to_keep: int = 3
-    restore: str = "latest"
-    export: bool = True
+    every_steps: int | None = option(None, "also save every N global steps")
+    every_secs: float | None = option(None, "also save when N seconds passed since the last save")
+    at_epoch_end: bool = option(True, "save at every epoch end")
+    max_to_keep: int = option(3, "checkpoints kept; older ones are deleted after a newer one")
+    restore: str = option("latest", "latest (resume from model_dir), none, or a checkpoint path")
+    export: bool = option(True, "export/model.keras and export/saved_model when training ends")
 
     def __post_init__(self):
         if self.every_steps is not None and (isinstance(self.every_steps, bool) or not isinstance(

@@ -23,6 +23,8 @@ import importlib
 import re
 from typing import Any, Callable, Mapping
 
+from kerastrain._options import REQUIRED, default_of, option
+
 # Keras's built-in optimizers and learning-rate schedules, by the names recipes use.
 # (Checked by name here, so that a typo fails before TensorFlow is imported.)
 OPTIMIZERS = ("adadelta", "adafactor", "adagrad", "adam", "adamax", "adamw", "ftrl", "lamb",
@@ -33,62 +35,6 @@ SCHEDULES = {
     "piecewise_constant_decay": "PiecewiseConstantDecay",
     "polynomial_decay": "PolynomialDecay", "inverse_time_decay": "InverseTimeDecay",
 }
-
-
-# -- the config objects --------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class BuilderConfig:
-    """A function named by import path, with keyword arguments."""
-    builder: str
-    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileConfig:
-    """Overrides of what the model builder compiled (None: keep the builder's)."""
-    optimizer: Any = None      # "adam" or {"name": "adam", "learning_rate": 1e-3 | {schedule}}
-    loss: Any = None           # a Keras loss name or {"name": ..., **kwargs}
-    metrics: tuple | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    builder: str
-    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    compile: CompileConfig = CompileConfig()
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    train: BuilderConfig
-    validation: BuilderConfig | None = None
-    batch_size: int | None = None
-    shard: str = "auto"
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainerConfig:
-    epochs: int = 1
-    steps_per_epoch: int | None = None
-    validation_steps: int | None = None
-    steps_per_loop: int | str = "auto"
-    seed: int | None = None
-    model_dir: str | None = None
-    verbose: int | str = "auto"
-    jit_compile: bool | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """A validated recipe. `strategy` is `{"name": ..., **options}`; `checkpoints` and
-    `tensorboard` are option mappings, or False when switched off."""
-    model: ModelConfig
-    data: DataConfig
-    strategy: Mapping[str, Any]
-    trainer: TrainerConfig = TrainerConfig()
-    checkpoints: Any = True
-    tensorboard: Any = True
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -215,7 +161,89 @@ def _import_path(value):
     return value
 
 
-# -- the schema ----------------------------------------------------------------------------
+def _as_given(value):
+    return value  # checked as a whole elsewhere (`_check_compile`)
+
+
+# -- the config objects: each field states its default, check and doc once -------------
+
+@dataclasses.dataclass(frozen=True)
+class BuilderConfig:
+    """A function named by import path, with keyword arguments."""
+    builder: str = option(REQUIRED, "import path 'package.module:function'", check=_import_path,
+                          example="kerastrain.examples:synthetic_data")
+    args: Mapping[str, Any] = option({}, "keyword arguments for the builder", check=_mapping)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileConfig:
+    """Overrides of what the model builder compiled (None: keep the builder's)."""
+    optimizer: Any = option(None, "'adam', or {name: adam, learning_rate: 0.001}; learning_rate "
+                                  "may be {schedule: cosine_decay, ...}", check=_as_given)
+    loss: Any = option(None, "a Keras loss name, or {name: ..., **kwargs}; null keeps the "
+                             "builder's", check=_as_given)
+    metrics: tuple | None = option(None, "a list of Keras metric names; null keeps the builder's",
+                                   check=_as_given)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    builder: str = option(REQUIRED, "returns a keras.Model (compiled, or compiled via "
+                                    "model.compile)", check=_import_path,
+                          example="kerastrain.examples:build_mlp")
+    args: Mapping[str, Any] = option({}, "keyword arguments for the builder", check=_mapping)
+    compile: CompileConfig = option(CompileConfig(), "overrides of what the builder compiled; "
+                                                     "omit to keep the builder's",
+                                    section=CompileConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    train: BuilderConfig = option(REQUIRED, "training data: the builder returns NumPy arrays "
+                                            "(x, y), a tf.data.Dataset, a function of no "
+                                            "arguments, or a dataset_fn(ctx)",
+                                  section=BuilderConfig)
+    validation: BuilderConfig | None = option(None, "validation data (optional), same forms",
+                                              section=BuilderConfig)
+    batch_size: int | None = option(None, "global batch size: for NumPy data (default 32), and "
+                                          "passed to builders that take `batch_size`",
+                                    check=_int(1, optional=True))
+    shard: str = option("auto", "sharding across workers: auto, file, data or off",
+                        check=_choice("auto", "file", "data", "off"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    epochs: int = option(1, "epochs to train", check=_int(0))
+    steps_per_epoch: int | None = option(None, "null: to the end of the data",
+                                         check=_int(1, optional=True))
+    validation_steps: int | None = option(None, "null: all the validation data",
+                                          check=_int(1, optional=True))
+    steps_per_loop: int | str = option("auto", "steps per compiled call",
+                                       check=_choice("auto", extra=_int(1)))
+    seed: int | None = option(None, "seeds Python, NumPy, TensorFlow and Keras",
+                              check=_int(0, optional=True))
+    model_dir: str | None = option(None, "checkpoints, logs, export and the resolved recipe go "
+                                         "here; reruns resume", check=_string(optional=True))
+    verbose: int | str = option("auto", "0 silent, 1 progress bar, 2 one line per epoch",
+                                check=_choice("auto", 0, 1, 2))
+    jit_compile: bool | None = option(None, "XLA for each step; null follows the model's "
+                                            "compile setting", check=_bool(optional=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A validated recipe. `strategy` is `{"name": ..., **options}`; `checkpoints` and
+    `tensorboard` are option mappings, or False when switched off."""
+    model: ModelConfig
+    data: DataConfig
+    strategy: Mapping[str, Any]
+    trainer: TrainerConfig = TrainerConfig()
+    checkpoints: Any = True
+    tensorboard: Any = True
+
+
+# -- the schema, generated from the config objects ----------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Key:
@@ -226,55 +254,30 @@ class Key:
     section: dict | None = None
 
 
-def _section(fields, doc="", required=False):
+def _section(cls, doc="", required=False) -> Key:
+    """The schema of a recipe section: one `Key` per field of its dataclass."""
+    fields = {}
+    for f in dataclasses.fields(cls):
+        meta, default = f.metadata, default_of(f)
+        required_here = default is REQUIRED
+        if meta.get("section"):
+            fields[f.name] = _section(meta["section"], meta["doc"], required_here)
+        else:
+            fields[f.name] = Key(meta.get("check"), required=required_here,
+                                 default=None if required_here else default, doc=meta["doc"])
     return Key(section=fields, doc=doc, required=required)
 
 
-BUILDER = {
-    "builder": Key(_import_path, required=True, doc="import path 'package.module:function'"),
-    "args": Key(_mapping, default={}, doc="keyword arguments for the builder"),
-}
-
-SCHEMA = {
-    "model": _section({
-        "builder": Key(_import_path, required=True,
-                       doc="returns a keras.Model (compiled, or compiled via model.compile)"),
-        "args": Key(_mapping, default={}, doc="keyword arguments for the builder"),
-        "compile": _section({
-            "optimizer": Key(lambda v: v, doc="'adam', or {name: adam, learning_rate: 0.001}; "
-                                             "learning_rate may be {schedule: cosine_decay, ...}"),
-            "loss": Key(lambda v: v, doc="a Keras loss name, or {name: ..., **kwargs}"),
-            "metrics": Key(lambda v: v, doc="a list of Keras metric names"),
-        }, doc="overrides of what the builder compiled; omit to keep the builder's"),
-    }, doc="the model", required=True),
-    "data": _section({
-        "train": _section(BUILDER, required=True,
-                          doc="training data: the builder returns NumPy arrays (x, y), a "
-                              "tf.data.Dataset, a function of no arguments, or a dataset_fn(ctx)"),
-        "validation": _section(BUILDER, doc="validation data (optional), same forms"),
-        "batch_size": Key(_int(1, optional=True),
-                          doc="global batch size: for NumPy data, and passed to builders that "
-                              "take `batch_size`"),
-        "shard": Key(_choice("auto", "file", "data", "off"), default="auto",
-                     doc="sharding across workers: auto, file, data or off"),
-    }, doc="the data", required=True),
-    "strategy": Key(None, doc="a name, or {name: ..., **options}"),
-    "trainer": _section({
-        "epochs": Key(_int(0), default=1, doc="epochs to train"),
-        "steps_per_epoch": Key(_int(1, optional=True), doc="null: to the end of the data"),
-        "validation_steps": Key(_int(1, optional=True), doc="null: all the validation data"),
-        "steps_per_loop": Key(_choice("auto", extra=_int(1)), default="auto",
-                              doc="steps per compiled call"),
-        "seed": Key(_int(0, optional=True), doc="seeds Python, NumPy, TensorFlow and Keras"),
-        "model_dir": Key(_string(optional=True),
-                         doc="checkpoints, logs, export and the resolved recipe go here"),
-        "verbose": Key(_choice("auto", 0, 1, 2), default="auto",
-                       doc="0 silent, 1 progress bar, 2 one line per epoch"),
-        "jit_compile": Key(_bool(optional=True), doc="XLA for each step (default: as compiled)"),
-    }, doc="the training loop"),
-    "checkpoints": Key(None, doc="CheckpointOptions fields, or false"),
-    "tensorboard": Key(None, doc="TensorBoardOptions fields, or false"),
-}
+def schema() -> dict:
+    """The recipe's sections and keys, with defaults, checks and docs from the dataclasses."""
+    return {
+        "model": _section(ModelConfig, "the model", required=True),
+        "data": _section(DataConfig, "the data", required=True),
+        "strategy": Key(None, doc="a name, or {name: ..., **options}"),
+        "trainer": _section(TrainerConfig, "the training loop"),
+        "checkpoints": Key(None, doc="CheckpointOptions fields, or false"),
+        "tensorboard": Key(None, doc="TensorBoardOptions fields, or false"),
+    }
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -456,10 +459,11 @@ def validate(tree, positions=None) -> Recipe:
     from kerastrain.summaries import TensorBoardOptions
 
     checker = _Checker(positions or {})
+    sections = schema()
     if not isinstance(tree, Mapping):
-        checker.bad((), tree, "a mapping with the sections " + ", ".join(SCHEMA))
+        checker.bad((), tree, "a mapping with the sections " + ", ".join(sections))
         raise RecipeError(checker.problems)
-    checked = checker.section((), SCHEMA, tree)
+    checked = checker.section((), sections, tree)
     strategy = _check_strategy(checker, tree.get("strategy"))
     checkpoints = _check_options(checker, "checkpoints", CheckpointOptions, tree.get("checkpoints"))
     tensorboard = _check_options(checker, "tensorboard", TensorBoardOptions, tree.get("tensorboard"))
@@ -484,7 +488,7 @@ def validate(tree, positions=None) -> Recipe:
                         data["shard"]),
         strategy=strategy,
         trainer=TrainerConfig(**(checked.get("trainer") or {
-            k: spec.default for k, spec in SCHEMA["trainer"].section.items()})),
+            k: spec.default for k, spec in sections["trainer"].section.items()})),
         checkpoints=checkpoints, tensorboard=tensorboard)
 
 
@@ -508,57 +512,61 @@ def to_tree(recipe: Recipe) -> dict:
     return tree
 
 
-TEMPLATE = """\
+_HEADER = """\
 # A kerastrain recipe: every key, its default, and what it is for (docs/recipes.md).
 # Check it with `kerastrain validate RECIPE`, run it with `kerastrain run RECIPE`.
 # include: base.yaml          # optional: start from another recipe; this file's keys win
-
-model:
-  builder: kerastrain.examples:build_mlp   # required: 'package.module:function' -> keras.Model
-  args: {}                    # keyword arguments for the builder
-  compile:                    # optional: overrides what the builder compiled
-    optimizer: adam           # or {name: adam, learning_rate: 0.001}; learning_rate may be
-                              #   {schedule: cosine_decay, initial_learning_rate: ..., decay_steps: ...}
-    loss: null                # a Keras loss name, or {name: ..., **kwargs}; null keeps the builder's
-    metrics: null             # a list of Keras metric names; null keeps the builder's
-
-data:
-  train:                      # required: NumPy (x, y), a tf.data.Dataset, a function of no
-    builder: kerastrain.examples:synthetic_data   #   arguments, or a dataset_fn(ctx)
-    args: {}
-  validation: null            # optional: {builder: ..., args: {...}}, the same forms
-  batch_size: null            # global batch size: NumPy data (default 32), and builders taking it
-  shard: auto                 # auto, file, data or off (docs/data.md)
-
-strategy: auto                # or {name: mirrored, cpu_devices: 2}, {name: ps, num_workers: 2}, ...
-
-trainer:
-  epochs: 1
-  steps_per_epoch: null       # null: to the end of the data
-  validation_steps: null      # null: all the validation data
-  steps_per_loop: auto        # steps per compiled call
-  seed: null                  # seeds Python, NumPy, TensorFlow and Keras
-  model_dir: null             # checkpoints, logs, export and recipe.yaml go here; reruns resume
-  verbose: auto               # 0 silent, 1 progress bar, 2 one line per epoch
-  jit_compile: null           # XLA per step; null follows the model's compile setting
-
-checkpoints:                  # or false (needs trainer.model_dir)
-  every_steps: null           # also save every N steps
-  every_secs: null            # also save every N seconds
-  at_epoch_end: true
-  max_to_keep: 3
-  restore: latest             # latest, none, or a checkpoint path
-  export: true                # export/model.keras and export/saved_model when training ends
-
-tensorboard:                  # or false (needs trainer.model_dir)
-  log_every_steps: 100        # 0: at epoch ends only
-  histograms_every_epochs: 0
-  write_graph: false
-  write_config: false
-  profile_steps: null         # [first, last] global steps to profile
 """
+_COMMENT_COLUMN = 30
+
+
+def _yaml_value(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _line(indent, key, value, doc):
+    text = "  " * indent + f"{key}:" + (f" {value}" if value else "")
+    return f"{text:<{_COMMENT_COLUMN - 2}}  # {doc}" if doc else text
+
+
+def _template_lines(cls, indent=1):
+    lines = []
+    for f in dataclasses.fields(cls):
+        meta, default = f.metadata, default_of(f)
+        if meta.get("section") and default is not None:
+            lines.append(_line(indent, f.name, "", meta["doc"]))
+            lines.extend(_template_lines(meta["section"], indent + 1))
+        elif default is REQUIRED:
+            lines.append(_line(indent, f.name, _yaml_value(meta["example"]),
+                               "required: " + meta["doc"]))
+        else:
+            lines.append(_line(indent, f.name, _yaml_value(default), meta["doc"]))
+    return lines
 
 
 def template() -> str:
-    """Every key with its default and what it means: a recipe to start from."""
-    return TEMPLATE
+    """Every key with its default and what it means: a recipe to start from.
+
+    Generated from the option dataclasses, so it always shows their defaults.
+    """
+    from kerastrain.checkpoints import CheckpointOptions
+    from kerastrain.summaries import TensorBoardOptions
+
+    parts = [_HEADER]
+    for name, cls in (("model", ModelConfig), ("data", DataConfig)):
+        parts.append("\n".join([f"{name}:"] + _template_lines(cls)) + "\n")
+    parts.append(_line(0, "strategy", "auto", "or {name: mirrored, cpu_devices: 2}, "
+                                             "{name: ps, num_workers: 2}, ...") + "\n")
+    parts.append("\n".join(["trainer:"] + _template_lines(TrainerConfig)) + "\n")
+    for name, cls in (("checkpoints", CheckpointOptions), ("tensorboard", TensorBoardOptions)):
+        head = _line(0, name, "", "or false (needs trainer.model_dir)")
+        parts.append("\n".join([head] + _template_lines(cls)) + "\n")
+    return "\n".join(parts)

@@ -147,10 +147,24 @@ def test_template_validates_and_names_every_key(tmp_path, capsys):
     assert text == config.template()
     recipe, _ = recipes.load(_write_text(tmp_path, text), [])
     assert recipe.trainer.epochs == 1
-    for section, spec in config.SCHEMA.items():
+    for section, spec in config.schema().items():
         assert f"\n{section}:" in "\n" + text
         for key in (spec.section or {}):
             assert re.search(rf"^\s+{key}:", text, re.M), key
+
+
+def test_schema_and_template_take_defaults_and_docs_from_the_option_dataclasses(monkeypatch):
+    from kerastrain import checkpoints
+    epochs = config.TrainerConfig.__dataclass_fields__["epochs"]
+    keep = checkpoints.CheckpointOptions.__dataclass_fields__["max_to_keep"]
+    monkeypatch.setattr(epochs, "default", 7)
+    monkeypatch.setattr(epochs, "metadata", dict(epochs.metadata, doc="how many epochs, changed"))
+    monkeypatch.setattr(keep, "default", 9)
+    assert config.schema()["trainer"].section["epochs"].default == 7
+    assert config.schema()["trainer"].section["epochs"].doc == "how many epochs, changed"
+    text = config.template()
+    assert re.search(r"^  epochs: 7 +# how many epochs, changed$", text, re.M)
+    assert re.search(r"^  max_to_keep: 9 +#", text, re.M)
 
 
 def _write_text(tmp_path, text):
