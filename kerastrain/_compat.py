@@ -55,14 +55,37 @@ def compile_args(model):
     return dict(getattr(config, "config", {}) or {})
 
 
-def is_compiled(model) -> bool:
-    return bool(getattr(model, "compiled", False)) and (
-        getattr(model, "_compile_loss", None) is not None or bool(model.losses)
-    )
-
-
 def stateless_scope(mapping):
     return keras.StatelessScope(state_mapping=mapping)
+
+
+@contextlib.contextmanager
+def model_losses(model, losses):
+    """While active, `model.losses` is `losses` (computed by the forward pass outside).
+
+    kerastrain computes the compiled loss and metric deltas inside a stateless
+    scope, where `Layer.losses` only sees losses recorded *in* that scope, so the
+    `add_loss` / activity-regularizer losses of a forward pass run outside it
+    would be dropped. Keras's own stateless (JAX) trainer hands them over the
+    same way, through `Layer._losses_override`.
+    """
+    model._losses_override = list(losses)
+    try:
+        yield
+    finally:
+        model._losses_override = []
+
+
+def compute_loss(model, x, y, y_pred, sample_weight, training):
+    """`model.compute_loss`, also when a user's override has no `training` argument.
+
+    Keras 3.3 added `training=`; `Trainer._compute_loss` calls an override with or
+    without it, as `model.fit` does. (Keras < 3.3 has no `_compute_loss`.)
+    """
+    helper = getattr(model, "_compute_loss", None)
+    if helper is None:
+        return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+    return helper(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
 
 
 def learning_rate_schedule(optimizer):

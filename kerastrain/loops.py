@@ -120,18 +120,21 @@ class Step:
         return tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
 
     def _losses_and_metrics(self, x, y, y_pred, sw, training):
-        """Keras's compiled loss (scaled 1/replicas by Keras) and metric deltas."""
+        """Keras's compiled loss plus `model.losses` (scaled 1/replicas by Keras), and
+        the metric deltas.
+
+        Called right after the forward pass, outside any stateless scope, so that
+        `model.losses` holds that pass's `add_loss` and activity-regularizer losses
+        and the weight regularizers read their live variables (inside the tape:
+        gradients flow to them). Inside the scope below only the metrics' variables
+        are mapped (to zeros), so their update gives deltas, not totals.
+        """
         model = self.model
         variables = self.metrics.variables
-        # Inside a stateless scope unmapped variables read as None, and weight
-        # regularizers read theirs: map them to their live values (read inside the
-        # tape, so gradients still flow to them).
-        live = [(v, v.value) for v in model.trainable_variables
-                if getattr(v, "regularizer", None) is not None]
-        mapping = list(zip(variables, self.metrics.zeros())) + live
-        with _compat.stateless_scope(mapping) as scope:
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw,
-                                      training=training)
+        extra = list(model.losses)
+        with _compat.stateless_scope(list(zip(variables, self.metrics.zeros()))) as scope, \
+                _compat.model_losses(model, extra):
+            loss = _compat.compute_loss(model, x, y, y_pred, sw, training)
             cm = _compat.compile_metrics(model)
             if cm is not None:
                 cm.update_state(y, y_pred, sw)

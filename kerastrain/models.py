@@ -75,7 +75,9 @@ def materialize(model, built, *, optimizer=None, loss=None, metrics=None):
         args.update(overrides)
         args.setdefault("optimizer", _DEFAULT_OPTIMIZER)
         _recompile(instance, args, fresh=built.places_variables)
-    if not _compat.is_compiled(instance) or instance.optimizer is None:
+    # Compiled without a loss is fine where the model adds its own (an "endpoint" layer's
+    # `add_loss`, as on keras.io); without any, Keras's compute_loss says "No loss to compute".
+    if not getattr(instance, "compiled", False) or instance.optimizer is None:
         raise ValueError(
             "The model is not compiled and no `loss=` was given, so kerastrain does not know "
             "what to minimise. Call `model.compile(optimizer=..., loss=...)` in your model "

@@ -258,14 +258,24 @@ _CROSS_DEVICE_OPS = {
 }
 
 
+_MIRRORED = {}  # (devices, cross_device_ops) -> the process's MirroredStrategy for them
+
+
 @_register("mirrored", devices=_check_devices,
            cross_device_ops=_check_choice(*_CROSS_DEVICE_OPS))
 def _build_mirrored(devices=None, cross_device_ops=None, cpu_devices=None):
     import tensorflow as tf
     devices = devices or _local_devices()
-    ops = _CROSS_DEVICE_OPS[cross_device_ops](tf) if cross_device_ops else None
-    strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
-    return BuiltStrategy(strategy, "mirrored", f"{len(devices)} replicas on {devices}")
+    # One strategy per device set for the whole process: each MirroredStrategy numbers
+    # its collective groups and instances from the same start, so a second one over the
+    # same devices reuses the first one's keys, and two models of different shapes then
+    # fail with "Shape mismatch in the collective instance" (a notebook training two
+    # models in turn). Variables and functions of several Trainers share it safely.
+    key = (tuple(devices), cross_device_ops)
+    if key not in _MIRRORED:
+        ops = _CROSS_DEVICE_OPS[cross_device_ops](tf) if cross_device_ops else None
+        _MIRRORED[key] = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
+    return BuiltStrategy(_MIRRORED[key], "mirrored", f"{len(devices)} replicas on {devices}")
 
 
 @_register("central_storage", compute_devices=_check_devices, parameter_device=_check_str)
