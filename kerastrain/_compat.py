@@ -76,6 +76,20 @@ def model_losses(model, losses):
         model._losses_override = []
 
 
+def replace_storage(variables, values):
+    """Give Keras variables new TensorFlow storage, on this process's device, holding `values`.
+
+    A model instance built before this process connected to a parameter-server
+    cluster has its variables on `/job:localhost`, which then no longer exists
+    ("Client for target /job:localhost... not found"). Keras's TensorFlow backend
+    makes a variable's storage in `Variable._initialize`; calling it again with the
+    trained values re-homes each variable, so the user's model object stays usable.
+    """
+    for variable, value in zip(variables, values):
+        variable._value = None
+        variable._initialize(value)
+
+
 def compute_loss(model, x, y, y_pred, sample_weight, training):
     """`model.compute_loss`, also when a user's override has no `training` argument.
 

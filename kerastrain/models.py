@@ -18,8 +18,67 @@ def _created_in_scope(strategy, variable) -> bool:
     return strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))
 
 
+class _FromConfig:
+    """An optimizer or metric read as (class, config), to be made again in a scope."""
+
+    def __init__(self, obj):
+        self.cls, self.config = type(obj), obj.get_config()
+
+    def make(self):
+        return self.cls.from_config(self.config)
+
+
+class Detached:
+    """What kerastrain needs of a user's model instance, read before the strategy exists.
+
+    Connecting to a parameter-server cluster moves this process's eager work off
+    `/job:localhost`, where the instance's variables live; after that they (and the
+    optimizer's learning rate, which `get_config` reads) cannot be read. So the
+    weights and the compile arguments (optimizer and metrics as configs) are read
+    first, and the model is rebuilt in scope from them.
+    """
+
+    def __init__(self, model):
+        self.weights = model.get_weights()
+        args = _compat.compile_args(model) if getattr(model, "compiled", False) else None
+        self.compile_args = None if args is None else {
+            k: _as_config(v) for k, v in args.items()}
+
+
+def _as_config(obj):
+    if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+        return _FromConfig(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_as_config(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _as_config(v) for k, v in obj.items()}
+    return obj
+
+
+def detach(model):
+    """`Detached(model)` for a model instance; None for a model function."""
+    return Detached(model) if isinstance(model, keras.Model) else None
+
+
+def copy_weights(trained, user_model):
+    """Put `trained`'s weights into the user's own model object.
+
+    Under parameter servers the user's variables sit on a device this process
+    left when it connected to the cluster: they get new storage here, holding the
+    trained values, so `model.predict` / `model.save` work on the user's object.
+    """
+    import tensorflow as tf
+    values = trained.get_weights()
+    try:
+        user_model.set_weights(values)
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+        _compat.replace_storage(user_model.weights, values)
+
+
 def _fresh(obj):
     """A copy of an optimizer or metric instance, so its variables are made in scope."""
+    if isinstance(obj, _FromConfig):
+        return obj.make()
     if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
         return obj.__class__.from_config(obj.get_config())
     if isinstance(obj, (list, tuple)):
@@ -29,10 +88,11 @@ def _fresh(obj):
     return obj
 
 
-def materialize(model, built, *, optimizer=None, loss=None, metrics=None):
+def materialize(model, built, *, detached=None, optimizer=None, loss=None, metrics=None):
     """Return a compiled `keras.Model` built under `built.strategy`'s scope.
 
-    Call inside `strategy.scope()`.
+    Call inside `strategy.scope()`. `detached` is `detach(model)`, read before the
+    strategy was built; a model instance made outside the scope is rebuilt from it.
 
     Raises:
         TypeError: `model` is neither a keras.Model nor a function returning one.
@@ -41,14 +101,16 @@ def materialize(model, built, *, optimizer=None, loss=None, metrics=None):
     strategy = built.strategy
     if isinstance(model, keras.Model):
         instance = model
-        needs_scope = built.places_variables
+        # Every strategy but the default one owns where variables go (one_device too:
+        # Adam's slots are made colocated with the weights, inside its scope).
+        needs_scope = built.name != "default"
         if needs_scope and instance.variables and not all(
                 _created_in_scope(strategy, v) for v in instance.variables):
             with _explained(built):
-                instance = _rebuild(instance)
+                instance = _rebuild(instance, detached or Detached(instance))
         elif needs_scope and getattr(instance, "optimizer", None) is not None and not all(
                 _created_in_scope(strategy, v) for v in instance.optimizer.variables):
-            _recompile(instance, _compat.compile_args(instance) or {}, fresh=True)
+            _recompile(instance, (detached or Detached(instance)).compile_args or {}, fresh=True)
     elif callable(model):
         with _explained(built):
             instance = model()
@@ -74,7 +136,7 @@ def materialize(model, built, *, optimizer=None, loss=None, metrics=None):
             instance, "compiled", False) else {}
         args.update(overrides)
         args.setdefault("optimizer", _DEFAULT_OPTIMIZER)
-        _recompile(instance, args, fresh=built.places_variables)
+        _recompile(instance, args, fresh=built.name != "default")
     # Compiled without a loss is fine where the model adds its own (an "endpoint" layer's
     # `add_loss`, as on keras.io); without any, Keras's compute_loss says "No loss to compute".
     if not getattr(instance, "compiled", False) or instance.optimizer is None:
@@ -156,22 +218,31 @@ def _recompile(model, args, *, fresh):
     model.compile(**args)
 
 
-def _rebuild(model):
-    """Clone a model made outside the scope, copy its weights and compile settings."""
+def _rebuild(model, detached):
+    """Clone a model made outside the scope; give it the weights and compile settings
+    read from it before the strategy was built."""
     clone = clone_compiled(model, (
         f"The model {model.name!r} was created outside the strategy's scope and cannot be "
-        "rebuilt inside it"))
-    clone.set_weights(model.get_weights())
+        "rebuilt inside it"), compile_args=detached.compile_args)
+    clone.set_weights(detached.weights)
     return clone
 
 
-def clone_compiled(model, why):
+def clone_compiled(model, why, compile_args=None):
     """`keras.models.clone_model(model)`, compiled as `model` is (with fresh optimizer state).
+
+    `compile_args` (optimizer and metrics possibly as configs) default to `model`'s own.
 
     Raises:
         ValueError: Keras cannot clone the model from its config; `why` starts the message.
     """
+    compiled = getattr(model, "compiled", False)
     try:
+        # clone_model also compiles the clone from the original's serialised compile
+        # config, which reads the optimizer's learning-rate variable (unreadable once a
+        # ps cluster is connected) and fails for unregistered custom losses; the clone is
+        # compiled below from the arguments kerastrain holds, so skip that step.
+        model.compiled = False
         clone = keras.models.clone_model(model)
     except Exception as e:  # clone_model raises several types for unclonable models
         cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
@@ -180,8 +251,10 @@ def clone_compiled(model, why):
             "builds and compiles the model instead, e.g. `Trainer(build_model, ...)`; kerastrain "
             f"calls it wherever it needs the model built. Cause: {type(e).__name__}: {cause}"
         ) from None
-    args = _compat.compile_args(model)
-    if args is not None and getattr(model, "compiled", False):
+    finally:
+        model.compiled = compiled
+    args = compile_args if compile_args is not None else _compat.compile_args(model)
+    if args is not None and compiled:
         _recompile(clone, args, fresh=True)
     return clone
 

@@ -310,8 +310,10 @@ def _build_mwm(communication="auto", cpu_devices=None, cluster_resolver="tf_conf
     except RuntimeError as e:
         raise RuntimeError(
             "`multi_worker_mirrored` must be built before TensorFlow runs any operation in "
-            "this process (TensorFlow configures collectives at start-up). Create the Trainer "
-            f"first thing in your program. TensorFlow said: {e}") from None
+            "this process (TensorFlow configures collectives at start-up), and building a model "
+            "runs operations. Create the Trainer first thing in your program, with a function "
+            "that builds and compiles the model (`Trainer(build_model, ...)`) rather than a "
+            f"model built before it. TensorFlow said: {e}") from None
     if config is None:
         return BuiltStrategy(strategy, "multi_worker_mirrored",
                              "no TF_CONFIG: one local worker")

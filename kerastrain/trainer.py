@@ -86,6 +86,9 @@ class Trainer:
         _check_init_options(steps_per_loop=steps_per_loop, verbose=verbose,
                             jit_compile=jit_compile, seed=seed, writers=writers)
         _logging.ensure_visible()
+        # A model instance is read before the strategy exists (a ps cluster, once
+        # connected, makes the instance's variables unreadable here).
+        detached = models_lib.detach(model)
         # Checks names and options before TensorFlow does anything heavy.
         self._built = strategies.build_strategy(strategy, strategy_options)
         if jit_compile and self._built.places_variables:
@@ -113,7 +116,11 @@ class Trainer:
             import keras
             keras.utils.set_random_seed(seed)
         self._model_source = model  # a function can build the model again (export)
-        self._make_state(model, optimizer=optimizer, loss=loss, metrics=metrics)
+        self._make_state(model, detached=detached, optimizer=optimizer, loss=loss,
+                         metrics=metrics)
+        # The user's own model object, when kerastrain trains a copy built in scope: it
+        # gets the trained weights whenever fit ends, so code written for model.fit works.
+        self._user_model = model if detached is not None and model is not self._model else None
         self._step = None
         self._inputs = {}
         self._release_preemption = None
@@ -296,6 +303,16 @@ class Trainer:
             release()
 
     @contextlib.contextmanager
+    def _user_model_updated(self):
+        """However training ends (done, preempted, diverged, an error), the user's own
+        model object holds the weights trained so far."""
+        try:
+            yield
+        finally:
+            if self._user_model is not None:
+                models_lib.copy_weights(self._model, self._user_model)
+
+    @contextlib.contextmanager
     def _cluster_errors_explained(self):
         """Under parameter servers, a lost task becomes one error that says what to do."""
         try:
@@ -454,8 +471,8 @@ class Trainer:
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
         first_step, monitor = self.global_step, self._monitor(train_input.element_spec)
         cbs.on_train_begin()
-        with self._cluster_errors_explained(), self._preemption_agreement() as agree, \
-                watch, monitor:
+        with self._user_model_updated(), self._cluster_errors_explained(), \
+                self._preemption_agreement() as agree, watch, monitor:
             listed = self._actions(driver, watch=watch, agree=agree, monitor=monitor,
                                    callback_list=cbs, validate=validate,
                                    steps_per_epoch=steps_per_epoch,

@@ -47,7 +47,14 @@ def main():
                 ctx.get_per_replica_batch_size(helpers.GLOBAL_BATCH))
     else:
         dataset_fn = helpers.global_batch_dataset_fn(job.get("n", 96))
-    trainer = kt.Trainer(helpers.build_model, dataset_fn, strategy=job["strategy"], seed=0,
+    model = helpers.build_model
+    if job.get("instance"):
+        # A compiled model built the ordinary way, outside any scope, handed over as is.
+        import keras
+        keras.utils.set_random_seed(0)
+        model = helpers.build_model()
+        initial = model.get_weights()
+    trainer = kt.Trainer(model, dataset_fn, strategy=job["strategy"], seed=0,
                          verbose=job.get("verbose", 0), model_dir=job.get("model_dir"),
                          steps_per_loop=job.get("steps_per_loop", "auto"),
                          tensorboard=job.get("tensorboard", True),
@@ -71,6 +78,12 @@ def main():
         "evaluate": trainer.evaluate(helpers.global_batch_dataset_fn(job.get("n", 96)))
         if job.get("evaluate") else None,
     }
+    if job.get("instance"):
+        # The user's own object holds what was trained.
+        result["user_vs_trained"] = max(float(np.max(np.abs(a - b))) for a, b in zip(
+            model.get_weights(), trainer.model.get_weights()))
+        result["user_vs_initial"] = max(float(np.max(np.abs(a - b))) for a, b in zip(
+            model.get_weights(), initial))
     if job.get("fresh_restore"):
         # A fresh trainer on the same model_dir asked for the same epochs: it restores
         # and has nothing left to train.

@@ -112,3 +112,68 @@ def test_two_mirrored_trainers_of_different_models_in_one_process():
             return model
         trainer = kt.Trainer(build_model, dataset("plain"), strategy=MIRRORED, verbose=0)
         assert np.isfinite(trainer.fit(epochs=1).history["loss"][0])
+
+
+# -- a model instance, under every strategy --------------------------------------------
+
+def _instance():
+    import helpers
+    keras.utils.set_random_seed(0)
+    return helpers.build_model()
+
+
+@pytest.mark.parametrize("strategy", ["default", "one_device", MIRRORED, "central_storage"],
+                         ids=["default", "one_device", "mirrored", "central_storage"])
+def test_the_users_model_instance_holds_the_trained_weights(strategy):
+    import helpers
+    model = _instance()
+    initial = model.get_weights()
+    trainer = kt.Trainer(model, strategy=strategy, verbose=0)
+    trainer.fit(helpers.arrays(64), batch_size=16, epochs=2)
+    for mine, trained, before in zip(model.get_weights(), trainer.model.get_weights(), initial):
+        np.testing.assert_array_equal(mine, trained)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), initial)) > 0
+    # ...and code written for model.fit keeps working on it.
+    np.testing.assert_allclose(model.predict(helpers.arrays(8)[0], verbose=0),
+                               trainer.model.predict(helpers.arrays(8)[0], verbose=0), rtol=1e-6)
+
+
+def test_the_users_model_instance_is_updated_when_training_stops_early():
+    """Diverged (a NaN label): the user's object holds the weights of the steps taken."""
+    import helpers
+    x, y = helpers.arrays(64)
+    y[40] = np.nan
+    model = _instance()
+    trainer = kt.Trainer(model, strategy=MIRRORED, verbose=0)
+    trainer.fit((x, y), batch_size=16, epochs=2)
+    assert trainer.model is not model
+    for mine, trained in zip(model.get_weights(), trainer.model.get_weights()):
+        np.testing.assert_array_equal(mine, trained)
+
+
+@pytest.mark.multiprocess
+def test_the_users_model_instance_under_parameter_servers(tmp_path):
+    import json
+
+    import helpers
+    job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": 2,
+                      "steps_per_epoch": 6, "data": "infinite", "instance": True})
+    proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads((tmp_path / "chief.json").read_text())
+    assert result["global_step"] == 12
+    assert result["user_vs_trained"] == 0.0 and result["user_vs_initial"] > 0
+
+
+@pytest.mark.multiprocess
+def test_a_model_instance_under_multi_worker_mirrored_gets_a_clear_error(tmp_path):
+    """TensorFlow configures collectives before the first operation, and building a model
+    runs operations: a model built before the Trainer cannot be used; the error says so."""
+    import json
+
+    import helpers
+    job = {"strategy": "multi_worker_mirrored", "epochs": 2, "instance": True}
+    codes, outputs = helpers.run_workers("tests/_worker.py", job, str(tmp_path / "w"))
+    assert codes != [0, 0]
+    assert "with a function that builds and compiles the model (`Trainer(build_model, ...)`)" \
+        in outputs[0], outputs[0][-3000:]
