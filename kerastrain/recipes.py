@@ -12,6 +12,7 @@ import inspect
 import logging
 import os
 import re
+import stat
 import time
 
 import yaml
@@ -20,6 +21,11 @@ from kerastrain import config as config_lib
 from kerastrain.config import Problem, RecipeError
 
 logger = logging.getLogger("kerastrain")
+
+# What one `load` may read, all its included files together (docs/recipes.md, "Limits").
+# A real recipe is a few KiB; PyYAML's pure-Python reader takes seconds per MiB here, so a
+# hostile file fails within a second or two instead of hanging the command.
+MAX_BYTES = 1 << 20
 
 _BOOL = "tag:yaml.org,2002:bool"
 _INT = "tag:yaml.org,2002:int"
@@ -45,6 +51,71 @@ _Loader.add_implicit_resolver(_FLOAT, re.compile(
 
 def _where(path, line):
     return f"{path}:{line}"
+
+
+class _Budget:
+    """What one recipe load may still read, shared by the file and everything it includes."""
+
+    def __init__(self):
+        self.bytes = MAX_BYTES
+
+
+def _mib(n):
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
+
+
+def _kind(mode):
+    """What a non-regular file is, in words."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _read(path, budget, refuse):
+    """The text of a regular file of at most `budget.bytes` bytes, else `refuse(message)`."""
+    # stat first: opening a FIFO waits for a writer and /dev/zero never ends, and opening
+    # some devices has effects of its own, so neither is opened at all.
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        refuse(f"cannot read it: {e.strerror}")
+    if not stat.S_ISREG(info.st_mode):
+        refuse(f"expected a regular file, but it is {_kind(info.st_mode)}")
+    if info.st_size > budget.bytes:
+        refuse(f"expected at most {_mib(MAX_BYTES)} of recipe text (included files counted), "
+               f"but it is {_mib(info.st_size)} ({info.st_size:,} bytes)"
+               + ("" if budget.bytes == MAX_BYTES else
+                  f" and only {budget.bytes:,} bytes were left after its includes"))
+    try:
+        # O_NONBLOCK and a second check on the open file: the path may have been replaced
+        # by a FIFO since the stat, and opening that must not wait either.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        refuse(f"cannot read it: {e.strerror}")
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            refuse(f"expected a regular file, but it is {_kind(mode)}")
+        data = f.read(budget.bytes + 1)
+    if len(data) > budget.bytes:  # it grew since the stat
+        refuse(f"expected at most {_mib(MAX_BYTES)} of recipe text (included files counted), "
+               "but it is larger")
+    budget.bytes -= len(data)
+    return data
+
+
+def _decode(data, source):
+    """UTF-8 text, or RecipeError naming the file, line and byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise RecipeError([Problem("", _where(source, line), (
+            f"expected UTF-8 text, but byte 0x{data[e.start]:02x} (at byte {e.start:,}) is not "
+            "UTF-8; is this a binary file? Save the recipe as UTF-8"))]) from None
 
 
 def _construct(loader, node, path, source, positions, problems):
@@ -74,20 +145,34 @@ def _construct(loader, node, path, source, positions, problems):
 def parse_yaml(text, source):
     """(data, positions) from YAML text; RecipeError with the line for bad syntax."""
     positions, problems = {}, []
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)  # checks every character first: a NUL fails here
         node = loader.get_single_node()
         if node is None:
             raise RecipeError([Problem("", source, "the file is empty; a recipe needs at least "
                                                    "`model:` and `data:` sections")])
         data = _construct(loader, node, (), source, positions, problems)
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        name = "NUL" if e.character == 0 else "a control character"
+        raise RecipeError([Problem("", _where(source, line), (
+            f"expected text, but column {column} holds {name} (U+{e.character:04X}), which "
+            "YAML does not allow; is this a binary file?"))]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = _where(source, mark.line + 1) if mark is not None else source
         problem = getattr(e, "problem", None) or str(e)
         raise RecipeError([Problem("", where, f"not valid YAML: {problem}")]) from None
+    except RecursionError:
+        # Python's own limit, should anything nest deeper than the checks below allow.
+        raise RecipeError([Problem("", source, (
+            "nested too deeply to read (Python's recursion limit was reached); recipes nest "
+            "a few levels"))]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if problems:
         raise RecipeError(problems)
     return data, positions
@@ -104,18 +189,28 @@ def _merge(base, override):
     return out
 
 
-def load_file(path, _stack=()):
-    """(tree, positions) of a recipe file with its `include:`s merged in (the file wins)."""
+def load_file(path, _stack=(), _budget=None, _included_at=None):
+    """(tree, positions) of a recipe file with its `include:`s merged in (the file wins).
+
+    Raises:
+        RecipeError: the file (or one it includes) cannot be read, is not a regular file, is
+            over the limits (docs/recipes.md, "Limits"), or is not valid YAML; each problem
+            names the file and, where there is one, the line.
+    """
+    budget = _budget or _Budget()
     path = os.path.abspath(path)
     shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
     if path in _stack:
         chain = " -> ".join(os.path.basename(p) for p in _stack + (path,))
         raise RecipeError([Problem("include", shown, f"include cycle: {chain}")])
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise RecipeError([Problem("", shown, f"cannot read the recipe: {e.strerror}")]) from None
+
+    def refuse(message):
+        if _included_at is None:
+            raise RecipeError([Problem("", shown, message)])
+        name, where = _included_at
+        raise RecipeError([Problem("include", where, f"included file {name!r}: {message}")])
+
+    text = _decode(_read(path, budget, refuse), shown)
     tree, positions = parse_yaml(text, shown)
     if not isinstance(tree, dict) or "include" not in tree:
         return tree, positions
@@ -133,7 +228,7 @@ def load_file(path, _stack=()):
             raise RecipeError([Problem("include", where,
                                        f"included file {name!r} does not exist (looked for "
                                        f"{included})")])
-        base, base_positions = load_file(included, _stack + (path,))
+        base, base_positions = load_file(included, _stack + (path,), budget, (name, where))
         if not isinstance(base, dict):
             raise RecipeError([Problem("include", where, f"included file {name!r} is not a "
                                                          "mapping")])

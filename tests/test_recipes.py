@@ -244,3 +244,73 @@ def test_digits_recipe_reaches_its_stated_accuracy(tmp_path):
     trainer, history = recipes.run(recipe)
     assert len(history.history["val_accuracy"]) == 50
     assert history.history["val_accuracy"][-1] >= 0.95, history.history["val_accuracy"][-5:]
+
+
+# -- hostile input: every limit fails fast, naming the file (and line), exit 2 ------------------
+
+def validate_in_child(args, timeout=30):
+    """`kerastrain validate ARGS` in a child with a time and memory limit: a regression that
+    reads forever fails this test instead of hanging or exhausting the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    env = dict(os.environ, PYTHONPATH=helpers.REPO, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "kerastrain.cli", "validate", *map(str, args)],
+                          env=env, cwd=helpers.REPO, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=limit_memory)
+
+
+@pytest.mark.parametrize("target,kind", [("/dev/zero", "a character device"),
+                                         ("fifo", "a named pipe (FIFO)"),
+                                         ("subdir", "a directory")])
+def test_include_of_a_device_fifo_or_directory_is_refused_without_opening_it(tmp_path, target,
+                                                                               kind):
+    os.mkfifo(tmp_path / "fifo")   # nobody ever writes: opening it for reading would wait
+    (tmp_path / "subdir").mkdir()
+    (tmp_path / "recipe.yaml").write_text(f"include: {target}\n" + BASE)
+    proc = validate_in_child([tmp_path / "recipe.yaml"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"recipe.yaml:1: include: included file {target!r}: expected a regular file, but "
+            f"it is {kind}") in proc.stderr, proc.stderr
+
+
+def test_a_fifo_given_as_the_recipe_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo.yaml")
+    proc = validate_in_child([tmp_path / "fifo.yaml"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "fifo.yaml: expected a regular file, but it is a named pipe (FIFO)" in proc.stderr
+
+
+def test_a_recipe_over_the_size_limit_is_refused_before_it_is_read(tmp_path, capsys):
+    big = "#" * (recipes.MAX_BYTES - len(BASE)) + "\n"   # one byte too many with BASE
+    code, out, err = validate(tmp_path, capsys, big + BASE)
+    assert code == 2 and out == "", err
+    assert (f"recipe.yaml: expected at most 1.0 MiB of recipe text (included files counted), "
+            f"but it is 1.0 MiB ({recipes.MAX_BYTES + 1:,} bytes)") in err, err
+    # Included files count against the same limit: two halves do not make a way around it.
+    half = "#" * (recipes.MAX_BYTES // 2) + "\n"
+    (tmp_path / "a.yaml").write_text(half + "trainer: {epochs: 1}\n")
+    (tmp_path / "b.yaml").write_text(half + "trainer: {seed: 1}\n")
+    code, _, err = validate(tmp_path, capsys, "include: [a.yaml, b.yaml]\n" + BASE)
+    assert code == 2 and "included file 'b.yaml': expected at most 1.0 MiB" in err, err
+    assert "bytes were left after its includes" in err, err
+
+
+def test_nul_bytes_and_non_utf8_are_reported_with_file_and_line(tmp_path, capsys):
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(BASE.encode() + b"trainer:\n  epochs: 1\x00\n")
+    assert cli.main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "recipe.yaml:10: expected text, but column 12 holds NUL (U+0000)" in err, err
+    path.write_bytes(BASE.encode() + b"trainer:\n  model_dir: caf\xe9\n")  # Latin-1, not UTF-8
+    assert cli.main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "recipe.yaml:10: expected UTF-8 text, but byte 0xe9" in err and "Traceback" not in err
+    # In an included file, the included file is the one named.
+    (tmp_path / "child.yaml").write_text("include: recipe.yaml\n")
+    assert cli.main(["validate", str(tmp_path / "child.yaml")]) == 2
+    assert "recipe.yaml:10: expected UTF-8 text" in capsys.readouterr().err
