@@ -26,6 +26,11 @@ logger = logging.getLogger("kerastrain")
 # A real recipe is a few KiB; PyYAML's pure-Python reader takes seconds per MiB here, so a
 # hostile file fails within a second or two instead of hanging the command.
 MAX_BYTES = 1 << 20
+# Values (scalars, lists, mappings) after YAML aliases are expanded, counted as PyYAML
+# composes, so that a "billion laughs" of nested aliases stops at its first big alias.
+MAX_VALUES = 100_000
+# Levels of nested mappings and lists, aliases expanded: Python recursion stays far from its limit.
+MAX_DEPTH = 64
 
 _BOOL = "tag:yaml.org,2002:bool"
 _INT = "tag:yaml.org,2002:int"
@@ -33,7 +38,66 @@ _FLOAT = "tag:yaml.org,2002:float"
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 core-schema booleans, ints and floats."""
+    """SafeLoader with YAML 1.2 core-schema booleans, ints and floats, and bounded aliases.
+
+    PyYAML composes an alias as the anchored node itself, so the composed graph is as
+    small as the text; it is `_construct` that copies each alias where it is used. So the
+    cost is counted here, as the nodes are composed: each node costs one value, each
+    alias the values of the node it names, and its nesting adds the node's height.
+    """
+
+    def __init__(self, text, source="<string>", budget=None):
+        super().__init__(text)
+        self.source = source
+        self.budget = budget or _Budget()
+        self.depth = 0
+        self.sizes = {}     # composed node -> values it expands to; absent while still open
+        self.heights = {}   # composed node -> levels of nesting it expands to
+
+    def _refuse(self, mark, message):
+        raise RecipeError([Problem("", _where(self.source, mark.line + 1), message)])
+
+    def _spend(self, values, mark, what):
+        if values > self.budget.values:
+            self._refuse(mark, f"expected at most {MAX_VALUES:,} values in the recipe (included "
+                               f"files counted, each alias counted as the copy it makes), but "
+                               f"{what}; keep data in files and pass their paths as builder args")
+        self.budget.values -= values
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            target = self.anchors.get(event.anchor)  # undefined: PyYAML's own error below
+            if target is not None:
+                if target not in self.sizes:
+                    self._refuse(event.start_mark, f"the alias *{event.anchor} is inside the "
+                                                   "node it names, so it would never end")
+                if self.depth + self.heights[target] > MAX_DEPTH:
+                    self._refuse(event.start_mark, (
+                        f"expected at most {MAX_DEPTH} levels of nested mappings and lists, but "
+                        f"the alias *{event.anchor} here reaches level "
+                        f"{self.depth + self.heights[target]}"))
+                self._spend(self.sizes[target], event.start_mark,
+                            f"the alias *{event.anchor} here expands to "
+                            f"{self.sizes[target]:,} values with {self.budget.values:,} left")
+            return super().compose_node(parent, index)
+        mark = self.peek_event().start_mark
+        if self.depth >= MAX_DEPTH:
+            self._refuse(mark, f"expected at most {MAX_DEPTH} levels of nested mappings and "
+                               f"lists, but this value is at level {self.depth + 1}")
+        left = self.budget.values
+        self._spend(1, mark, "the recipe holds more from this line on")
+        self.depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair]
+                    if isinstance(node, yaml.MappingNode) else ())
+        self.heights[node] = 1 + max((self.heights[c] for c in children), default=0)
+        self.sizes[node] = left - self.budget.values
+        return node
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -58,6 +122,7 @@ class _Budget:
 
     def __init__(self):
         self.bytes = MAX_BYTES
+        self.values = MAX_VALUES
 
 
 def _mib(n):
@@ -118,13 +183,31 @@ def _decode(data, source):
             "UTF-8; is this a binary file? Save the recipe as UTF-8"))]) from None
 
 
+_UNREADABLE = object()
+
+
+def _scalar(loader, node, dotted, source, problems):
+    """A key or scalar value, or _UNREADABLE with a problem at its line."""
+    try:
+        return loader.construct_object(node, deep=True)
+    except ValueError as e:  # e.g. an int of more digits than Python converts (4,300)
+        problems.append(Problem(dotted, _where(source, node.start_mark.line + 1),
+                                f"cannot read this value: {e}"))
+        return _UNREADABLE
+
+
 def _construct(loader, node, path, source, positions, problems):
-    """Python data from a composed YAML node, recording each key's file and line."""
+    """Python data from a composed YAML node, recording each key's file and line.
+
+    Each alias becomes a copy here; `_Loader` has checked that the copies fit the budget.
+    """
     positions[path] = _where(source, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         out = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node)
+            key = _scalar(loader, key_node, ".".join(map(str, path)), source, problems)
+            if key is _UNREADABLE:
+                continue
             if not isinstance(key, str):
                 problems.append(Problem(".".join(map(str, path + (key,))),
                                         _where(source, key_node.start_mark.line + 1),
@@ -139,15 +222,18 @@ def _construct(loader, node, path, source, positions, problems):
     if isinstance(node, yaml.SequenceNode):
         return [_construct(loader, item, path + (i,), source, positions, problems)
                 for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    return _scalar(loader, node, ".".join(map(str, path)), source, problems)
 
 
-def parse_yaml(text, source):
-    """(data, positions) from YAML text; RecipeError with the line for bad syntax."""
+def parse_yaml(text, source, budget=None):
+    """(data, positions) from YAML text; RecipeError with the line for bad syntax.
+
+    `budget` (shared by a file and its includes) bounds the values after alias expansion.
+    """
     positions, problems = {}, []
     loader = None
     try:
-        loader = _Loader(text)  # checks every character first: a NUL fails here
+        loader = _Loader(text, source, budget)  # checks every character first: NUL fails here
         node = loader.get_single_node()
         if node is None:
             raise RecipeError([Problem("", source, "the file is empty; a recipe needs at least "
@@ -211,7 +297,7 @@ def load_file(path, _stack=(), _budget=None, _included_at=None):
         raise RecipeError([Problem("include", where, f"included file {name!r}: {message}")])
 
     text = _decode(_read(path, budget, refuse), shown)
-    tree, positions = parse_yaml(text, shown)
+    tree, positions = parse_yaml(text, shown, budget)
     if not isinstance(tree, dict) or "include" not in tree:
         return tree, positions
     includes = tree.pop("include")
@@ -252,6 +338,10 @@ def apply_overrides(tree, positions, overrides):
         path = tuple(part.strip() for part in key.split("."))
         if not all(path):
             problems.append(Problem(key, where, "empty part in the key path"))
+            continue
+        if len(path) > MAX_DEPTH:
+            problems.append(Problem(key[:80] + "...", where[:80] + "...", (
+                f"expected a key path of at most {MAX_DEPTH} parts. Received: {len(path)} parts")))
             continue
         try:
             value, _ = parse_yaml(text, where) if text.strip() else (None, {})

@@ -314,3 +314,76 @@ def test_nul_bytes_and_non_utf8_are_reported_with_file_and_line(tmp_path, capsys
     (tmp_path / "child.yaml").write_text("include: recipe.yaml\n")
     assert cli.main(["validate", str(tmp_path / "child.yaml")]) == 2
     assert "recipe.yaml:10: expected UTF-8 text" in capsys.readouterr().err
+
+
+def billion_laughs(levels=9):
+    lines = ['lol0: &lol0 "lol"']
+    for i in range(1, levels + 1):
+        lines.append(f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"   # 10**9 strings once expanded, 700 bytes of text
+
+
+def test_billion_laughs_stops_at_the_first_alias_over_the_budget(tmp_path):
+    import time
+
+    (tmp_path / "recipe.yaml").write_text(BASE + billion_laughs())
+    # In a child first: a regression (expanding the aliases) fails on its memory limit.
+    proc = validate_in_child([tmp_path / "recipe.yaml"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    # Values are counted as PyYAML composes, so the refusal is exact: lol5's aliases of lol4
+    # (11,111 values each) run out of the 100,000 after the ~12,350 that lol0..lol4 hold.
+    line = 8 + 6
+    assert (f"recipe.yaml:{line}: expected at most 100,000 values in the recipe (included files "
+            "counted, each alias counted as the copy it makes), but the alias *lol4 here "
+            "expands to 11,111 values with ") in proc.stderr, proc.stderr
+    start = time.perf_counter()
+    with pytest.raises(config.RecipeError, match=r"alias \*lol4"):
+        recipes.load(tmp_path / "recipe.yaml")
+    assert time.perf_counter() - start < 1.0
+    # The budget is for the whole recipe: aliases in included files count too.
+    (tmp_path / "child.yaml").write_text("include: recipe.yaml\n")
+    with pytest.raises(config.RecipeError, match=r"recipe.yaml:14: .*alias \*lol4"):
+        recipes.load(tmp_path / "child.yaml")
+
+
+def test_aliases_within_the_budget_are_copies(tmp_path, monkeypatch):
+    text = BASE.replace("  train:\n", "  train: &train\n") + "  validation: *train\n"
+    recipe, tree = recipes.load(_write_text(tmp_path, text), ["data.validation.args.seed=1"])
+    assert recipe.data.validation.builder == recipe.data.train.builder
+    assert tree["data"]["validation"]["args"] == {"num_examples": 256, "features": 8, "seed": 1}
+    assert tree["data"]["train"]["args"] == {"num_examples": 256, "features": 8}
+    # A recipe of exactly MAX_VALUES values is fine; one more is not (a smaller budget here:
+    # pure-Python YAML composes 100,000 values in about a second).
+    monkeypatch.setattr(recipes, "MAX_VALUES", 1000)
+    n = recipes.MAX_VALUES - 1 - 2 * 4   # root mapping, 4 keys and values, the list
+    lists = ("a: {}\nb: {}\nc: {}\nd: [" + ", ".join(["0"] * n) + "]\n")
+    recipes.parse_yaml(lists, "ok.yaml")
+    with pytest.raises(config.RecipeError, match=r"big.yaml:4: expected at most 1,000 values"):
+        recipes.parse_yaml(lists.replace("[", "[0, "), "big.yaml")
+
+
+def test_an_alias_inside_its_own_anchor_is_refused(tmp_path, capsys):
+    code, _, err = validate(tmp_path, capsys, BASE + "model2: &m [1, [2, *m]]\n")
+    assert code == 2 and "Traceback" not in err, err
+    assert "recipe.yaml:9: the alias *m is inside the node it names, so it would never end" in err
+
+
+def test_deep_nesting_is_refused_naming_file_and_line(tmp_path, capsys, monkeypatch):
+    code, _, err = validate(tmp_path, capsys, BASE + "trainer:\n  seed: " + "[" * 5000 +
+                            "]" * 5000 + "\n")
+    assert code == 2 and "Traceback" not in err, err
+    assert ("recipe.yaml:10: expected at most 64 levels of nested mappings and lists, but this "
+            "value is at level 65") in err, err
+    # Nesting made by aliases counts too: the root, 30 lists, then x (40 lists and a scalar).
+    text = BASE + "x: &x " + "[" * 40 + "1" + "]" * 40 + "\ny: " + "[" * 30 + "*x" + "]" * 30
+    code, _, err = validate(tmp_path, capsys, text + "\n")
+    assert code == 2 and "recipe.yaml:10: expected at most 64 levels" in err, err
+    assert "the alias *x here reaches level 72" in err, err
+    # A --set key path is bounded the same way.
+    code, _, err = validate(tmp_path, capsys, BASE, ["model.args" + ".a" * 100 + "=1"])
+    assert code == 2 and "expected a key path of at most 64 parts. Received: 102 parts" in err
+    # Should anything reach Python's recursion limit anyway, the file is still named.
+    monkeypatch.setattr(recipes, "MAX_DEPTH", 10 ** 6)
+    code, _, err = validate(tmp_path, capsys, BASE + "x: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert code == 2 and "Traceback" not in err, err
+    assert "recipe.yaml: nested too deeply to read (Python's recursion limit" in err, err
