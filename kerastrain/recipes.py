@@ -31,6 +31,10 @@ MAX_BYTES = 1 << 20
 MAX_VALUES = 100_000
 # Levels of nested mappings and lists, aliases expanded: Python recursion stays far from its limit.
 MAX_DEPTH = 64
+# Files in one recipe (it and all it includes, each read once however often it is included)
+# and how deep includes nest. Real recipes use one or two levels.
+MAX_FILES = 64
+MAX_INCLUDE_DEPTH = 16
 
 _BOOL = "tag:yaml.org,2002:bool"
 _INT = "tag:yaml.org,2002:int"
@@ -123,6 +127,10 @@ class _Budget:
     def __init__(self):
         self.bytes = MAX_BYTES
         self.values = MAX_VALUES
+        self.files = 0
+        # Real path -> (tree, positions). A file included along several paths (a diamond) is
+        # read once: without this, 20 levels of diamonds were read 2**20 times.
+        self.loaded = {}
 
 
 def _mib(n):
@@ -286,9 +294,12 @@ def load_file(path, _stack=(), _budget=None, _included_at=None):
     budget = _budget or _Budget()
     path = os.path.abspath(path)
     shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
-    if path in _stack:
-        chain = " -> ".join(os.path.basename(p) for p in _stack + (path,))
+    real = os.path.realpath(path)
+    chain = " -> ".join(os.path.basename(p) for p in _stack + (real,))
+    if real in _stack:
         raise RecipeError([Problem("include", shown, f"include cycle: {chain}")])
+    if real in budget.loaded:
+        return budget.loaded[real]
 
     def refuse(message):
         if _included_at is None:
@@ -296,9 +307,17 @@ def load_file(path, _stack=(), _budget=None, _included_at=None):
         name, where = _included_at
         raise RecipeError([Problem("include", where, f"included file {name!r}: {message}")])
 
+    if len(_stack) > MAX_INCLUDE_DEPTH:
+        refuse(f"expected includes nested at most {MAX_INCLUDE_DEPTH} deep, but this one is "
+               f"{len(_stack)} deep: {chain}")
+    budget.files += 1
+    if budget.files > MAX_FILES:
+        refuse(f"expected at most {MAX_FILES} files in one recipe (it and all it includes), "
+               "but this is one more")
     text = _decode(_read(path, budget, refuse), shown)
     tree, positions = parse_yaml(text, shown, budget)
     if not isinstance(tree, dict) or "include" not in tree:
+        budget.loaded[real] = tree, positions
         return tree, positions
     includes = tree.pop("include")
     where = positions.get(("include",), shown)
@@ -308,20 +327,23 @@ def load_file(path, _stack=(), _budget=None, _included_at=None):
         raise RecipeError([Problem("include", where, "expected a file name or a list of file "
                                                      f"names. Received: {includes!r}")])
     merged, merged_positions = {}, {}
-    for name in includes:
+    for i, name in enumerate(includes):
+        at = positions.get(("include", i), where)   # the line of this item in a list
         included = os.path.join(os.path.dirname(path), name)
         if not os.path.exists(included):
-            raise RecipeError([Problem("include", where,
+            raise RecipeError([Problem("include", at,
                                        f"included file {name!r} does not exist (looked for "
                                        f"{included})")])
-        base, base_positions = load_file(included, _stack + (path,), budget, (name, where))
+        base, base_positions = load_file(included, _stack + (real,), budget, (name, at))
         if not isinstance(base, dict):
-            raise RecipeError([Problem("include", where, f"included file {name!r} is not a "
-                                                         "mapping")])
+            raise RecipeError([Problem("include", at, f"included file {name!r} is not a "
+                                                      "mapping")])
         merged = _merge(merged, base)
         merged_positions.update(base_positions)
     merged_positions.update(positions)
-    return _merge(merged, tree), merged_positions
+    # Shared by every file that includes this one: _merge and callers copy, never mutate.
+    budget.loaded[real] = _merge(merged, tree), merged_positions
+    return budget.loaded[real]
 
 
 def apply_overrides(tree, positions, overrides):

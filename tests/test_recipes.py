@@ -387,3 +387,50 @@ def test_deep_nesting_is_refused_naming_file_and_line(tmp_path, capsys, monkeypa
     code, _, err = validate(tmp_path, capsys, BASE + "x: " + "[" * 5000 + "]" * 5000 + "\n")
     assert code == 2 and "Traceback" not in err, err
     assert "recipe.yaml: nested too deeply to read (Python's recursion limit" in err, err
+
+
+def diamonds(tmp_path, levels):
+    """d0 includes b1 and c1, which both include d1, which includes b2 and c2, ... d{levels}."""
+    for k in range(levels):
+        (tmp_path / f"d{k}.yaml").write_text(f"include: [b{k + 1}.yaml, c{k + 1}.yaml]\n"
+                                             f"model: {{args: {{d{k}: {k}}}}}\n")
+        for side in "bc":
+            (tmp_path / f"{side}{k + 1}.yaml").write_text(
+                f"include: d{k + 1}.yaml\nmodel: {{args: {{{side}{k + 1}: {k}}}}}\n")
+    (tmp_path / f"d{levels}.yaml").write_text(BASE)
+    return tmp_path / "d0.yaml"
+
+
+def test_diamond_includes_read_each_file_once(tmp_path, monkeypatch):
+    reads = []
+    real_read = recipes._read
+    monkeypatch.setattr(recipes, "_read", lambda path, *a: reads.append(path) or real_read(
+        path, *a))
+    tree, _ = recipes.load_file(diamonds(tmp_path, 8))   # 2**8 paths reach d8.yaml
+    assert len(reads) == len(set(reads)) == 3 * 8 + 1
+    args = tree["model"]["args"]
+    assert args["d0"] == 0 and args["b8"] == args["c8"] == 7 and args["hidden"] == 8
+
+
+def test_twenty_levels_of_diamonds_stop_at_the_include_depth(tmp_path):
+    # 2**20 paths; in a child so that a regression fails on its time limit, not the suite.
+    proc = validate_in_child([diamonds(tmp_path, 20)])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert ("d8.yaml:1: include: included file 'b9.yaml': expected includes nested at most 16 "
+            "deep, but this one is 17 deep: d0.yaml -> b1.yaml -> d1.yaml -> ") in proc.stderr, \
+        proc.stderr
+    assert proc.stderr.rstrip().endswith("d8.yaml -> b9.yaml"), proc.stderr
+
+
+def test_more_files_than_the_limit_are_refused(tmp_path, capsys):
+    names = [f"part{i}.yaml" for i in range(recipes.MAX_FILES)]
+    for name in names:
+        (tmp_path / name).write_text("trainer: {epochs: 1}\n")
+    code, _, err = validate(tmp_path, capsys, "include:\n" + "".join(f"  - {n}\n" for n in names)
+                            + BASE)
+    assert code == 2, err
+    assert (f"recipe.yaml:{recipes.MAX_FILES + 1}: include: included file 'part63.yaml': "
+            "expected at most 64 files in one recipe (it and all it includes), but this is one "
+            "more") in err, err
+    code, _, err = validate(tmp_path, capsys, f"include: [{', '.join(names[:-1])}]\n" + BASE)
+    assert code == 0, err
