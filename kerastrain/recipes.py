@@ -389,11 +389,15 @@ def apply_overrides(tree, positions, overrides):
     return tree
 
 
-def load(path, overrides=()):
-    """Load, include, override and validate a recipe: (Recipe, resolved tree)."""
+def load(path, overrides=(), *, imports=True):
+    """Load, include, override and validate a recipe: (Recipe, resolved tree).
+
+    `imports=False` does not import the modules the recipe names (their code would run);
+    see `config.validate`.
+    """
     tree, positions = load_file(path)
     tree = apply_overrides(tree, positions, overrides)
-    recipe = config_lib.validate(tree, positions)
+    recipe = config_lib.validate(tree, positions, imports=imports)
     return recipe, config_lib.to_tree(recipe)
 
 

@@ -434,3 +434,42 @@ def test_more_files_than_the_limit_are_refused(tmp_path, capsys):
             "more") in err, err
     code, _, err = validate(tmp_path, capsys, f"include: [{', '.join(names[:-1])}]\n" + BASE)
     assert code == 0, err
+
+
+def test_validate_no_import_runs_none_of_the_recipes_code(tmp_path, capsys, monkeypatch):
+    import sys
+
+    marker = tmp_path / "module-ran"
+    (tmp_path / "untrusted_builders.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('boom')\n"
+        "def build(): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = BASE.replace("kerastrain.examples:build_mlp", "untrusted_builders:build")
+    (tmp_path / "recipe.yaml").write_text(text)
+    assert cli.main(["validate", "--no-import", str(tmp_path / "recipe.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert not marker.exists() and "untrusted_builders" not in sys.modules
+    assert ("is valid, except what needs importing: not imported (--no-import), so not checked "
+            "to exist or take their args: model.builder untrusted_builders:build; "
+            "data.train.builder kerastrain.examples:synthetic_data") in err, err
+    # Everything that needs no import is still checked, import paths' form included.
+    (tmp_path / "recipe.yaml").write_text(text + "  validation: {builder: not-a-path}\n"
+                                                 "trainer: {epoch: 1}\n")
+    assert cli.main(["validate", "--no-import", str(tmp_path / "recipe.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.epoch: unknown key" in err and "expected an import path" in err, err
+    # Without --no-import the module is imported: its code runs (and here fails).
+    (tmp_path / "recipe.yaml").write_text(text)
+    assert cli.main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    assert marker.exists()
+    assert "importing 'untrusted_builders' failed with RuntimeError: boom" in \
+        capsys.readouterr().err
+
+
+def test_validate_help_says_it_imports_the_recipes_modules(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["validate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "validate IMPORTS THE RECIPE'S MODULES, which runs their code" in out
+    assert "For a recipe you do not trust, use --no-import" in out
+    assert "--no-import do not import the recipe's modules (no code of theirs runs)" in out
