@@ -154,20 +154,20 @@ def _read(path, budget, refuse):
     try:
         info = os.stat(path)
     except OSError as e:
-        refuse(f"cannot read it: {e.strerror}")
+        refuse(f"cannot read the file: {e.strerror}")
     if not stat.S_ISREG(info.st_mode):
         refuse(f"expected a regular file, but it is {_kind(info.st_mode)}")
     if info.st_size > budget.bytes:
         refuse(f"expected at most {_mib(MAX_BYTES)} of recipe text (included files counted), "
                f"but it is {_mib(info.st_size)} ({info.st_size:,} bytes)"
                + ("" if budget.bytes == MAX_BYTES else
-                  f" and only {budget.bytes:,} bytes were left after its includes"))
+                  f" and only {budget.bytes:,} bytes were left after the files read before it"))
     try:
         # O_NONBLOCK and a second check on the open file: the path may have been replaced
         # by a FIFO since the stat, and opening that must not wait either.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        refuse(f"cannot read it: {e.strerror}")
+        refuse(f"cannot read the file: {e.strerror}")
     with os.fdopen(fd, "rb") as f:
         mode = os.fstat(f.fileno()).st_mode
         if not stat.S_ISREG(mode):

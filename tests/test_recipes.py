@@ -297,7 +297,7 @@ def test_a_recipe_over_the_size_limit_is_refused_before_it_is_read(tmp_path, cap
     (tmp_path / "b.yaml").write_text(half + "trainer: {seed: 1}\n")
     code, _, err = validate(tmp_path, capsys, "include: [a.yaml, b.yaml]\n" + BASE)
     assert code == 2 and "included file 'b.yaml': expected at most 1.0 MiB" in err, err
-    assert "bytes were left after its includes" in err, err
+    assert "bytes were left after the files read before it" in err, err
 
 
 def test_nul_bytes_and_non_utf8_are_reported_with_file_and_line(tmp_path, capsys):
