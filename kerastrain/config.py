@@ -161,6 +161,13 @@ def _import_path(value):
     return value
 
 
+def _import_path_unimported(value):
+    """`_import_path` for `validate --no-import`: the form only, the module is not imported."""
+    if not isinstance(value, str) or not _IMPORT_PATH.match(value):
+        raise _Bad("an import path 'package.module:function'")
+    return value
+
+
 def _as_given(value):
     return value  # checked as a whole elsewhere (`_check_compile`)
 
@@ -283,8 +290,9 @@ def schema() -> dict:
 # -- validation ------------------------------------------------------------------------------
 
 class _Checker:
-    def __init__(self, positions):
+    def __init__(self, positions, imports=True):
         self.positions = positions
+        self.imports = imports
         self.problems = []
 
     def where(self, path):
@@ -331,7 +339,10 @@ class _Checker:
                 out[key] = value[key]
                 continue
             try:
-                out[key] = spec.check(value[key])
+                check = spec.check
+                if check is _import_path and not self.imports:
+                    check = _import_path_unimported
+                out[key] = check(value[key])
             except _Bad as e:
                 self.bad(path + (key,), value[key], e.args[0])
                 out[key] = spec.default
@@ -416,7 +427,7 @@ def _check_compile(checker, value):
         name = options.get("name")
         if isinstance(name, str) and ":" in name:
             try:
-                resolve(name)
+                (resolve if checker.imports else _import_path_unimported)(name)
             except _Bad as e:
                 checker.bad(path + ("name",), name, e.args[0])
         elif not isinstance(name, str) or name.lower() not in OPTIMIZERS:
@@ -453,12 +464,20 @@ def _check_compile(checker, value):
                          metrics=None if metrics is None else tuple(metrics))
 
 
-def validate(tree, positions=None) -> Recipe:
-    """Check a loaded recipe tree; return a `Recipe` or raise `RecipeError` with every problem."""
+def validate(tree, positions=None, *, imports=True) -> Recipe:
+    """Check a loaded recipe tree; return a `Recipe` or raise `RecipeError` with every problem.
+
+    Args:
+        tree: the recipe as plain data (`recipes.load_file`).
+        positions: dotted key path -> "file:line", for the messages.
+        imports: import the modules the recipe names (builders, an optimizer class), to check
+            that they exist and take their `args`. That runs their code: False checks only the
+            form of their import paths (see `import_paths` for what was left unchecked).
+    """
     from kerastrain.checkpoints import CheckpointOptions
     from kerastrain.summaries import TensorBoardOptions
 
-    checker = _Checker(positions or {})
+    checker = _Checker(positions or {}, imports)
     sections = schema()
     if not isinstance(tree, Mapping):
         checker.bad((), tree, "a mapping with the sections " + ", ".join(sections))
@@ -470,7 +489,7 @@ def validate(tree, positions=None) -> Recipe:
     model = checked.get("model") or {}
     data = checked.get("data") or {}
     compile_config = _check_compile(checker, model.get("compile"))
-    if not checker.problems:
+    if not checker.problems and imports:
         _check_builder_args(checker, ("model",), model["builder"], model["args"])
         for part in ("train", "validation"):
             if data.get(part):
@@ -490,6 +509,18 @@ def validate(tree, positions=None) -> Recipe:
         trainer=TrainerConfig(**(checked.get("trainer") or {
             k: spec.default for k, spec in sections["trainer"].section.items()})),
         checkpoints=checkpoints, tensorboard=tensorboard)
+
+
+def import_paths(recipe: Recipe) -> dict:
+    """Dotted key -> import path of each module the recipe names (what `imports=False` skips)."""
+    paths = {"model.builder": recipe.model.builder, "data.train.builder": recipe.data.train.builder}
+    if recipe.data.validation is not None:
+        paths["data.validation.builder"] = recipe.data.validation.builder
+    optimizer = recipe.model.compile.optimizer
+    name = optimizer.get("name") if isinstance(optimizer, Mapping) else optimizer
+    if isinstance(name, str) and ":" in name:
+        paths["model.compile.optimizer"] = name
+    return paths
 
 
 def to_tree(recipe: Recipe) -> dict:

@@ -258,3 +258,232 @@ def test_digits_recipe_reaches_its_stated_accuracy(tmp_path):
     trainer, history = recipes.run(recipe)
     assert len(history.history["val_accuracy"]) == 50
     assert history.history["val_accuracy"][-1] >= 0.95, history.history["val_accuracy"][-5:]
+
+
+# -- hostile input: every limit fails fast, naming the file (and line), exit 2 ------------------
+
+def validate_in_child(args, timeout=30):
+    """`kerastrain validate ARGS` in a child with a time and memory limit: a regression that
+    reads forever fails this test instead of hanging or exhausting the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    env = dict(os.environ, PYTHONPATH=helpers.REPO, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "kerastrain.cli", "validate", *map(str, args)],
+                          env=env, cwd=helpers.REPO, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=limit_memory)
+
+
+@pytest.mark.parametrize("target,kind", [("/dev/zero", "a character device"),
+                                         ("fifo", "a named pipe (FIFO)"),
+                                         ("subdir", "a directory")])
+def test_include_of_a_device_fifo_or_directory_is_refused_without_opening_it(tmp_path, target,
+                                                                               kind):
+    os.mkfifo(tmp_path / "fifo")   # nobody ever writes: opening it for reading would wait
+    (tmp_path / "subdir").mkdir()
+    (tmp_path / "recipe.yaml").write_text(f"include: {target}\n" + BASE)
+    proc = validate_in_child([tmp_path / "recipe.yaml"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"recipe.yaml:1: include: included file {target!r}: expected a regular file, but "
+            f"it is {kind}") in proc.stderr, proc.stderr
+
+
+def test_a_fifo_given_as_the_recipe_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo.yaml")
+    proc = validate_in_child([tmp_path / "fifo.yaml"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "fifo.yaml: expected a regular file, but it is a named pipe (FIFO)" in proc.stderr
+
+
+def test_a_recipe_over_the_size_limit_is_refused_before_it_is_read(tmp_path, capsys):
+    big = "#" * (recipes.MAX_BYTES - len(BASE)) + "\n"   # one byte too many with BASE
+    code, out, err = validate(tmp_path, capsys, big + BASE)
+    assert code == 2 and out == "", err
+    assert (f"recipe.yaml: expected at most 1.0 MiB of recipe text (included files counted), "
+            f"but it is 1.0 MiB ({recipes.MAX_BYTES + 1:,} bytes)") in err, err
+    # Included files count against the same limit: two halves do not make a way around it.
+    half = "#" * (recipes.MAX_BYTES // 2) + "\n"
+    (tmp_path / "a.yaml").write_text(half + "trainer: {epochs: 1}\n")
+    (tmp_path / "b.yaml").write_text(half + "trainer: {seed: 1}\n")
+    code, _, err = validate(tmp_path, capsys, "include: [a.yaml, b.yaml]\n" + BASE)
+    assert code == 2 and "included file 'b.yaml': expected at most 1.0 MiB" in err, err
+    assert "bytes were left after the files read before it" in err, err
+
+
+def test_nul_bytes_and_non_utf8_are_reported_with_file_and_line(tmp_path, capsys):
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(BASE.encode() + b"trainer:\n  epochs: 1\x00\n")
+    assert cli.main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "recipe.yaml:10: expected text, but column 12 holds NUL (U+0000)" in err, err
+    path.write_bytes(BASE.encode() + b"trainer:\n  model_dir: caf\xe9\n")  # Latin-1, not UTF-8
+    assert cli.main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "recipe.yaml:10: expected UTF-8 text, but byte 0xe9" in err and "Traceback" not in err
+    # In an included file, the included file is the one named.
+    (tmp_path / "child.yaml").write_text("include: recipe.yaml\n")
+    assert cli.main(["validate", str(tmp_path / "child.yaml")]) == 2
+    assert "recipe.yaml:10: expected UTF-8 text" in capsys.readouterr().err
+
+
+def billion_laughs(levels=9):
+    lines = ['lol0: &lol0 "lol"']
+    for i in range(1, levels + 1):
+        lines.append(f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"   # 10**9 strings once expanded, 700 bytes of text
+
+
+def test_billion_laughs_stops_at_the_first_alias_over_the_budget(tmp_path):
+    import time
+
+    (tmp_path / "recipe.yaml").write_text(BASE + billion_laughs())
+    # In a child first: a regression (expanding the aliases) fails on its memory limit.
+    proc = validate_in_child([tmp_path / "recipe.yaml"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    # Values are counted as PyYAML composes, so the refusal is exact: lol5's aliases of lol4
+    # (11,111 values each) run out of the 100,000 after the ~12,350 that lol0..lol4 hold.
+    line = 8 + 6
+    assert (f"recipe.yaml:{line}: expected at most 100,000 values in the recipe (included files "
+            "counted, each alias counted as the copy it makes), but the alias *lol4 here "
+            "expands to 11,111 values with ") in proc.stderr, proc.stderr
+    start = time.perf_counter()
+    with pytest.raises(config.RecipeError, match=r"alias \*lol4"):
+        recipes.load(tmp_path / "recipe.yaml")
+    assert time.perf_counter() - start < 1.0
+    # The budget is for the whole recipe: aliases in included files count too.
+    (tmp_path / "child.yaml").write_text("include: recipe.yaml\n")
+    with pytest.raises(config.RecipeError, match=r"recipe.yaml:14: .*alias \*lol4"):
+        recipes.load(tmp_path / "child.yaml")
+
+
+def test_aliases_within_the_budget_are_copies(tmp_path, monkeypatch):
+    text = BASE.replace("  train:\n", "  train: &train\n") + "  validation: *train\n"
+    recipe, tree = recipes.load(_write_text(tmp_path, text), ["data.validation.args.seed=1"])
+    assert recipe.data.validation.builder == recipe.data.train.builder
+    assert tree["data"]["validation"]["args"] == {"num_examples": 256, "features": 8, "seed": 1}
+    assert tree["data"]["train"]["args"] == {"num_examples": 256, "features": 8}
+    # A recipe of exactly MAX_VALUES values is fine; one more is not (a smaller budget here:
+    # pure-Python YAML composes 100,000 values in about a second).
+    monkeypatch.setattr(recipes, "MAX_VALUES", 1000)
+    n = recipes.MAX_VALUES - 1 - 2 * 4   # root mapping, 4 keys and values, the list
+    lists = ("a: {}\nb: {}\nc: {}\nd: [" + ", ".join(["0"] * n) + "]\n")
+    recipes.parse_yaml(lists, "ok.yaml")
+    with pytest.raises(config.RecipeError, match=r"big.yaml:4: expected at most 1,000 values"):
+        recipes.parse_yaml(lists.replace("[", "[0, "), "big.yaml")
+
+
+def test_an_alias_inside_its_own_anchor_is_refused(tmp_path, capsys):
+    code, _, err = validate(tmp_path, capsys, BASE + "model2: &m [1, [2, *m]]\n")
+    assert code == 2 and "Traceback" not in err, err
+    assert "recipe.yaml:9: the alias *m is inside the node it names, so it would never end" in err
+
+
+def test_deep_nesting_is_refused_naming_file_and_line(tmp_path, capsys, monkeypatch):
+    code, _, err = validate(tmp_path, capsys, BASE + "trainer:\n  seed: " + "[" * 5000 +
+                            "]" * 5000 + "\n")
+    assert code == 2 and "Traceback" not in err, err
+    assert ("recipe.yaml:10: expected at most 64 levels of nested mappings and lists, but this "
+            "value is at level 65") in err, err
+    # Nesting made by aliases counts too: the root, 30 lists, then x (40 lists and a scalar).
+    text = BASE + "x: &x " + "[" * 40 + "1" + "]" * 40 + "\ny: " + "[" * 30 + "*x" + "]" * 30
+    code, _, err = validate(tmp_path, capsys, text + "\n")
+    assert code == 2 and "recipe.yaml:10: expected at most 64 levels" in err, err
+    assert "the alias *x here reaches level 72" in err, err
+    # A --set key path is bounded the same way.
+    code, _, err = validate(tmp_path, capsys, BASE, ["model.args" + ".a" * 100 + "=1"])
+    assert code == 2 and "expected a key path of at most 64 parts. Received: 102 parts" in err
+    # Should anything reach Python's recursion limit anyway, the file is still named.
+    monkeypatch.setattr(recipes, "MAX_DEPTH", 10 ** 6)
+    code, _, err = validate(tmp_path, capsys, BASE + "x: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert code == 2 and "Traceback" not in err, err
+    assert "recipe.yaml: nested too deeply to read (Python's recursion limit" in err, err
+
+
+def diamonds(tmp_path, levels):
+    """d0 includes b1 and c1, which both include d1, which includes b2 and c2, ... d{levels}."""
+    for k in range(levels):
+        (tmp_path / f"d{k}.yaml").write_text(f"include: [b{k + 1}.yaml, c{k + 1}.yaml]\n"
+                                             f"model: {{args: {{d{k}: {k}}}}}\n")
+        for side in "bc":
+            (tmp_path / f"{side}{k + 1}.yaml").write_text(
+                f"include: d{k + 1}.yaml\nmodel: {{args: {{{side}{k + 1}: {k}}}}}\n")
+    (tmp_path / f"d{levels}.yaml").write_text(BASE)
+    return tmp_path / "d0.yaml"
+
+
+def test_diamond_includes_read_each_file_once(tmp_path, monkeypatch):
+    reads = []
+    real_read = recipes._read
+    monkeypatch.setattr(recipes, "_read", lambda path, *a: reads.append(path) or real_read(
+        path, *a))
+    tree, _ = recipes.load_file(diamonds(tmp_path, 8))   # 2**8 paths reach d8.yaml
+    assert len(reads) == len(set(reads)) == 3 * 8 + 1
+    args = tree["model"]["args"]
+    assert args["d0"] == 0 and args["b8"] == args["c8"] == 7 and args["hidden"] == 8
+
+
+def test_twenty_levels_of_diamonds_stop_at_the_include_depth(tmp_path):
+    # 2**20 paths; in a child so that a regression fails on its time limit, not the suite.
+    proc = validate_in_child([diamonds(tmp_path, 20)])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert ("d8.yaml:1: include: included file 'b9.yaml': expected includes nested at most 16 "
+            "deep, but this one is 17 deep: d0.yaml -> b1.yaml -> d1.yaml -> ") in proc.stderr, \
+        proc.stderr
+    assert proc.stderr.rstrip().endswith("d8.yaml -> b9.yaml"), proc.stderr
+
+
+def test_more_files_than_the_limit_are_refused(tmp_path, capsys):
+    names = [f"part{i}.yaml" for i in range(recipes.MAX_FILES)]
+    for name in names:
+        (tmp_path / name).write_text("trainer: {epochs: 1}\n")
+    code, _, err = validate(tmp_path, capsys, "include:\n" + "".join(f"  - {n}\n" for n in names)
+                            + BASE)
+    assert code == 2, err
+    assert (f"recipe.yaml:{recipes.MAX_FILES + 1}: include: included file 'part63.yaml': "
+            "expected at most 64 files in one recipe (it and all it includes), but this is one "
+            "more") in err, err
+    code, _, err = validate(tmp_path, capsys, f"include: [{', '.join(names[:-1])}]\n" + BASE)
+    assert code == 0, err
+
+
+def test_validate_no_import_runs_none_of_the_recipes_code(tmp_path, capsys, monkeypatch):
+    import sys
+
+    marker = tmp_path / "module-ran"
+    (tmp_path / "untrusted_builders.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('boom')\n"
+        "def build(): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = BASE.replace("kerastrain.examples:build_mlp", "untrusted_builders:build")
+    (tmp_path / "recipe.yaml").write_text(text)
+    assert cli.main(["validate", "--no-import", str(tmp_path / "recipe.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert not marker.exists() and "untrusted_builders" not in sys.modules
+    assert ("is valid, except what needs importing: not imported (--no-import), so not checked "
+            "to exist or take their args: model.builder untrusted_builders:build; "
+            "data.train.builder kerastrain.examples:synthetic_data") in err, err
+    # Everything that needs no import is still checked, import paths' form included.
+    (tmp_path / "recipe.yaml").write_text(text + "  validation: {builder: not-a-path}\n"
+                                                 "trainer: {epoch: 1}\n")
+    assert cli.main(["validate", "--no-import", str(tmp_path / "recipe.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.epoch: unknown key" in err and "expected an import path" in err, err
+    # Without --no-import the module is imported: its code runs (and here fails).
+    (tmp_path / "recipe.yaml").write_text(text)
+    assert cli.main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    assert marker.exists()
+    assert "importing 'untrusted_builders' failed with RuntimeError: boom" in \
+        capsys.readouterr().err
+
+
+def test_validate_help_says_it_imports_the_recipes_modules(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["validate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "validate IMPORTS THE RECIPE'S MODULES, which runs their code" in out
+    assert "For a recipe you do not trust, use --no-import" in out
+    assert "--no-import do not import the recipe's modules (no code of theirs runs)" in out
