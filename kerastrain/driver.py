@@ -209,11 +209,12 @@ class PSDriver:
         yield from self._join(in_flight, step)
 
 
-def run_to_end(loop, iterator, steps, width, chunk=1000):
+def run_to_end(loop, iterator, steps, width, chunk=1000, accumulate=np.add):
     """Run `loop` over `iterator` for `steps` steps, or to the end of the data (None).
 
-    Returns the summed totals (float64). Used for evaluation, where every task
-    reads to the end and nothing happens between loops.
+    Returns the loops' totals (float64) combined by `accumulate` (summed by default).
+    Used for evaluation, where every task reads to the end and nothing happens
+    between loops.
     """
     import tensorflow as tf
 
@@ -222,7 +223,8 @@ def run_to_end(loop, iterator, steps, width, chunk=1000):
     while remaining is None or remaining > 0:
         n = chunk if remaining is None else min(chunk, remaining)
         part, ran = loop(iterator, tf.constant(n, tf.int32))
-        totals += np.asarray(part, np.float64)
+        if int(ran):
+            totals = accumulate(totals, np.asarray(part, np.float64))
         ran = int(ran)
         if remaining is not None:
             remaining -= ran

@@ -184,10 +184,35 @@ class Step:
         loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=False)
         return self._pack(loss * (replicas * n), n, state)
 
-    # -- compiled loops ------------------------------------------------------
+    # -- what a loop returns, and how results add up ---------------------------
+
+    @property
+    def width(self) -> int:
+        """Length of the float vector a loop returns: `[loss, examples, ...]`."""
+        return self.metrics.width
+
+    def accumulate(self, totals, part):
+        """Totals after another step or loop (tensors in a loop, NumPy on the host)."""
+        return totals + part
+
+    def results(self, totals, kind="train") -> dict:
+        """The logs (`loss` first, then the metrics) of accumulated totals of a
+        `"train"` or `"eval"` loop."""
+        return self.metrics.results(totals)
 
     def _reduce(self, per_replica):
         return self.strategy.reduce("SUM", per_replica, axis=None)
+
+    def _run_train(self, data):
+        """One step on every replica, reduced: what the loop accumulates."""
+        return self._reduce(self.strategy.run(self._train_replica, args=(data,)))
+
+    def _run_eval(self, data, local=False):
+        if local:  # coordinator-side evaluation under parameter servers
+            return self._eval_step(data)
+        return self._reduce(self.strategy.run(self._eval_step, args=(data,)))
+
+    # -- compiled loops ------------------------------------------------------
 
     def train_loop(self):
         """`fn(iterator, num_steps) -> (totals float32[width], steps int32)`.
@@ -197,38 +222,37 @@ class Step:
         """
         import tensorflow as tf
 
-        if self._train is not None:
-            return self._train
-        width = self.metrics.width
-        strategy, step_counter = self.strategy, self.global_step
-        iterations = self.model.optimizer.iterations
+        if self._train is None:
+            self._train = self._build_train_loop()
+        return self._train
+
+    def _build_train_loop(self):
+        import tensorflow as tf
+
+        step_counter = self.global_step
 
         if self.built.is_parameter_server:
             @tf.function
             def loop(iterator, num_steps):
-                totals = tf.zeros([width], tf.float32)
+                totals = tf.zeros([self.width], tf.float32)
+                iterations = self.model.optimizer.iterations
                 for _ in tf.range(num_steps):
                     # Keras's own counter loses increments under asynchronous PS
                     # training; schedules and Adam's bias correction read it, so
                     # give it the exact step before each update.
                     iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
-                    totals += self._reduce(strategy.run(self._train_replica, args=(next(iterator),)))
+                    totals = self.accumulate(totals, self._run_train(next(iterator)))
                     step_counter.assign_add(1)
                 return totals, num_steps
         else:
             def count(steps):
                 step_counter.assign_add(tf.cast(steps, step_counter.dtype))
-            loop = self._until_end(
-                lambda data: self._reduce(strategy.run(self._train_replica, args=(data,))),
-                after=count, stop_flag=self.stop_flag)
-        self._train = loop
+            loop = self._until_end(self._run_train, after=count, stop_flag=self.stop_flag)
         return loop
 
     def _until_end(self, run_one, after=None, stop_flag=None):
         """A compiled loop of up to `num_steps` batches that stops where the data ends."""
         import tensorflow as tf
-
-        width = self.metrics.width
 
         def go_on(steps, num_steps):
             # The stop request is part of the loop's condition, not a branch in its
@@ -239,13 +263,13 @@ class Step:
 
         @tf.function
         def loop(iterator, num_steps):
-            totals = tf.zeros([width], tf.float32)
+            totals = tf.zeros([self.width], tf.float32)
             steps = tf.constant(0, tf.int32)
             while go_on(steps, num_steps):
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
-                totals += run_one(optional.get_value())
+                totals = self.accumulate(totals, run_one(optional.get_value()))
                 steps += 1
             if after is not None:
                 after(steps)
@@ -270,13 +294,164 @@ class Step:
     def eval_loop(self):
         """`fn(iterator, num_steps) -> (totals, steps)` over distributed data (sync strategies)."""
         if self._eval is None:
-            strategy = self.strategy
-            self._eval = self._until_end(
-                lambda data: self._reduce(strategy.run(self._eval_step, args=(data,))))
+            self._eval = self._build_eval_loop()
         return self._eval
+
+    def _build_eval_loop(self):
+        return self._until_end(self._run_eval)
 
     def eval_loop_local(self):
         """Coordinator-side evaluation under PS: a plain loop reading variables from the ps."""
         if self._eval_local is None:
-            self._eval_local = self._until_end(self._eval_step)
+            self._eval_local = self._build_eval_loop_local()
         return self._eval_local
+
+    def _build_eval_loop_local(self):
+        return self._until_end(lambda data: self._run_eval(data, local=True))
+
+    def start_epoch(self):
+        """Called before each epoch and evaluation (nothing to reset: totals start at 0)."""
+
+
+def overrides(model, name) -> bool:
+    """Whether the model's class overrides Keras's `train_step` / `test_step`."""
+    import keras
+    return getattr(type(model), name) is not getattr(keras.Model, name)
+
+
+def step_for(built, model, global_step, **options):
+    """kerastrain's exact `Step`, or `ModelStep` for a model with its own train/test step."""
+    if overrides(model, "train_step") or overrides(model, "test_step"):
+        if built.is_parameter_server:
+            raise ValueError(
+                f"The model {model.name!r} overrides `train_step` or `test_step`; kerastrain "
+                "runs such a model's own step under every strategy but parameter servers, where "
+                "it cannot yet learn the structure of the logs the step returns on a worker. "
+                "Use 'mirrored' or 'multi_worker_mirrored', or move the step's logic into "
+                "`compute_loss` (which kerastrain's own step calls). Received: strategy='ps'")
+        return ModelStep(built, model, global_step, stop_flag=options.get("stop_flag"))
+    return Step(built, model, global_step, **options)
+
+
+class ModelStep(Step):
+    """The model's own `train_step` / `test_step`, run as `model.fit` runs them.
+
+    Each replica runs the model's step inside `strategy.run`; what it returns is
+    reduced as Keras reduces it (the mean over replicas), and a loop returns the
+    logs of its last step, as `fit`'s logs are. Its metrics are the model's own,
+    reset at each epoch and before each evaluation, as `fit` and `evaluate` do.
+
+    A loop returns `[loss, examples, value of each log key...]` (loss: the `loss`
+    log, or 0), so the driver and the actions treat it like the exact step's.
+    """
+
+    def __init__(self, built, model, global_step, stop_flag=None):
+        super().__init__(built, model, global_step, stop_flag=stop_flag)
+        self.keys = {}   # "train" / "eval" -> the sorted keys of the step's logs
+        self._tracing = "train"  # which loop is being traced (sets `width`)
+
+    @property
+    def width(self):
+        keys = self.keys.get(self._tracing) or ()
+        return 2 + len(keys)
+
+    def accumulate(self, totals, part):
+        # The last step's logs (they are already running values), the examples summed.
+        if isinstance(totals, np.ndarray):
+            return np.concatenate([part[:1], totals[1:2] + part[1:2], part[2:]])
+        import tensorflow as tf
+        return tf.concat([part[:1], totals[1:2] + part[1:2], part[2:]], axis=0)
+
+    def results(self, totals, kind="train"):
+        return {k: float(v) for k, v in zip(self.keys.get(kind, ()), totals[2:])}
+
+    def start_epoch(self):
+        self.model.reset_metrics()
+
+    def _mean(self, per_replica):
+        """Keras's reduction of a step's logs: the mean over replicas."""
+        import tensorflow as tf
+        if self.built.is_multi_worker:
+            return self.strategy.reduce("MEAN", per_replica, axis=None)
+        values = self.strategy.experimental_local_results(per_replica)
+        return values[0] if len(values) == 1 else tf.reduce_mean(tf.stack(values), axis=0)
+
+    def _pack_logs(self, kind, logs, n):
+        import tensorflow as tf
+        if not isinstance(logs, dict):
+            raise TypeError(f"The model's `{kind}_step` must return a dict of scalar logs, as "
+                            f"Keras requires. Received: {type(logs).__name__}")
+        logs = _flat_logs(logs)
+        keys = self.keys.setdefault(kind, sorted(logs))
+        values = [tf.reshape(tf.cast(logs[k], tf.float32), []) for k in keys]
+        loss = values[keys.index("loss")] if "loss" in keys else tf.constant(0.0)
+        return tf.stack([loss, n] + values)
+
+    def _replica(self, step_fn):
+        def run(data):
+            x = data[0] if isinstance(data, (tuple, list)) else data
+            return step_fn(data), self._batch_size(x)
+        return run
+
+    def _run(self, kind, step_fn, data, local=False):
+        if local:
+            logs, n = self._replica(step_fn)(data)
+            return self._pack_logs(kind, logs, n)
+        logs, n = self.strategy.run(self._replica(step_fn), args=(data,))
+        return self._pack_logs(kind, tf_map(self._mean, logs),
+                               self.strategy.reduce("SUM", n, axis=None))
+
+    def _run_train(self, data):
+        return self._run("train", self.model.train_step, data)
+
+    def _run_eval(self, data, local=False):
+        return self._run("eval", self.model.test_step, data, local=local)
+
+    def _learn_keys(self, kind, element_spec, local=False):
+        """Trace one step (never run) to learn the logs' keys: the loop's width."""
+        import tensorflow as tf
+        if kind in self.keys:
+            return
+        self._tracing = kind
+        fn = self._run_train if kind == "train" else (
+            lambda data: self._run_eval(data, local=local))
+        tf.function(fn).get_concrete_function(element_spec)
+
+    def _keyed(self, kind, make, local=False):
+        """A loop that first learns its width from the iterator's element spec."""
+        compiled = {}
+
+        def loop(iterator, num_steps):
+            if "loop" not in compiled:
+                self._learn_keys(kind, iterator.element_spec, local=local)
+                self._tracing = kind
+                compiled["loop"] = make()
+            self._tracing = kind
+            return compiled["loop"](iterator, num_steps)
+        return loop
+
+    def _build_train_loop(self):
+        return self._keyed("train", super()._build_train_loop)
+
+    def _build_eval_loop(self):
+        return self._keyed("eval", super()._build_eval_loop)
+
+    def _build_eval_loop_local(self):
+        return self._keyed("eval", super()._build_eval_loop_local, local=True)
+
+
+def _flat_logs(logs):
+    """Nested dicts of logs merged into one, as `model.fit` reports them (a compiled
+    metrics container's result is a dict of its metrics)."""
+    flat = {}
+    for key, value in sorted(logs.items()):
+        if isinstance(value, dict):
+            flat.update(_flat_logs(value))
+        else:
+            flat[key] = value
+    return flat
+
+
+def tf_map(fn, structure):
+    import tensorflow as tf
+    return tf.nest.map_structure(fn, structure)

@@ -139,13 +139,17 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
         _recompile(instance, args, fresh=built.name != "default")
     # Compiled without a loss is fine where the model adds its own (an "endpoint" layer's
     # `add_loss`, as on keras.io); without any, Keras's compute_loss says "No loss to compute".
-    if not getattr(instance, "compiled", False) or instance.optimizer is None:
+    # A model with its own train_step may keep its optimizers itself (a GAN's two).
+    from kerastrain import loops
+    own_step = loops.overrides(instance, "train_step")
+    if not getattr(instance, "compiled", False) or (instance.optimizer is None and not own_step):
         raise ValueError(
             "The model is not compiled and no `loss=` was given, so kerastrain does not know "
             "what to minimise. Call `model.compile(optimizer=..., loss=...)` in your model "
             "function, or pass `Trainer(..., optimizer='adam', loss='mse')`. "
             f"Received: model {instance.name!r} with compiled={getattr(instance, 'compiled', False)}")
-    _check_accumulation(instance.optimizer, built.name)
+    if instance.optimizer is not None:
+        _check_accumulation(instance.optimizer, built.name)
     return instance
 
 
@@ -171,7 +175,7 @@ def build_state(model, built, element_spec):
     # servers kerastrain builds it (partitioned variables need partitioned slots),
     # so Keras's build waits.
     hold = (_compat.instance_override(optimizer, "build", lambda variables: None)
-            if ps and not optimizer.built else contextlib.nullcontext())
+            if ps and optimizer is not None and not optimizer.built else contextlib.nullcontext())
     with _explained(built):  # outside the `try`: its advice is not about the data
         try:
             with hold:
@@ -182,7 +186,8 @@ def build_state(model, built, element_spec):
                 f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
     partitioned = partitioning.Partitioning(model) if ps else None
     if not partitioned:
-        optimizer.build(model.trainable_variables)
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
         return None
     partitioned.check()
     partitioned.install()

@@ -237,11 +237,13 @@ class Trainer:
         # Under multi-worker mirrored, workers must agree on where to stop (collectives
         # would hang otherwise), so no per-worker stop inside their loops.
         flag = None if self._built.is_multi_worker else self._stop_flag
-        self._step = loops_lib.Step(self._built, self._model, self._global_step,
-                                    jit_compile=jit, stop_flag=flag, partitioned=partitioned)
+        self._step = loops_lib.step_for(self._built, self._model, self._global_step,
+                                        jit_compile=jit, stop_flag=flag, partitioned=partitioned)
         import tensorflow as tf
         with self.strategy.scope():
-            self._epoch_totals = tf.Variable(np.zeros(self._step.metrics.width), dtype=tf.float64,
+            # Any length: a model's own train_step says how many logs it has on first use.
+            self._epoch_totals = tf.Variable(np.zeros(self._step.width), dtype=tf.float64,
+                                             shape=tf.TensorShape([None]),
                                              trainable=False, name="epoch_totals")
         options = self._ckpt_options
         if options and (self.model_dir or options.restore not in ("latest", "none")):
@@ -404,7 +406,7 @@ class Trainer:
     def _actions(self, driver, *, watch, agree, monitor, callback_list, validate,
                  steps_per_epoch, batch_logs):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
-        results = self._step.metrics.results
+        results = self._step.results
 
         def save(p, epoch, batch, totals):
             return self._save(driver, epoch, batch, totals, p.step)
@@ -490,13 +492,14 @@ class Trainer:
     def _train_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,
                       steps_per_loop, resumed, callback_list):
         """Run the epochs: the driver's loops, the actions after each loop and epoch."""
-        metrics = self._step.metrics
+        step = self._step
         p = actions_lib.Progress(epoch=epochs.start, step=self.global_step, batch=0,
-                                 totals=np.zeros(metrics.width, np.float64))
+                                 totals=np.zeros(step.width, np.float64))
         for epoch in epochs:
             callback_list.on_epoch_begin(epoch)
+            step.start_epoch()
             p.epoch, p.batch, p.logs, p.last = epoch, 0, None, None
-            p.totals = np.zeros(metrics.width, np.float64)
+            p.totals = np.zeros(step.width, np.float64)
             if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
                 p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
             remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
@@ -504,18 +507,23 @@ class Trainer:
                     train_input, remaining, steps_per_loop, p.step,
                     lambda step: actions_lib.steps_to_boundary(listed, step)):
                 p.last = result
-                p.totals = p.totals + result.totals
+                p.totals = step.accumulate(p.totals, result.totals)
                 p.batch += result.steps
                 p.step += result.steps
                 if actions_lib.run(listed, p).stop:
                     break
+            if p.last is None and not p.stop:
+                # No loop ran: a stop came before the epoch's first (SIGTERM between epochs
+                # under ps, where nothing is scheduled then). The actions still see it.
+                p.last = driver_lib.LoopResult(np.zeros_like(p.totals), 0)
+                actions_lib.run(listed, p)
             if p.stop == actions_lib.PREEMPTED:
                 return p
             if p.batch == 0:
                 raise ValueError(
                     f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
                     "dataset is not empty and that each input pipeline gets data.")
-            p.logs = metrics.results(p.totals)
+            p.logs = step.results(p.totals)
             driver.epoch_done(steps_per_epoch)
             if actions_lib.run(listed, p).stop:
                 return p
@@ -591,8 +599,10 @@ class Trainer:
         else:
             iterator = iter(eval_input.distributed())
             loop = self._step.eval_loop()
-        totals = driver_lib.run_to_end(loop, iterator, steps, self._step.metrics.width)
-        return self._step.metrics.results(totals)
+        self._step.start_epoch()
+        totals = driver_lib.run_to_end(loop, iterator, steps, self._step.width,
+                                       accumulate=self._step.accumulate)
+        return self._step.results(totals, kind="eval")
 
 
 def _check_init_options(*, steps_per_loop, verbose, jit_compile, seed, writers):

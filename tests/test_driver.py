@@ -66,3 +66,40 @@ def test_ps_schedules_a_bounded_number_of_loops_ahead_and_stops_scheduling_on_re
     # 5 results had arrived, with 3 more in flight: those finish, nothing else starts.
     assert len(results) == coordinator.scheduled == 8
     assert [r.in_sync for r in results[-2:]] == [False, True]
+
+
+def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action(tmp_path):
+    """SIGTERM between two epochs under ps: the driver schedules nothing, yet the stop must
+    be saved and reported, not mistaken for an empty dataset."""
+    import numpy as np
+
+    import helpers
+    import kerastrain as kt
+
+    trainer = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(32),
+                         strategy="default", model_dir=tmp_path, verbose=0)
+
+    class NoLoops:
+        passes = offset = 0
+
+        def fast_forward(self, *args):
+            pass
+
+        def epoch_done(self, steps_per_epoch):
+            pass
+
+        def run_epoch(self, *args):
+            return iter(())
+
+    class Requested:
+        requested = True
+
+    trainer._ensure_built(trainer._input(trainer._dataset_fn, "dataset_fn", "training")
+                          .element_spec)
+    listed = trainer._actions(NoLoops(), watch=Requested(), agree=None,
+                              monitor=trainer._monitor(None), callback_list=None,
+                              validate=None, steps_per_epoch=2, batch_logs=False)
+    progress = trainer._train_epochs(NoLoops(), None, listed, range(0, 3), 2, 1, None,
+                                     type("C", (), {"on_epoch_begin": lambda *a: None})())
+    assert progress.stop == "preempted" and listed[0].preempted.step == 0
+    assert np.all(progress.totals == 0)

@@ -177,3 +177,91 @@ def test_a_model_instance_under_multi_worker_mirrored_gets_a_clear_error(tmp_pat
     assert codes != [0, 0]
     assert "with a function that builds and compiles the model (`Trainer(build_model, ...)`)" \
         in outputs[0], outputs[0][-3000:]
+
+
+# -- the model's own train_step / test_step ------------------------------------------------
+
+class OwnStep(keras.Model):
+    """keras.io's "customizing what happens in fit": its own step, trackers and metrics."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.mae_metric = keras.metrics.MeanAbsoluteError(name="mae")
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = ops.mean(ops.square(y - y_pred)) + 0.5 * ops.mean(ops.abs(y_pred))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        self.loss_tracker.update_state(loss)
+        self.mae_metric.update_state(y, y_pred)
+        return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x, training=False)
+        self.loss_tracker.update_state(ops.mean(ops.square(y - y_pred)) * 100.0)
+        self.mae_metric.update_state(y, y_pred)
+        return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.mae_metric]
+
+
+class ComputeLossStep(keras.Model):
+    """keras.io's lower-level variant: compute_loss and the compiled metrics in its step."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def build_own_step(cls):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((6,))
+    model = cls(inputs, keras.layers.Dense(1)(keras.layers.Dense(4, activation="relu")(inputs)))
+    if cls is OwnStep:
+        model.compile(optimizer=keras.optimizers.SGD(0.05))  # the step has its own loss
+    else:
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
+@pytest.mark.parametrize("cls", [OwnStep, ComputeLossStep], ids=lambda c: c.__name__)
+def test_the_models_own_train_and_test_step_run_as_under_fit(cls, strategy):
+    data = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
+    trainer = kt.Trainer(lambda: build_own_step(cls), data, strategy=strategy, verbose=0)
+    ours = trainer.fit(epochs=3, validation_dataset_fn=data).history
+    with trainer.strategy.scope():
+        reference = build_own_step(cls)
+    theirs = reference.fit(data, epochs=3, validation_data=data, verbose=0).history
+    assert set(ours) == set(theirs)
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, err_msg=key)
+    for a, b in zip(trainer.model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trainer.evaluate(data)["loss"],
+                               reference.evaluate(data, verbose=0, return_dict=True)["loss"],
+                               rtol=1e-5)
+
+
+def test_a_models_own_train_step_under_parameter_servers_is_refused_with_what_to_do():
+    from kerastrain import loops
+    built = type("Built", (), {"is_parameter_server": True})()
+    with pytest.raises(ValueError, match=r"overrides `train_step`.*Received: strategy='ps'"):
+        loops.step_for(built, build_own_step(OwnStep), None)
