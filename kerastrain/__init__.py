@@ -25,6 +25,7 @@ _EXPORTS = {
     "Trainer": "kerastrain.trainer",
     "build_strategy": "kerastrain.strategies",
     "configure_cpu_devices": "kerastrain.strategies",
+    "isolate_network": "kerastrain.network",
     "serve": "kerastrain.cluster",
 }
 _SUBMODULES = ("cluster", "config", "data", "examples", "recipes", "sharding", "strategies")

@@ -74,7 +74,8 @@ def _parser():
              "else, and list the import paths whose existence and arguments went unchecked")
     launch = _recipe_command(
         sub, "launch", "run a recipe on a local cluster of processes (one per task)",
-        "Start a real local cluster on 127.0.0.1: free ports, one process per task running "
+        "Start a real local cluster: free ports on 127.0.0.1 of a private network namespace "
+        "(see --network), one process per task running "
         "`kerastrain run RECIPE` with its TF_CONFIG, output prefixed by task. Parameter-server "
         "workers that die are restarted; other failures restart the whole job while "
         "--max-restarts allows. Ctrl-C stops every task. The exit code is the chief's.")
@@ -89,6 +90,13 @@ def _parser():
                         help="restart the whole job this many times after a failure")
     launch.add_argument("--dry-run", action="store_true",
                         help="print each task's TF_CONFIG and command; start nothing")
+    launch.add_argument(
+        "--network", choices=("private", "host"), default=None,
+        help="private (default): every task runs in one network namespace with loopback only, "
+             "where Linux allows it, since TensorFlow's servers listen on every interface "
+             "without authentication; host: this machine's network, for tasks that need it "
+             "(a gs:// model_dir, downloads). Default: the recipe's strategy.network, else "
+             "private")
     _add_export(sub)
     quick = sub.add_parser(
         "quickstart", help="train the built-in example model for real on this machine",
@@ -146,12 +154,17 @@ def _options(pairs):
 
 
 def _quickstart(args):
-    import kerastrain as kt
-    from kerastrain import examples
+    from kerastrain import network
 
     options = _options(args.option)
     if args.cpu_devices:
         options["cpu_devices"] = args.cpu_devices
+    # Before NumPy and TensorFlow start threads, after which Linux cannot isolate the process.
+    network.isolate_for({"strategy": {"name": args.strategy, **options},
+                         "trainer": {"model_dir": args.model_dir}}, opt_out="--option network=host")
+    import kerastrain as kt
+    from kerastrain import examples
+
     repeat = args.strategy in ("ps", "parameter_server") and args.steps_per_epoch is not None
     trainer = kt.Trainer(
         lambda: examples.build_mlp(), strategy={"name": args.strategy, **options}, seed=0,
@@ -192,8 +205,17 @@ def _info():
     return 0
 
 
+def _raw_tree(args) -> dict:
+    """The recipe with includes and --set applied, unvalidated: nothing of the user's imported."""
+    from kerastrain import recipes
+
+    tree, positions = recipes.load_file(args.recipe)
+    tree = recipes.apply_overrides(tree, positions, args.set)
+    return tree if isinstance(tree, dict) else {}
+
+
 def _run(args, train):
-    from kerastrain import config, recipes
+    from kerastrain import config, network, recipes
 
     if args.recipe is None:
         if getattr(args, "print_config", False):
@@ -202,6 +224,11 @@ def _run(args, train):
         print("kerastrain: error: `run` needs a RECIPE file (or --print-config for a template)",
               file=sys.stderr)
         return 2
+    if train and not getattr(args, "print_config", False):
+        # A local ps cluster: isolate before validation imports the recipe's modules, whose
+        # NumPy starts threads, after which Linux cannot move the process.
+        network.isolate_for(_raw_tree(args), opt_out=(
+            "the strategy option `network: host` (--set strategy.network=host)"))
     imports = not getattr(args, "no_import", False)
     recipe, tree = recipes.load(args.recipe, args.set, imports=imports)
     text = recipes.dump(tree)
@@ -237,12 +264,19 @@ def _launch(args):
         print(f"kerastrain: error: --max-restarts must be >= 0. Received: {args.max_restarts}",
               file=sys.stderr)
         return 2
+    tree = _raw_tree(args)
+    network = args.network or launch.recipe_network(tree)
+    if not args.dry_run:
+        # First: the tasks inherit the namespace, and validating the recipe imports its
+        # modules, whose threads would keep Linux from moving this process.
+        launch.isolate(network, tree)
     recipes.load(args.recipe, args.set)  # every task would fail the same way: say it once
     spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator)
     tasks = launch.tasks_for(spec, args.recipe, args.set)
     if args.dry_run:
         launch.dry_run(tasks)
         return 0
+    launch.warn_if_exposed(spec, network)
     return launch.Launcher(tasks, max_restarts=args.max_restarts).run()
 
 

@@ -9,6 +9,8 @@ import os
 import socket
 import time
 
+from kerastrain import network
+
 logger = logging.getLogger("kerastrain")
 
 _TASK_TYPES = ("chief", "worker", "ps", "evaluator")
@@ -104,8 +106,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def ports(cluster: dict) -> list[int]:
+    """The ports of a cluster spec's addresses, in job order."""
+    return [int(address.rsplit(":", 1)[1]) for tasks in cluster.values() for address in tasks]
+
+
 def start_local_ps_cluster(num_workers: int, num_ps: int, num_gpus_per_worker: int = 0):
-    """Start `num_workers` worker and `num_ps` ps servers in this process, on loopback.
+    """Start `num_workers` worker and `num_ps` ps servers in this process.
+
+    They are addressed as 127.0.0.1:PORT, but TensorFlow's servers listen on every interface
+    (0.0.0.0, hard-coded): only a private network namespace keeps them to this machine
+    (kerastrain.network).
 
     Returns:
         (cluster_resolver, servers). Keep `servers` referenced for as long as the
@@ -177,8 +188,10 @@ def serve(config: ClusterConfig | None = None, *, startup_timeout: float = 600.0
         tf.train.ClusterSpec(config.cluster), job_name=config.task_type,
         task_index=config.task_index, config=server_config,
         protocol=config.rpc_layer, start=True)
-    logger.info("serving %s:%d at %s until the chief finishes", config.task_type,
-                config.task_index, server.target)
+    # TensorFlow's server.target says localhost; it listens on every interface, so say that.
+    port = int(config.address(config.task_type, config.task_index).rsplit(":", 1)[1])
+    logger.info("serving %s:%d on port %d of %s until the chief finishes", config.task_type,
+                config.task_index, port, network.where())
     chief = config.cluster.get("chief", config.cluster.get("worker"))[0]
     start = clock()
     seen, misses = False, 0

@@ -1,5 +1,9 @@
 """`kerastrain launch`: a real local cluster of processes on 127.0.0.1, one per task.
 
+TensorFlow's servers listen on every interface and accept anyone, so the launcher first moves
+itself into a private network namespace with loopback only (where Linux allows it; `--network
+host` keeps this machine's network); the tasks inherit it and all share its one loopback.
+
 Every task runs the same command (`kerastrain run RECIPE --set ...`) with its own
 `TF_CONFIG`; the recipe decides the strategy and each task's role follows from
 `TF_CONFIG`. The launcher prefixes each task's output (`[worker:1] ...`), restarts
@@ -20,7 +24,8 @@ import sys
 import threading
 import time
 
-from kerastrain.cluster import free_port
+from kerastrain import network as network_lib
+from kerastrain.cluster import free_port, ports
 
 WORKER_RESTARTS = 3        # per parameter-server worker and job attempt
 GRACE_SECS = 20.0          # for the other tasks to stop by themselves once the chief is done
@@ -74,6 +79,46 @@ def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
                       "task": {"type": job, "index": index}}
             tasks.append(Task(job, index, json.dumps(config), command))
     return tasks
+
+
+def recipe_network(tree: dict) -> str:
+    """The recipe's `strategy.network` when it sets one, else "private" (`--network` wins)."""
+    strategy = tree.get("strategy")
+    value = strategy.get("network") if isinstance(strategy, dict) else None
+    return value if value in network_lib.NETWORKS else network_lib.PRIVATE
+
+
+def isolate(network: str, tree: dict, out=None) -> None:
+    """Move this launcher, and so every task it starts, into a private network namespace.
+
+    Raises:
+        ValueError: the recipe (`tree`) names URLs that the namespace cannot reach.
+    """
+    if network != network_lib.PRIVATE:
+        return
+    network_lib.check_no_urls(tree, "--network host")
+    if not network_lib.exposed_interfaces():
+        return
+    try:
+        why = network_lib.try_isolate()
+    except network_lib.TooLate as e:
+        why = str(e)
+    if why is not None:
+        line = network_lib.fallback_line(why, "the tasks run")
+    else:
+        line = (f"network: every task runs in one private network namespace with loopback only "
+                f"(TensorFlow's servers accept anyone who can reach them); {network_lib.INSIDE}; "
+                "--network host turns this off")
+    print(f"[launch] {line}", file=out or sys.stdout, flush=True)
+
+
+def warn_if_exposed(spec: dict, network: str, out=None) -> None:
+    """One line when the tasks' servers will be reachable from the network."""
+    how = ("--network host asked for this; without it, the tasks run in a private namespace"
+           if network == network_lib.HOST else network_lib.REFUSED_ADVICE)
+    line = network_lib.exposure_line(ports(spec), how, who="the tasks' servers")
+    if line:
+        print(f"[launch] {line}", file=out or sys.stdout, flush=True)
 
 
 def chief_of(tasks: list[Task]) -> Task:

@@ -8,6 +8,7 @@ import logging
 from typing import Any, Callable, Mapping
 
 from kerastrain import cluster as cluster_lib
+from kerastrain import network as network_lib
 from kerastrain import partitioning
 
 logger = logging.getLogger("kerastrain")
@@ -328,9 +329,11 @@ _LOCAL_PS_CACHE: dict = {}
 
 @_register("ps", num_workers=_check_int("num_workers", 1), num_ps=_check_int("num_ps", 1),
            num_gpus_per_worker=_check_int("num_gpus_per_worker", 0), cluster_resolver=_RESOLVER,
-           variable_partitioner=_check_partitioner)
+           variable_partitioner=_check_partitioner,
+           network=_check_choice(*network_lib.NETWORKS))
 def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=None,
-              cluster_resolver="tf_config", variable_partitioner=None):
+              cluster_resolver="tf_config", variable_partitioner=None,
+              network=network_lib.PRIVATE):
     import tensorflow as tf
 
     from kerastrain import _compat
@@ -345,16 +348,22 @@ def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=
             # A process connects to one cluster; reuse it for every Trainer that asks.
             resolver, servers = cluster_lib.start_local_ps_cluster(
                 num_workers, num_ps, num_gpus_per_worker)
+            ports = cluster_lib.ports(resolver.cluster_spec().as_dict())
+            # TensorFlow binds every interface (no option): say where that reaches, once.
+            warning = network_lib.exposure_line(ports, network_lib.avoid_in_process(network))
+            if warning:
+                logger.warning(warning)
             strategy = tf.distribute.ParameterServerStrategy(resolver)
             coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-            _LOCAL_PS_CACHE[key] = (strategy, coordinator, tuple(servers))
-        strategy, coordinator, servers = _LOCAL_PS_CACHE[key]
+            _LOCAL_PS_CACHE[key] = (strategy, coordinator, tuple(servers), ports)
+        strategy, coordinator, servers, ports = _LOCAL_PS_CACHE[key]
         # The partitioner is read when variables are created: each Trainer sets its own.
         _compat.set_variable_partitioner(strategy, partitioner)
         return BuiltStrategy(
             strategy, "ps",
             f"no cluster configured: started a local in-process cluster of {num_workers} "
-            f"worker(s) and {num_ps} ps on 127.0.0.1{split}",
+            f"worker(s) and {num_ps} ps, listening on ports {', '.join(map(str, ports))} of "
+            f"{network_lib.where()}{split}",
             coordinator=coordinator, num_workers=num_workers, keep_alive=servers)
     if not config.num_ps or "worker" not in config.cluster:
         raise ValueError(
