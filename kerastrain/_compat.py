@@ -90,6 +90,18 @@ def replace_storage(variables, values):
         variable._initialize(value)
 
 
+def class_weight_to_sample_weights(y, class_weight):
+    """Keras's own conversion of NumPy targets to per-example class weights (as `fit`)."""
+    from keras.src.trainers.data_adapters import data_adapter_utils
+    return data_adapter_utils.class_weight_to_sample_weights(y, class_weight)
+
+
+def class_weight_map_fn(class_weight):
+    """Keras's own `Dataset.map` function that adds class weights to `(x, y)` batches."""
+    from keras.src.trainers.data_adapters import tf_dataset_adapter
+    return tf_dataset_adapter.make_class_weight_map_fn(class_weight)
+
+
 def compute_loss(model, x, y, y_pred, sample_weight, training):
     """`model.compute_loss`, also when a user's override has no `training` argument.
 

@@ -137,13 +137,15 @@ class StopOnNonFinite(Action):
 
 
 class Validation(Action):
-    """At each epoch end, evaluates and adds `val_*` to the epoch's logs."""
+    """At the end of every `every`-th epoch, evaluates and adds `val_*` to the epoch's logs
+    (`validation_freq` in `model.fit`)."""
 
-    def __init__(self, evaluate):
+    def __init__(self, evaluate, every=1):
         self.evaluate = evaluate  # () -> logs
+        self.every = every
 
     def __call__(self, p):
-        if p.epoch_end:
+        if p.epoch_end and (p.epoch + 1) % self.every == 0:
             p.logs.update({f"val_{k}": v for k, v in self.evaluate().items()})
 
 

@@ -31,6 +31,15 @@ def check_callbacks(callbacks):
             raise TypeError(
                 "`callbacks` must be a list of keras.callbacks.Callback instances. "
                 f"Received an item of type {type(cb).__name__}: {cb!r}")
+        if isinstance(cb, keras.callbacks.BackupAndRestore):
+            # Its own saves would race kerastrain's on every task, and its restore would
+            # fight kerastrain's resume; silently ignoring it would lose work.
+            raise ValueError(
+                "`BackupAndRestore` does what kerastrain's checkpoints already do: with "
+                "`Trainer(..., model_dir=...)` the chief saves the whole training state and a "
+                "rerun resumes exactly where it stopped (also after SIGKILL or SIGTERM). Remove "
+                "the callback and pass `model_dir` instead (`checkpoint={'every_steps': N}` for "
+                f"mid-epoch saves). Received: callbacks=[..., {type(cb).__name__}(...)]")
     return callbacks
 
 

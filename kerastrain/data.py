@@ -45,7 +45,8 @@ def _is_array(value):
         hasattr(value, "__array__") and hasattr(value, "shape") and not callable(value))
 
 
-def _array_leaves(data):
+def array_leaves(data):
+    """The arrays of `data` (a nested structure), or None if any leaf is not an array."""
     import tensorflow as tf
     leaves = tf.nest.flatten(data)
     return leaves if leaves and all(_is_array(v) for v in leaves) else None
@@ -57,7 +58,7 @@ def input_form(data, argument="dataset_fn") -> str:
 
     if isinstance(data, tf.data.Dataset):
         return "dataset"
-    if isinstance(data, (tuple, list)) and len(data) in (2, 3) and _array_leaves(data):
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3) and array_leaves(data):
         return "numpy"
     if isinstance(data, (tuple, list, dict)) or _is_array(data):
         raise TypeError(
@@ -294,7 +295,7 @@ class DistributedInput:
     """
 
     def __init__(self, built, data, *, argument="dataset_fn", shard="auto", batch_size=None,
-                 seed=None, role="training"):
+                 seed=None, role="training", shuffle=True):
         import tensorflow as tf
 
         self.form = input_form(data, argument)
@@ -306,7 +307,7 @@ class DistributedInput:
                 f"{self.form!r}")
         self._built = built
         self._argument = argument
-        for_training = role == "training"
+        for_training = role == "training" and shuffle  # NumPy training data is reshuffled
         strategy = built.strategy
         ps = built.is_parameter_server
         pipelines = max(built.num_workers, 1)

@@ -17,6 +17,7 @@ from kerastrain import callbacks as callbacks_lib
 from kerastrain import checkpoints
 from kerastrain import data as data_lib
 from kerastrain import driver as driver_lib
+from kerastrain import fit_args
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
@@ -29,6 +30,9 @@ from kerastrain._options import check_int
 logger = logging.getLogger("kerastrain")
 
 _AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
+# model.fit's data arguments that `fit` takes by keyword (`kerastrain.fit_args`).
+_KERAS_FIT_DATA_ARGS = {"x", "sample_weight", "class_weight", "validation_data",
+                        "validation_split", "shuffle"}
 
 
 class Trainer:
@@ -217,12 +221,12 @@ class Trainer:
 
     # -- set-up helpers -------------------------------------------------------
 
-    def _input(self, data, argument, role, batch_size=None):
-        key = (id(data), argument, batch_size)
+    def _input(self, data, argument, role, batch_size=None, shuffle=True):
+        key = (id(data), argument, batch_size, shuffle)
         if key not in self._inputs or self._inputs[key][0] is not data:
             self._inputs[key] = (data, data_lib.DistributedInput(
-                self._built, data, argument=argument,
-                shard=self._shard, batch_size=batch_size, seed=self._seed, role=role))
+                self._built, data, argument=argument, shard=self._shard,
+                batch_size=batch_size, seed=self._seed, role=role, shuffle=shuffle))
         return self._inputs[key][1]
 
     def _ensure_built(self, element_spec):
@@ -413,8 +417,8 @@ class Trainer:
 
         listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
                   actions_lib.StopOnNonFinite(self._model)]
-        if validate is not None:
-            listed.append(actions_lib.Validation(validate))
+        if validate is not None and validate[0] is not None:
+            listed.append(actions_lib.Validation(*validate))
         if self.is_chief and monitor.active:  # other tasks write no summaries
             listed.append(actions_lib.Summaries(
                 monitor, results, timed=not self._built.is_parameter_server))
@@ -428,40 +432,39 @@ class Trainer:
 
     # -- training -------------------------------------------------------------
 
-    def fit(self, dataset_fn=None, *, epochs=1, steps_per_epoch=None, validation_dataset_fn=None,
-            validation_steps=None, callbacks=None, verbose=None, initial_epoch=0,
-            batch_size=None):
+    def fit(self, dataset_fn=None, y=None, *, epochs=1, steps_per_epoch=None,
+            validation_dataset_fn=None, validation_steps=None, callbacks=None, verbose=None,
+            initial_epoch=0, batch_size=None, validation_freq=1, **keras_args):
         """Train for `epochs` epochs and return a `keras.callbacks.History`.
 
         Args:
             dataset_fn: overrides the Trainer's `dataset_fn`: any input form
                 (a `dataset_fn(ctx)`, a zero-argument function or a dataset of
-                global batches, or NumPy arrays `(x, y[, sample_weight])`).
-            epochs: epochs to train (epoch indices `initial_epoch .. epochs-1`).
-            steps_per_epoch: steps per epoch; None runs each epoch to the end of
-                the data (required for infinite data and under parameter servers
-                unless the data is finite).
-            validation_dataset_fn, validation_steps: evaluated at each epoch end,
-                logged with a `val_` prefix.
-            callbacks: Keras callbacks. Batch hooks run once per compiled loop of
-                `steps_per_loop` steps (every step when a user callback defines
-                batch hooks and `steps_per_loop="auto"`).
-            verbose: overrides the Trainer's `verbose`.
-            initial_epoch: epoch to start from, as in `model.fit`.
-            batch_size: the global batch size of NumPy input (default 32, as in
-                Keras); also used for NumPy validation data.
+                global batches, or NumPy arrays `x` or `(x, y[, sample_weight])`).
+            y: targets, when `dataset_fn` is the NumPy inputs `x`.
+            epochs, initial_epoch, batch_size, steps_per_epoch, validation_steps,
+                validation_freq, verbose: as in `model.fit` (`batch_size`, the global
+                batch of NumPy input, default 32; `steps_per_epoch=None`: to the
+                end of finite data, required under ps for infinite data).
+            validation_dataset_fn: validation data in any input form, evaluated at
+                epoch ends and logged with a `val_` prefix (`validation_data` too).
+            callbacks: Keras callbacks; batch hooks run once per compiled loop
+                (every step when a user callback has them and steps_per_loop="auto").
+            **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
+                `validation_split`, `shuffle`, meaning what they mean in `model.fit`
+                (`kerastrain.fit_args`).
 
         Raises:
-            ValueError: missing data, or infinite data without `steps_per_epoch`.
-        """
-        for name, value, minimum in (("epochs", epochs, 0), ("initial_epoch", initial_epoch, 0),
-                                     ("steps_per_epoch", steps_per_epoch, 1),
-                                     ("validation_steps", validation_steps, 1)):
-            check_int(name, value, minimum=minimum, optional=minimum == 1)
+            ValueError: missing data, infinite data without `steps_per_epoch`, or a
+                `model.fit` argument that does not apply to this input."""
+        _check_counts(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+                      validation_steps=validation_steps, validation_freq=validation_freq)
+        data = self._fit_data(dataset_fn, y, validation_dataset_fn, keras_args)
         callbacks = callbacks_lib.check_callbacks(callbacks)
-        train_input = self._input(self._training_data(dataset_fn), "dataset_fn", "training",
-                                  batch_size)
-        validate = self._validation(validation_dataset_fn, validation_steps, batch_size)
+        train_input = self._input(data.train, "dataset_fn", "training", batch_size,
+                                  shuffle=data.shuffle)
+        validate = (self._validation(data.validation, validation_steps, batch_size),
+                    validation_freq)
         self._ensure_built(train_input.element_spec)
         steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
@@ -476,9 +479,8 @@ class Trainer:
         with self._user_model_updated(), self._cluster_errors_explained(), \
                 self._preemption_agreement() as agree, watch, monitor:
             listed = self._actions(driver, watch=watch, agree=agree, monitor=monitor,
-                                   callback_list=cbs, validate=validate,
-                                   steps_per_epoch=steps_per_epoch,
-                                   batch_logs=bool(callbacks) or verbose != 0)
+                                   callback_list=cbs, validate=validate, steps_per_epoch=
+                                   steps_per_epoch, batch_logs=bool(callbacks) or verbose != 0)
             progress = self._train_epochs(
                 driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
                 self._resolve_steps_per_loop(callbacks), resumed, cbs)
@@ -529,12 +531,26 @@ class Trainer:
                 return p
         return p
 
-    def _training_data(self, dataset_fn):
-        dataset_fn = dataset_fn if dataset_fn is not None else self._dataset_fn
-        if dataset_fn is None:
+    def _fit_data(self, dataset_fn, y, validation_dataset_fn, keras_args):
+        """`fit`'s data arguments, Keras's names included, as a `fit_args.FitData`."""
+        unknown = sorted(set(keras_args) - _KERAS_FIT_DATA_ARGS)
+        if unknown:
+            raise TypeError(f"`fit` got unexpected argument(s) {unknown}. It takes model.fit's "
+                            f"{sorted(_KERAS_FIT_DATA_ARGS)} and its own arguments; see "
+                            "`help(Trainer.fit)`.")
+        for keras_name, ours, value in (("x", "dataset_fn", dataset_fn), (
+                "validation_data", "validation_dataset_fn", validation_dataset_fn)):
+            if keras_args.get(keras_name) is not None and value is not None:
+                raise ValueError(f"`{keras_name}` and `{ours}` name the same thing: pass one. "
+                                 f"Received: both")
+        data = next((d for d in (dataset_fn, keras_args.pop("x", None), self._dataset_fn)
+                     if d is not None), None)
+        if data is None:
             raise ValueError("No training data: pass `dataset_fn` to `Trainer(...)` or to "
                              "`fit(...)`. Received: dataset_fn=None")
-        return dataset_fn
+        validation = validation_dataset_fn if validation_dataset_fn is not None else \
+            keras_args.pop("validation_data", None)
+        return fit_args.resolve(data, y, validation_data=validation, **keras_args)
 
     def _validation(self, validation_dataset_fn, validation_steps, batch_size):
         """`() -> val logs` for the validation data (None without any)."""
@@ -603,6 +619,13 @@ class Trainer:
         totals = driver_lib.run_to_end(loop, iterator, steps, self._step.width,
                                        accumulate=self._step.accumulate)
         return self._step.results(totals, kind="eval")
+
+
+def _check_counts(**counts):
+    """`epochs` and `initial_epoch` are ints >= 0; the other counts ints >= 1 or None."""
+    for name, value in counts.items():
+        at_least_one = name not in ("epochs", "initial_epoch")
+        check_int(name, value, minimum=int(at_least_one), optional=at_least_one)
 
 
 def _check_init_options(*, steps_per_loop, verbose, jit_compile, seed, writers):

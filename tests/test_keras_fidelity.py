@@ -265,3 +265,93 @@ def test_a_models_own_train_step_under_parameter_servers_is_refused_with_what_to
     built = type("Built", (), {"is_parameter_server": True})()
     with pytest.raises(ValueError, match=r"overrides `train_step`.*Received: strategy='ps'"):
         loops.step_for(built, build_own_step(OwnStep), None)
+
+
+# -- model.fit's arguments -----------------------------------------------------------------
+
+def _binary(n=64):
+    import helpers
+    return helpers.arrays(n)
+
+
+def _fit_both(build_model, fit_kwargs, trainer_kwargs=None):
+    """History and weights from model.fit and from kerastrain, same seed and arguments."""
+    import helpers  # noqa: F401 (path)
+    keras.utils.set_random_seed(0)
+    reference = build_model()
+    theirs = reference.fit(verbose=0, **fit_kwargs).history
+    keras.utils.set_random_seed(0)
+    trainer = kt.Trainer(build_model(), strategy="one_device", verbose=0,
+                         **(trainer_kwargs or {}))
+    ours = trainer.fit(**fit_kwargs).history
+    return ours, theirs, trainer.model, reference
+
+
+def _assert_same(ours, theirs, ours_model, their_model):
+    assert set(ours) == set(theirs), (sorted(ours), sorted(theirs))
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, err_msg=key)
+    for a, b in zip(ours_model.get_weights(), their_model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("arguments", [
+    {},
+    {"sample_weight": np.linspace(0.1, 2.0, 64).astype("float32")},
+    {"class_weight": {0: 1.0, 1: 3.0}},
+    {"validation_split": 0.25},
+    {"validation_data": "held_out", "validation_freq": 2},
+], ids=["x_y", "sample_weight", "class_weight", "validation_split", "validation_data_freq"])
+def test_fit_arguments_mean_what_they_mean_in_model_fit(arguments):
+    import helpers
+    x, y = _binary()
+    arguments = dict(arguments)
+    if arguments.get("validation_data") == "held_out":
+        arguments["validation_data"] = _binary(32)
+    fit_kwargs = dict(x=x, y=y, batch_size=16, epochs=4, shuffle=False, **arguments)
+    ours, theirs, a, b = _fit_both(helpers.build_model, fit_kwargs)
+    _assert_same(ours, theirs, a, b)
+    if "validation_freq" in arguments:
+        assert len(ours["val_loss"]) == 2  # epochs 2 and 4
+
+
+def test_numpy_shuffling_is_seeded_and_shuffle_false_keeps_the_order():
+    import helpers
+    x, y = _binary()
+    runs = []
+    for shuffle in (True, True, False):
+        keras.utils.set_random_seed(0)
+        trainer = kt.Trainer(helpers.build_model(), strategy="one_device", seed=3, verbose=0)
+        runs.append(trainer.fit(x, y, batch_size=16, epochs=2, shuffle=shuffle).history["loss"])
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_fit_arguments_that_do_not_apply_get_clear_errors():
+    import helpers
+    x, y = _binary()
+    trainer = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    with pytest.raises(ValueError, match=r"`y` applies to NumPy arrays `x`.*form 'dataset'"):
+        trainer.fit(dataset, y)
+    with pytest.raises(ValueError, match=r"`validation_split` applies to NumPy arrays"):
+        trainer.fit(dataset, validation_split=0.2)
+    with pytest.raises(ValueError, match=r"cannot give `class_weight` and `sample_weight`"):
+        trainer.fit(x, y, sample_weight=np.ones(64), class_weight={0: 1.0})
+    with pytest.raises(ValueError, match=r"`class_weight` must be a non-empty dict"):
+        trainer.fit(x, y, class_weight=[1.0, 2.0])
+    with pytest.raises(ValueError, match=r"`validation_split` must be a float between 0 and 1"):
+        trainer.fit(x, y, validation_split=1.5)
+    with pytest.raises(ValueError, match=r"`x` and `dataset_fn` name the same thing"):
+        trainer.fit((x, y), x=x)
+    with pytest.raises(ValueError, match=r"`validation_freq` must be an int >= 1"):
+        trainer.fit(x, y, validation_freq=0)
+    with pytest.raises(TypeError, match=r"unexpected argument\(s\) \['use_multiprocessing'\]"):
+        trainer.fit(x, y, use_multiprocessing=True)
+
+
+def test_backup_and_restore_is_refused_in_favour_of_model_dir(tmp_path):
+    import helpers
+    trainer = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0)
+    with pytest.raises(ValueError, match=r"`BackupAndRestore` does what kerastrain's "
+                                         r"checkpoints already do.*pass `model_dir`"):
+        trainer.fit(_binary(), callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))])
