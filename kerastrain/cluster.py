@@ -189,7 +189,7 @@ def serve(config: ClusterConfig | None = None, *, startup_timeout: float = 600.0
         task_index=config.task_index, config=server_config,
         protocol=config.rpc_layer, start=True)
     # TensorFlow's server.target says localhost; it listens on every interface, so say that.
-    port = int(config.address(config.task_type, config.task_index).rsplit(":", 1)[1])
+    port = int(config.cluster[config.task_type][config.task_index].rsplit(":", 1)[1])
     logger.info("serving %s:%d on port %d of %s until the chief finishes", config.task_type,
                 config.task_index, port, network.where())
     chief = config.cluster.get("chief", config.cluster.get("worker"))[0]
