@@ -14,7 +14,7 @@ import logging
 import os
 import time
 
-from kerastrain import cluster
+from kerastrain import cluster, files, outputs
 
 logger = logging.getLogger("kerastrain")
 
@@ -66,8 +66,9 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
     eval_input = trainer._input(data, "validation data", "evaluation", batch)
     trainer._ensure_built(eval_input.element_spec)
     checkpoint = tf.train.Checkpoint(model=trainer.model, global_step=trainer._global_step)
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "evaluator"))
-    directory = os.path.abspath(os.path.join(model_dir, "checkpoints"))
+    model_dir = outputs.normalize_model_dir(model_dir)  # a URL as given, a local path absolute
+    writer = tf.summary.create_file_writer(files.join(model_dir, "logs", "evaluator"))
+    directory = files.join(model_dir, "checkpoints")
     logger.info("evaluator: watching %s until %s finishes", directory, chief)
     evaluated = 0
     for path in tf.train.checkpoints_iterator(directory, min_interval_secs=0, timeout=poll_secs,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 import os
@@ -92,6 +91,9 @@ class Trainer:
                              f"Received: jit_compile={jit_compile!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+        # A URL stays as given; a local path becomes absolute; `s3://` without
+        # tensorflow-io is refused here, not after an hour of training.
+        self.model_dir = outputs_lib.normalize_model_dir(model_dir)
         _logging.ensure_visible()
         # Checks names and options before TensorFlow does anything heavy.
         self._built = strategies.build_strategy(strategy, strategy_options)
@@ -113,9 +115,6 @@ class Trainer:
         self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
         self._checkpointer = None
         self._restored = False
-        # Absolute: TensorFlow's checkpoint state file records paths as given, and reads
-        # relative ones back relative to the checkpoint directory, not the working one.
-        self.model_dir = None if model_dir is None else os.path.abspath(os.fspath(model_dir))
         self._seed = seed
         self._steps_per_loop = steps_per_loop
         self._verbose = verbose
@@ -146,11 +145,7 @@ class Trainer:
         # step. A plain local variable: only this task's loop reads it.
         self._stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
         self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
-        self._lock = None
-        if self._outputs.enabled:
-            self._lock = checkpoints.ModelDirLock(self.model_dir)
-            self._lock.acquire()
-            atexit.register(self._lock.release)
+        self._lock = self._outputs.claim()
         self._settings = {
             "strategy": self._built.name, "strategy_reason": self._built.reason,
             "strategy_options": self._built.options,
@@ -289,13 +284,25 @@ class Trainer:
             if self._loops is not None and self._loops.partitioned:
                 # One machine serves it: the same model with whole variables.
                 model = partitioning.unpartitioned_copy(self._model, self._model_source)
-            paths = checkpoints.export(model, self._outputs.dir("export"))
+            paths = checkpoints.export(model, self._outputs.path("export"),
+                                       step=self.global_step)
             logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
             return paths
         if self._built.is_multi_worker:
             with outputs_lib.scratch_dir() as scratch:
                 checkpoints.export(self._model, scratch)
         return None
+
+    def _export_missing(self):
+        """Whether the export is not that of this step (an earlier export failed, e.g. disk full).
+
+        Not under multi-worker mirrored: every worker must take part in an export,
+        and they would have to agree on reading the chief's files.
+        """
+        if not (self._ckpt_options and self._ckpt_options.export and self._outputs.enabled) \
+                or self._built.is_multi_worker or self.global_step == 0:
+            return False
+        return not checkpoints.export_is_current(self._outputs.path("export"), self.global_step)
 
     def _resolve_verbose(self, verbose):
         verbose = self._verbose if verbose is None else verbose
@@ -425,11 +432,8 @@ class Trainer:
             initial_epoch = max(initial_epoch, resumed["epoch"])
             runner.fast_forward(train_input, resumed["data_pass"], resumed["data_offset"])
         monitor, settings_text = self._monitor()
-        config_dir = self._outputs.dir()
-        if config_dir:
-            # The settings this run resolved to, next to what it wrote (chief only).
-            with open(os.path.join(config_dir, "config.yaml"), "w") as f:
-                f.write(settings_text)
+        # The settings this run resolved to, next to what it wrote (chief only).
+        self._outputs.replace_text("config.yaml", settings_text)
         ckpt = self._checkpointer
         every = ckpt.options.every_steps if ckpt else None
 
@@ -525,8 +529,8 @@ class Trainer:
         if preempted is not None:
             raise preempted
         cbs.on_train_end(logs)
-        if not diverged and step > first_step:
-            self._export()  # (a resumed run with nothing left to train keeps its export)
+        if not diverged and (step > first_step or self._export_missing()):
+            self._export()  # (a resumed run with nothing left to train keeps a whole export)
         return callbacks_lib.history_of(cbs)
 
     def _epoch_length(self, train_input, steps_per_epoch):
