@@ -10,6 +10,7 @@ import time
 import yaml
 
 from kerastrain.config import RecipeError  # pure Python: no TensorFlow
+from kerastrain.files import DiskFull  # pure Python: no TensorFlow
 
 EXAMPLES = """examples:
   kerastrain run recipes/quickstart.yaml         # train as a recipe says
@@ -206,8 +207,9 @@ def _run(args, train):
     if role == "evaluator":
         from kerastrain import evaluator
         return evaluator.run(recipe)
-    recipes.run(recipe, resolved_text=f"# resolved from {args.recipe}"
-                + (f" with --set {' --set '.join(args.set)}" if args.set else "") + "\n" + text)
+    trainer, _ = recipes.run(recipe, resolved_text=f"# resolved from {args.recipe}" + (
+        f" with --set {' --set '.join(args.set)}" if args.set else "") + "\n" + text)
+    trainer.close()  # the run is over: its model_dir is free (also for a next run in-process)
     return 0
 
 
@@ -263,6 +265,9 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, RuntimeError) as e:
         print(f"kerastrain: error: {e}", file=sys.stderr)
         return 2
+    except DiskFull as e:  # what was written before is intact; the message says what to do
+        print(f"kerastrain: {e}", file=sys.stderr)
+        return 1
     _parser().print_help()
     return 0
 

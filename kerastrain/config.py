@@ -177,6 +177,17 @@ def _string(optional=False):
     return check
 
 
+def _model_dir(value):
+    value = _string(optional=True)(value)
+    if value is not None:
+        from kerastrain import files  # pure Python: TensorFlow is not asked here
+        advice = files.scheme_advice(value, ask_tensorflow=False)
+        if advice:
+            raise _Bad("a local path or a URL whose file system TensorFlow implements "
+                       f"('{files.scheme(value)}://': {advice})")
+    return value
+
+
 def _mapping(value):
     if value is None:
         return {}
@@ -266,7 +277,7 @@ SCHEMA = {
         "steps_per_loop": Key(_choice("auto", extra=_int(1)), default="auto",
                               doc="steps per compiled call"),
         "seed": Key(_int(0, optional=True), doc="seeds Python, NumPy, TensorFlow and Keras"),
-        "model_dir": Key(_string(optional=True),
+        "model_dir": Key(_model_dir,
                          doc="checkpoints, logs, export and the resolved recipe go here"),
         "verbose": Key(_choice("auto", 0, 1, 2), default="auto",
                        doc="0 silent, 1 progress bar, 2 one line per epoch"),
