@@ -319,9 +319,11 @@ def export(model, export_dir: str, *, step: int | None = None) -> dict:
              "saved_model": files.join(export_dir, "saved_model")}
     if files.renames_atomically(export_dir):
         staging = f"{export_dir}{_STAGING}{uuid.uuid4().hex[:12]}"
+        before = "the previous export is intact" if files.exists(export_dir) else \
+            "no export was written"
         try:
-            with files.disk_full_guard("the export", export_dir, "the previous export is intact; "
-                                       "free space and run again to write it"):
+            with files.disk_full_guard("the export", export_dir,
+                                       f"{before}; free space and run again to write it"):
                 _write_export(model, staging, step)
                 old = None
                 if files.exists(export_dir):
