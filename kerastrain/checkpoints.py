@@ -6,14 +6,25 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
-import socket
+import re
 import time
+import uuid
 
-from kerastrain import outputs
+from kerastrain import files, locks, outputs
+from kerastrain.locks import ModelDirInUse, ModelDirLock  # noqa: F401  (public here since 0.1)
 from kerastrain._options import option
 
 logger = logging.getLogger("kerastrain")
+
+STATE_FILE = "checkpoint"  # TensorFlow's index of the kept checkpoints
+_INDEX = re.compile(r"^ckpt-(\d+)\.index$")
+# What a killed save leaves in model_dir/checkpoints: TensorFlow writes `ckpt-N_temp/`
+# and renames out of it, and writes the state file beside as `checkpoint.tmp<uuid hex>`.
+_SAVE_TEMPORARY = re.compile(r"^(ckpt-\d+_temp.*|checkpoint\.tmp[0-9a-f]{32})$")
+EXPORT = "export"
+EXPORT_MARKER = "kerastrain-export.json"  # written last: an export without it is incomplete
+_STAGING = ".kerastrain-partial-"  # export/ is written beside, as export.kerastrain-partial-<hex>
+_OLD = ".kerastrain-old-"  # ... and the one it replaces is moved to export.kerastrain-old-<hex>
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,83 +63,6 @@ class CheckpointOptions:
         """Accept True/False/None, a mapping of fields, or an instance."""
         from kerastrain import _options
         return _options.coerce(cls, value, "checkpoint")
-
-class ModelDirInUse(RuntimeError):
-    """Another live run holds the model_dir."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class ModelDirLock:
-    """`model_dir/.kerastrain.lock`: one live run per model_dir; a dead run's lock is taken over.
-
-    The lock records host and pid. On the same host a lock whose process is gone
-    is stale and is taken over with a warning; a lock from another host cannot be
-    checked and is refused, with the command that removes it.
-    """
-
-    NAME = ".kerastrain.lock"
-
-    def __init__(self, model_dir: str):
-        self.path = os.path.join(model_dir, self.NAME)
-        self.held = False
-
-    def acquire(self):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                other = self._read()
-                if other.get("host") == me["host"] and other.get("pid") == me["pid"]:
-                    self.held = True  # this process already holds it (a second Trainer)
-                    return
-                if other.get("host") == me["host"] and isinstance(other.get("pid"), int) \
-                        and not _pid_alive(other["pid"]):
-                    logger.warning("model_dir lock %s was left by process %d, which is gone; "
-                                   "taking it over", self.path, other["pid"])
-                    try:
-                        os.remove(self.path)
-                    except FileNotFoundError:
-                        pass
-                    continue
-                raise ModelDirInUse(
-                    f"model_dir {os.path.dirname(self.path)!r} is in use by another run "
-                    f"(host {other.get('host')!r}, pid {other.get('pid')!r}, since "
-                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(other.get('since', 0)))}). "
-                    "Two runs writing one model_dir would overwrite each other's checkpoints. "
-                    "Use another model_dir, wait for that run to end, or, if it is certainly "
-                    f"dead, remove {self.path!r}.") from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            self.held = True
-            return
-        raise ModelDirInUse(f"could not take the lock {self.path!r}; another run keeps taking it")
-
-    def _read(self):
-        try:
-            with open(self.path) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return {}
-
-    def release(self):
-        if self.held and self._read().get("pid") == os.getpid():
-            try:
-                os.remove(self.path)
-            except FileNotFoundError:
-                pass
-        self.held = False
-
 
 _MANAGER = None
 
@@ -170,6 +104,7 @@ class Checkpointer:
         self.checkpoint = tf.train.Checkpoint(**trackables)
         self.manager = None
         if is_chief and directory:
+            _recover_state(directory)  # before the manager reads it
             self.manager = _manager_class()(
                 self.checkpoint, directory, max_to_keep=options.max_to_keep,
                 checkpoint_name="ckpt")
@@ -181,10 +116,23 @@ class Checkpointer:
         if self.last_saved_step == step:
             return None
         if self.manager is not None:
-            path = self.manager.save(checkpoint_number=step)
+            locks.check(self.directory)
+            latest = self.manager.latest_checkpoint
+            after = (f"the earlier checkpoints are intact (latest: {latest}); free space and run "
+                     "again to resume from it" if latest else
+                     "no checkpoint was kept yet; free space and run again")
+            try:
+                with files.disk_full_guard(f"the checkpoint of step {step}", self.directory,
+                                           after):
+                    path = self.manager.save(checkpoint_number=step)
+            except files.DiskFull:
+                _remove_quietly(files.join(self.directory, f"ckpt-{step}_temp"))
+                raise
         else:
             with outputs.scratch_dir() as scratch:
-                self.checkpoint.write(os.path.join(scratch, "ckpt"))
+                with files.disk_full_guard(f"this worker's part of the checkpoint of step {step}",
+                                           scratch, "the chief's checkpoints are intact"):
+                    self.checkpoint.write(os.path.join(scratch, "ckpt"))
             path = None
         self.last_save_time = time.monotonic()
         self.last_saved_step = step
@@ -204,7 +152,6 @@ class Checkpointer:
 
     def candidates(self) -> list[str]:
         """Checkpoints to try, newest first."""
-        import tensorflow as tf
         restore = self.options.restore
         if restore == "none":
             return []
@@ -212,11 +159,15 @@ class Checkpointer:
             return [restore]
         if not self.directory:
             return []
-        state = tf.train.get_checkpoint_state(self.directory)
-        if state is None:
-            return []
-        paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-        return [p if os.path.isabs(p) else os.path.join(self.directory, p) for p in reversed(paths)]
+        listed = []
+        state = _state(self.directory)
+        if state is not None:
+            paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+            listed = [p if files.is_url(p) or os.path.isabs(p) else files.join(self.directory, p)
+                      for p in reversed(paths)]
+        # Checkpoints the state file does not list (it was lost, or written before a save
+        # that failed): never train over them, try them after the listed ones.
+        return listed + [p for _, p in reversed(on_disk(self.directory)) if p not in listed]
 
     def restore(self) -> str | None:
         """Restore the newest readable checkpoint; warn about and skip unreadable ones.
@@ -258,13 +209,142 @@ class Checkpointer:
         return None
 
 
-def export(model, export_dir: str) -> dict:
-    """`export_dir/model.keras` (Keras) and `export_dir/saved_model/` (TensorFlow serving)."""
-    os.makedirs(export_dir, exist_ok=True)
-    keras_path = os.path.join(export_dir, "model.keras")
-    saved_model = os.path.join(export_dir, "saved_model")
-    model.save(keras_path)
-    if os.path.exists(saved_model):
-        shutil.rmtree(saved_model)  # ours, from an earlier fit on this model_dir
+def _state(directory):
+    """TensorFlow's CheckpointState of `directory`, or None if missing or unreadable."""
+    import tensorflow as tf
+    try:
+        return tf.train.get_checkpoint_state(directory)
+    except ValueError:  # an empty state file: TensorFlow raises instead of ignoring it
+        return None
+
+
+def on_disk(directory: str) -> list[tuple[int, str]]:
+    """(step, prefix) of every `ckpt-N` with an index file in `directory`, oldest first."""
+    found = []
+    for name in files.listdir(directory):
+        match = _INDEX.match(name)
+        if match:
+            found.append((int(match.group(1)), files.join(directory, f"ckpt-{match.group(1)}")))
+    return sorted(found)
+
+
+def _recover_state(directory):
+    """Write the state file again when it is gone but checkpoints are there.
+
+    Without it, TensorFlow's manager believes the directory empty: a run would start
+    over, save over `ckpt-N` of the same names, and never rotate the old ones. With
+    it rebuilt, they are restored from and rotated as if nothing had happened.
+    """
+    found = on_disk(directory)
+    if not found or _state(directory) is not None:
+        return
+    import tensorflow as tf
+    paths = [p for _, p in found]
+    now = time.time()
+    with files.disk_full_guard("the checkpoint state file", files.join(directory, STATE_FILE)):
+        # Timestamps after `last_preserved_timestamp`: the manager may rotate them.
+        tf.compat.v1.train.update_checkpoint_state(
+            directory, paths[-1], all_model_checkpoint_paths=paths,
+            all_model_checkpoint_timestamps=[now] * len(paths), last_preserved_timestamp=now - 1)
+    logger.warning("the checkpoint state file %s was missing or unreadable; rebuilt it from the "
+                   "%d checkpoint(s) in that directory (%s)", files.join(directory, STATE_FILE),
+                   len(paths), ", ".join(os.path.basename(p) for p in paths))
+
+
+def _remove_quietly(path):
+    try:
+        files.remove(path)
+    except Exception:  # tidying after a failure must not hide the failure
+        pass
+
+
+def tidy(model_dir: str):
+    """Remove what killed saves left (chief only, lock held): kerastrain's and TensorFlow's
+    temporary names only. Put a previous export back if a run died while replacing it."""
+    removed = []
+    directory = files.join(model_dir, "checkpoints")
+    for name in files.listdir(directory):
+        if _SAVE_TEMPORARY.match(name):
+            files.remove(files.join(directory, name))
+            removed.append(f"checkpoints/{name}")
+    export_dir = files.join(model_dir, EXPORT)
+    names = files.listdir(model_dir)
+    for name in names:
+        if files.is_own_temporary(name) or name.startswith(EXPORT + _STAGING):
+            files.remove(files.join(model_dir, name))
+            removed.append(name)
+    for name in sorted(n for n in names if n.startswith(EXPORT + _OLD)):
+        if not files.exists(export_dir):
+            files.rename(files.join(model_dir, name), export_dir)
+            logger.warning("a run ended while replacing %s; put the previous export back",
+                           export_dir)
+        else:
+            files.remove(files.join(model_dir, name))
+            removed.append(name)
+    if removed:
+        logger.info("removed what interrupted writes left in %s: %s", model_dir,
+                    ", ".join(removed))
+
+
+def export_is_current(export_dir: str, step: int) -> bool:
+    """Whether `export_dir` holds a complete export of the model at `step`."""
+    text = files.read_text(files.join(export_dir, EXPORT_MARKER))
+    try:
+        return json.loads(text)["step"] == step
+    except (TypeError, ValueError, KeyError):
+        return False
+
+
+def export(model, export_dir: str, *, step: int | None = None) -> dict:
+    """`export_dir/model.keras` (Keras) and `export_dir/saved_model/` (TensorFlow serving).
+
+    A reader sees the previous export or the whole new one. Where directories
+    rename atomically (local disks, ram://), the export is written beside as
+    `export.kerastrain-partial-<hex>` and swapped in by two renames (a run killed
+    between them gets the previous one back at its next start). On object stores
+    (gs://) it is written in place and `kerastrain-export.json` is written last:
+    an export without it is incomplete, and the next run writes it again.
+
+    Raises:
+        kerastrain.files.DiskFull: no space; the previous export is intact (or,
+            on object stores, marked incomplete).
+    """
+    locks.check(export_dir)
+    paths = {"keras": files.join(export_dir, "model.keras"),
+             "saved_model": files.join(export_dir, "saved_model")}
+    if files.renames_atomically(export_dir):
+        staging = f"{export_dir}{_STAGING}{uuid.uuid4().hex[:12]}"
+        before = "the previous export is intact" if files.exists(export_dir) else \
+            "no export was written"
+        try:
+            with files.disk_full_guard("the export", export_dir,
+                                       f"{before}; free space and run again to write it"):
+                _write_export(model, staging, step)
+                old = None
+                if files.exists(export_dir):
+                    old = f"{export_dir}{_OLD}{uuid.uuid4().hex[:12]}"
+                    files.rename(export_dir, old)
+                files.rename(staging, export_dir)
+                if old:
+                    _remove_quietly(old)
+        finally:
+            _remove_quietly(staging)
+        return paths
+    with files.disk_full_guard("the export", export_dir, f"it is marked incomplete (no "
+                               f"{EXPORT_MARKER}); free space and run again to write it"):
+        marker = files.join(export_dir, EXPORT_MARKER)
+        if files.exists(marker):
+            files.remove(marker)
+        _write_export(model, export_dir, step)
+    return paths
+
+
+def _write_export(model, directory, step):
+    files.makedirs(directory)
+    saved_model = files.join(directory, "saved_model")
+    if files.exists(saved_model):
+        files.remove(saved_model)  # ours, from an earlier fit on this model_dir
+    model.save(files.join(directory, "model.keras"))
     model.export(saved_model, verbose=False)
-    return {"keras": keras_path, "saved_model": saved_model}
+    files.write_text(files.join(directory, EXPORT_MARKER), json.dumps(
+        {"step": step, "written": time.time(), "files": ["model.keras", "saved_model"]}))

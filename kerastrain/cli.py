@@ -10,6 +10,7 @@ import time
 import yaml
 
 from kerastrain.config import RecipeError  # pure Python: no TensorFlow
+from kerastrain.files import DiskFull  # pure Python: no TensorFlow
 
 EXAMPLES = """examples:
   kerastrain run recipes/quickstart.yaml         # train as a recipe says
@@ -154,14 +155,16 @@ def _options(pairs):
 
 
 def _quickstart(args):
-    from kerastrain import network
+    from kerastrain import network, strategies
 
     options = _options(args.option)
     if args.cpu_devices:
         options["cpu_devices"] = args.cpu_devices
     # Before NumPy and TensorFlow start threads, after which Linux cannot isolate the process.
-    network.isolate_for({"strategy": {"name": args.strategy, **options},
-                         "trainer": {"model_dir": args.model_dir}}, opt_out="--option network=host")
+    strategy = {"name": args.strategy, **options}
+    network.isolate_for({"strategy": strategy, "trainer": {"model_dir": args.model_dir}},
+                        mode=strategies.local_cluster_network(strategy),
+                        opt_out="--option network=host")
     import kerastrain as kt
     from kerastrain import examples
 
@@ -215,7 +218,7 @@ def _raw_tree(args) -> dict:
 
 
 def _run(args, train):
-    from kerastrain import config, network, recipes
+    from kerastrain import config, network, recipes, strategies
 
     if args.recipe is None:
         if getattr(args, "print_config", False):
@@ -227,7 +230,9 @@ def _run(args, train):
     if train and not getattr(args, "print_config", False):
         # A local ps cluster: isolate before validation imports the recipe's modules, whose
         # NumPy starts threads, after which Linux cannot move the process.
-        network.isolate_for(_raw_tree(args), opt_out=(
+        tree = _raw_tree(args)
+        network.isolate_for(tree, mode=strategies.local_cluster_network(tree.get("strategy")),
+                            opt_out=(
             "the strategy option `network: host` (--set strategy.network=host)"))
     imports = not getattr(args, "no_import", False)
     recipe, tree = recipes.load(args.recipe, args.set, imports=imports)
@@ -252,8 +257,9 @@ def _run(args, train):
     if role == "evaluator":
         from kerastrain import evaluator
         return evaluator.run(recipe)
-    recipes.run(recipe, resolved_text=f"# resolved from {args.recipe}"
-                + (f" with --set {' --set '.join(args.set)}" if args.set else "") + "\n" + text)
+    trainer, _ = recipes.run(recipe, resolved_text=f"# resolved from {args.recipe}" + (
+        f" with --set {' --set '.join(args.set)}" if args.set else "") + "\n" + text)
+    trainer.close()  # the run is over: its model_dir is free (also for a next run in-process)
     return 0
 
 
@@ -316,6 +322,9 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, RuntimeError) as e:
         print(f"kerastrain: error: {e}", file=sys.stderr)
         return 2
+    except DiskFull as e:  # what was written before is intact; the message says what to do
+        print(f"kerastrain: {e}", file=sys.stderr)
+        return 1
     _parser().print_help()
     return 0
 

@@ -123,6 +123,17 @@ def _string(optional=False):
     return check
 
 
+def _model_dir(value):
+    value = _string(optional=True)(value)
+    if value is not None:
+        from kerastrain import files  # pure Python: TensorFlow is not asked here
+        advice = files.scheme_advice(value, ask_tensorflow=False)
+        if advice:
+            raise _Bad("a local path or a URL whose file system TensorFlow implements "
+                       f"('{files.scheme(value)}://': {advice})")
+    return value
+
+
 def _mapping(value):
     if value is None:
         return {}
@@ -231,7 +242,8 @@ class TrainerConfig:
     seed: int | None = option(None, "seeds Python, NumPy, TensorFlow and Keras",
                               check=_int(0, optional=True))
     model_dir: str | None = option(None, "checkpoints, logs, export and the resolved recipe go "
-                                         "here; reruns resume", check=_string(optional=True))
+                                         "here; reruns resume (a path, or a URL such as gs://)",
+                                   check=_model_dir)
     verbose: int | str = option("auto", "0 silent, 1 progress bar, 2 one line per epoch",
                                 check=_choice("auto", 0, 1, 2))
     jit_compile: bool | None = option(None, "XLA for each step; null follows the model's "

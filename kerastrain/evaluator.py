@@ -14,7 +14,7 @@ import logging
 import os
 import time
 
-from kerastrain import cluster
+from kerastrain import cluster, files, outputs
 
 logger = logging.getLogger("kerastrain")
 
@@ -64,8 +64,9 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
     data = recipes.call_builder(data_config, recipe.data.batch_size)
     batch = recipes.numpy_batch_size(data, recipe.data.batch_size)
     trainer.build(data, batch_size=batch)
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "evaluator"))
-    directory = os.path.abspath(os.path.join(model_dir, "checkpoints"))
+    model_dir = outputs.normalize_model_dir(model_dir)  # a URL as given, a local path absolute
+    writer = tf.summary.create_file_writer(files.join(model_dir, "logs", "evaluator"))
+    directory = files.join(model_dir, "checkpoints")
     logger.info("evaluator: watching %s until %s finishes", directory, chief)
     evaluated = 0
     for path in tf.train.checkpoints_iterator(directory, min_interval_secs=0, timeout=poll_secs,

@@ -264,23 +264,6 @@ def isolate_network() -> bool:
     return True
 
 
-def local_cluster_network(strategy, environ=None) -> str | None:
-    """`network` of a strategy that starts a local in-process cluster, else None.
-
-    Decided from the recipe alone, before TensorFlow: `ps` with no `TF_CONFIG` (nor Slurm).
-    A strategy that does not validate gives None: validation reports it right after.
-    """
-    from kerastrain import cluster, strategies  # pure Python: no TensorFlow here
-    try:
-        name, options = strategies.normalize(strategy)
-        config = cluster.read_tf_config(environ)
-    except (ValueError, TypeError):
-        return None
-    if name != "ps" or config is not None or options.get("cluster_resolver") == "slurm":
-        return None
-    return options.get("network", PRIVATE)
-
-
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # Schemes TensorFlow serves from this process alone (its in-memory file system included).
 _LOCAL_SCHEMES = ("file://", "ram://")
@@ -316,16 +299,17 @@ def check_no_urls(tree, opt_out: str) -> None:
             "(the cluster's unauthenticated servers are then reachable from the network).")
 
 
-def isolate_for(tree: dict, *, opt_out: str) -> bool:
+def isolate_for(tree: dict, *, mode, opt_out: str) -> bool:
     """From the command line: isolate when a recipe's strategy starts a local cluster.
 
-    `tree` is the recipe, unvalidated. Logs one line either way: where the cluster runs and
+    `tree` is the recipe, unvalidated; `mode` is `strategies.local_cluster_network` of its
+    strategy (None: no local cluster). Logs one line either way: where the cluster runs and
     what stops working inside, or why Linux refused. `opt_out` says how to turn isolation off.
 
     Raises:
         ValueError: isolation is on and the recipe names URLs the namespace cannot reach.
     """
-    if local_cluster_network(tree.get("strategy")) != PRIVATE:
+    if mode != PRIVATE:
         return False
     check_no_urls(tree, opt_out)
     if not exposed_interfaces():

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import os
+import logging
 import shutil
 import tempfile
 
+from kerastrain import files
+
+logger = logging.getLogger("kerastrain")
+
 SCRATCH_PREFIX = "kerastrain-nonchief-"
+
+
+def normalize_model_dir(model_dir) -> str | None:
+    """A URL as given, a local path absolute; an unusable file system is a ValueError now."""
+    return files.normalize_model_dir(model_dir)
 
 
 @contextlib.contextmanager
@@ -28,22 +38,53 @@ class Outputs:
     """Paths under `model_dir` for the chief; None for every other task or without a model_dir.
 
     Every task asks; only the chief gets a directory, so no two workers ever
-    write the same file (tensorflow#38635, #31252).
+    write the same file (tensorflow#38635, #31252). Everything goes through
+    `kerastrain.files`, so `model_dir` may be a local path or a URL (gs://, ram://).
     """
 
     def __init__(self, model_dir: str | None, is_chief: bool):
         self.model_dir = model_dir
         self.is_chief = is_chief
+        self.lock = None
 
     @property
     def enabled(self) -> bool:
         return self.model_dir is not None and self.is_chief
 
-    def dir(self, *parts: str) -> str | None:
+    def claim(self, tidy=None):
+        """On the chief: take the model_dir lock, tidy what a killed run left, say where state goes.
+
+        `tidy(model_dir)` removes what killed writes left (`checkpoints.tidy`).
+
+        Returns the lock (released by `Trainer.close()` or at exit), or None on
+        other tasks and without a model_dir.
+
+        Raises:
+            kerastrain.locks.ModelDirInUse: another live run holds the model_dir.
+        """
         if not self.enabled:
             return None
-        path = os.path.join(self.model_dir, *parts)
-        os.makedirs(path, exist_ok=True)
+        from kerastrain import locks
+        self.lock = locks.ModelDirLock(self.model_dir).acquire()
+        atexit.register(self.lock.release)
+        # Only the lock holder may remove temporaries: nobody else is writing them now.
+        if tidy is not None:
+            tidy(self.model_dir)
+        logger.info("model_dir: %s (%s; lock: %s)", self.model_dir,
+                    files.describe(self.model_dir), self.lock.kind)
+        return self.lock
+
+    def path(self, *parts: str) -> str | None:
+        """`model_dir/parts...` on the chief (nothing created); None elsewhere."""
+        if not self.enabled:
+            return None
+        return files.join(self.model_dir, *parts)
+
+    def dir(self, *parts: str) -> str | None:
+        path = self.path(*parts)
+        if path is not None:
+            with files.disk_full_guard("a directory", path):
+                files.makedirs(path)
         return path
 
     def write_text(self, name: str, text: str) -> str | None:
@@ -56,16 +97,28 @@ class Outputs:
         directory = self.dir()
         if directory is None:
             return None
-        path = os.path.join(directory, name)
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                if f.read() == text:
-                    return path
-            n = 1
-            while os.path.exists(f"{path}.previous-{n}"):
-                n += 1
-            os.replace(path, f"{path}.previous-{n}")
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
-        return path
+        path = files.join(directory, name)
+        old = files.read_text(path)
+        if old == text:
+            return path
+        with files.disk_full_guard(name, path, "the earlier files are intact"):
+            if old is not None:
+                n = 1
+                while files.exists(f"{path}.previous-{n}"):
+                    n += 1
+                files.rename(path, f"{path}.previous-{n}")
+            return self._write(path, text)
+
+    def replace_text(self, name: str, text: str) -> str | None:
+        """Write `model_dir/name` on the chief, replacing it whole (never half-written)."""
+        directory = self.dir()
+        if directory is None:
+            return None
+        path = files.join(directory, name)
+        with files.disk_full_guard(name, path, f"the earlier {name} is intact"):
+            return self._write(path, text)
+
+    def _write(self, path, text):
+        from kerastrain import locks
+        locks.check(path)
+        return files.write_text(path, text)

@@ -148,6 +148,22 @@ def normalize(strategy, strategy_options=None) -> tuple[str, dict]:
     return name, checked
 
 
+def local_cluster_network(strategy, environ=None) -> str | None:
+    """`network` of a strategy that starts a local in-process cluster, else None.
+
+    Decided from the recipe alone, before TensorFlow: `ps` with no `TF_CONFIG` (nor Slurm).
+    A strategy that does not validate gives None: validation reports it right after.
+    """
+    try:
+        name, options = normalize(strategy)
+        config = cluster_lib.read_tf_config(environ)
+    except (ValueError, TypeError):
+        return None
+    if name != "ps" or config is not None or options.get("cluster_resolver") == "slurm":
+        return None
+    return options.get("network", network_lib.PRIVATE)
+
+
 def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
     """Build a `tf.distribute` strategy from a name plus options.
 

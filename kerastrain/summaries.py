@@ -5,10 +5,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
-import os
 from typing import Mapping
 
 import numpy as np
+
+from kerastrain import files
 
 from kerastrain._options import option
 
@@ -95,12 +96,14 @@ class TensorBoardWriter(MetricWriter):
     def _writer(self, run):
         import tensorflow as tf
         if run not in self._writers:
-            self._writers[run] = tf.summary.create_file_writer(os.path.join(self.logdir, run))
+            path = files.join(self.logdir, run)
+            with files.disk_full_guard("TensorBoard events", path):
+                self._writers[run] = tf.summary.create_file_writer(path)
         return self._writers[run]
 
     @property
     def train_dir(self):
-        return os.path.join(self.logdir, "train")
+        return files.join(self.logdir, "train")
 
     def _scalar_writer(self, run):
         """One compiled call per run, for any set of tags.
@@ -152,14 +155,15 @@ class TensorBoardWriter(MetricWriter):
             tf.summary.graph(graph)
 
     def flush(self):
-        for w in self._writers.values():
-            w.flush()
+        for run, w in self._writers.items():
+            with files.disk_full_guard("TensorBoard events", files.join(self.logdir, run)):
+                w.flush()
 
     def close(self):
-        for w in self._writers.values():
-            w.close()
-        self._writers = {}
-        self._compiled = {}
+        writers, self._writers, self._compiled = self._writers, {}, {}
+        for run, w in writers.items():
+            with files.disk_full_guard("TensorBoard events", files.join(self.logdir, run)):
+                w.close()
 
 
 class LoggingWriter(MetricWriter):
@@ -174,7 +178,7 @@ class LoggingWriter(MetricWriter):
 
 
 class CSVWriter(MetricWriter):
-    """Long-format rows `step,name,value` appended to one file."""
+    """Long-format rows `step,name,value` appended to one file (a local path or a URL)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -182,8 +186,9 @@ class CSVWriter(MetricWriter):
 
     def write_scalars(self, step, scalars):
         if self._file is None:
-            new = not os.path.exists(self.path)
-            self._file = open(self.path, "a", newline="")
+            import tensorflow as tf
+            new = not files.exists(self.path)
+            self._file = tf.io.gfile.GFile(self.path, "a")
             if new:
                 self._file.write("step,name,value\n")
         w = csv.writer(self._file)
@@ -192,12 +197,14 @@ class CSVWriter(MetricWriter):
 
     def flush(self):
         if self._file is not None:
-            self._file.flush()
+            with files.disk_full_guard("CSV rows", self.path):
+                self._file.flush()
 
     def close(self):
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            with files.disk_full_guard("CSV rows", self.path):
+                file.close()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import logging
-import os
 import sys
 
 import numpy as np
@@ -17,6 +15,7 @@ from kerastrain import callbacks as callbacks_lib
 from kerastrain import checkpoints
 from kerastrain import data as data_lib
 from kerastrain import driver as driver_lib
+from kerastrain import files
 from kerastrain import fit_args
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
@@ -89,6 +88,9 @@ class Trainer:
         self._shard = sharding.check_policy(shard)
         _check_init_options(steps_per_loop=steps_per_loop, verbose=verbose,
                             jit_compile=jit_compile, seed=seed, writers=writers)
+        # A URL stays as given; a local path becomes absolute; `s3://` without
+        # tensorflow-io is refused here, not after an hour of training.
+        self.model_dir = outputs_lib.normalize_model_dir(model_dir)
         _logging.ensure_visible()
         # A model instance is read before the strategy exists (a ps cluster, once
         # connected, makes the instance's variables unreadable here).
@@ -108,9 +110,6 @@ class Trainer:
         self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
         self._checkpointer = None
         self._restored = False
-        # Absolute: TensorFlow's checkpoint state file records paths as given, and reads
-        # relative ones back relative to the checkpoint directory, not the working one.
-        self.model_dir = None if model_dir is None else os.path.abspath(os.fspath(model_dir))
         self._seed = seed
         self._steps_per_loop = steps_per_loop
         self._verbose = verbose
@@ -129,11 +128,7 @@ class Trainer:
         self._inputs = {}
         self._release_preemption = None
         self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
-        self._lock = None
-        if self._outputs.enabled:
-            self._lock = checkpoints.ModelDirLock(self.model_dir)
-            self._lock.acquire()
-            atexit.register(self._lock.release)
+        self._lock = self._outputs.claim(tidy=checkpoints.tidy)
         self._settings = _settings(self, seed=seed, steps_per_loop=steps_per_loop, shard=shard)
 
     def _make_state(self, model, **compile_overrides):
@@ -251,7 +246,7 @@ class Trainer:
                                              trainable=False, name="epoch_totals")
         options = self._ckpt_options
         if options and (self.model_dir or options.restore not in ("latest", "none")):
-            directory = os.path.join(self.model_dir, "checkpoints") if self.model_dir else None
+            directory = files.join(self.model_dir, "checkpoints") if self.model_dir else None
             self._checkpointer = checkpoints.Checkpointer(
                 directory, options, is_chief=self.is_chief, model=self._model,
                 optimizer=self._model.optimizer, global_step=self._global_step,
@@ -343,13 +338,33 @@ class Trainer:
             if self._step is not None and self._step.partitioned:
                 # One machine serves it: the same model with whole variables.
                 model = models_lib.unpartitioned_copy(self._model, self._model_source)
-            paths = checkpoints.export(model, self._outputs.dir("export"))
+            paths = checkpoints.export(model, self._outputs.path("export"),
+                                       step=self.global_step)
             logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
             return paths
         if self._built.is_multi_worker:
             with outputs_lib.scratch_dir() as scratch:
                 checkpoints.export(self._model, scratch)
         return None
+
+    def _export_missing(self):
+        """Whether the export is not that of this step (an earlier export failed, e.g. disk full).
+
+        Not under multi-worker mirrored: every worker must take part in an export,
+        and they would have to agree on reading the chief's files.
+        """
+        if not (self._ckpt_options and self._ckpt_options.export and self._outputs.enabled) \
+                or self._built.is_multi_worker or self.global_step == 0:
+            return False
+        return not checkpoints.export_is_current(self._outputs.path("export"), self.global_step)
+
+    def _export_missing(self):
+        """Whether the chief's export is missing or not of this step (a run killed or out of
+        disk while exporting): a rerun with nothing left to train writes it again."""
+        if not (self._ckpt_options and self._ckpt_options.export and self._outputs.enabled) \
+                or self._built.is_multi_worker or self.global_step == 0:
+            return False
+        return not checkpoints.export_is_current(self._outputs.path("export"), self.global_step)
 
     def _resolve_verbose(self, verbose):
         verbose = self._verbose if verbose is None else verbose
@@ -381,7 +396,7 @@ class Trainer:
         import yaml
         settings = yaml.safe_dump(self._settings, sort_keys=False)
         # The settings this run resolved to, next to what it wrote (chief only).
-        self._outputs.write_text("config.yaml", settings)
+        self._outputs.replace_text("config.yaml", settings)
         writer = self._metric_writer()
         return summaries.model_monitor(
             self._model, writer, self._tb_options, step=self.global_step, settings=settings,
@@ -487,8 +502,9 @@ class Trainer:
         if listed[0].preempted is not None:
             raise listed[0].preempted  # after the handlers above have let go of SIGTERM
         cbs.on_train_end(progress.logs or {})
-        if progress.stop != actions_lib.DIVERGED and self.global_step > first_step:
-            self._export()  # (a resumed run with nothing left to train keeps its export)
+        if progress.stop != actions_lib.DIVERGED and (
+                self.global_step > first_step or self._export_missing()):
+            self._export()  # a resumed run with nothing to train keeps a current export
         return callbacks_lib.history_of(cbs)
 
     def _train_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,

@@ -453,17 +453,17 @@ def test_network_option_is_checked(capsys):
 
 def test_which_commands_isolate():
     no_cluster = {}
-    assert network.local_cluster_network("ps", no_cluster) == "private"
-    assert network.local_cluster_network({"name": "parameter_server", "network": "host"},
+    assert strategies.local_cluster_network("ps", no_cluster) == "private"
+    assert strategies.local_cluster_network({"name": "parameter_server", "network": "host"},
                                          no_cluster) == "host"
-    assert network.local_cluster_network("mirrored", no_cluster) is None
-    assert network.local_cluster_network({"name": "ps", "cluster_resolver": "slurm"},
+    assert strategies.local_cluster_network("mirrored", no_cluster) is None
+    assert strategies.local_cluster_network({"name": "ps", "cluster_resolver": "slurm"},
                                          no_cluster) is None
     tf_config = {"TF_CONFIG": json.dumps({"cluster": {"chief": ["h:1"], "worker": ["h:2"],
                                                       "ps": ["h:3"]},
                                           "task": {"type": "chief", "index": 0}})}
-    assert network.local_cluster_network("ps", tf_config) is None   # a real cluster: yours
-    assert network.local_cluster_network({"name": "ps", "network": "off"}, no_cluster) is None
+    assert strategies.local_cluster_network("ps", tf_config) is None   # a real cluster: yours
+    assert strategies.local_cluster_network({"name": "ps", "network": "off"}, no_cluster) is None
 
 
 def test_a_recipe_that_needs_the_network_is_refused_before_isolation(capsys):
