@@ -331,3 +331,34 @@ def test_the_chief_manager_never_restores_behind_kerastrains_back(tmp_path):
     assert fresh._checkpointer.manager.restore_or_initialize() is None
     for a, b in zip(fresh.model.get_weights(), before):
         np.testing.assert_array_equal(a, b)
+
+
+def test_sigterm_during_a_callback_saves_that_step_and_resumes_to_the_total(tmp_path):
+    """A SIGTERM that lands while callbacks run after a loop (found on the old loop: it was
+    taken for the end of the epoch, and the resumed run stopped short of its total)."""
+    import keras
+
+    class TerminateAtBatch3(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def make():
+        return kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(), seed=0,
+                          strategy="default", model_dir=tmp_path, steps_per_loop=1, verbose=0)
+
+    first = make()
+    with pytest.raises(kt.Preempted) as stopped:
+        first.fit(epochs=2, callbacks=[TerminateAtBatch3()])
+    # The loop in progress when the watcher thread flips the stop flag finishes its one step.
+    step = stopped.value.step
+    assert stopped.value.code == 143 and step in (3, 4)
+    first.close()
+    import tensorflow as tf
+    saved = tf.train.load_checkpoint(str(tmp_path / "checkpoints" / f"ckpt-{step}"))
+    assert int(saved.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE")) == step
+    assert int(saved.get_tensor("step_in_epoch/.ATTRIBUTES/VARIABLE_VALUE")) == step
+    assert int(saved.get_tensor("epoch/.ATTRIBUTES/VARIABLE_VALUE")) == 0
+    again = make()
+    again.fit(epochs=2)
+    assert again.global_step == 12  # 2 epochs of 6 steps, none lost or repeated
