@@ -312,3 +312,22 @@ def variable_owners(model) -> dict:
                 getattr(layer, "_non_trainable_variables", [])):
             owners[id(v)] = layer
     return owners
+
+
+def lookup_layers(model):
+    """Keras's lookup layers in `model` (StringLookup, IntegerLookup, the one inside
+    TextVectorization). Their vocabulary is a `tf.lookup` table, not a variable, so
+    `get_weights`/`set_weights` and `clone_model` do not carry an adapted one; the class
+    is `keras.src.layers.preprocessing.index_lookup.IndexLookup` (Keras 3.3-3.15)."""
+    from keras.src.layers.preprocessing.index_lookup import IndexLookup
+    return [layer for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, IndexLookup)]
+
+
+def table_job(table):
+    """The job of a lookup table's resource (None for a per-worker `DistributedTable`)."""
+    import tensorflow as tf
+    if getattr(table, "is_distributed_table", False):
+        return None
+    handle = getattr(table, "_resource_handle", None)
+    return tf.DeviceSpec.from_string(getattr(handle, "device", "") or "").job

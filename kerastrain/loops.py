@@ -307,7 +307,32 @@ class Step:
         return self._eval_local
 
     def _build_eval_loop_local(self):
-        return self._until_end(lambda data: self._run_eval(data, local=True))
+        return self._until_end_local(lambda data: self._run_eval(data, local=True))
+
+    def _until_end_local(self, run_one):
+        """`_until_end` for coordinator-side evaluation under parameter servers.
+
+        The step runs in the while body, not in a branch: a `cond` does not forward
+        call-time captures such as the handle of a `DistributedTable` (a lookup layer
+        made in the ps scope), a while loop does (while_v2's deferred captures). The
+        next batch is read only while `steps < num_steps`, so none is lost between calls.
+        """
+        import tensorflow as tf
+
+        @tf.function
+        def loop(iterator, num_steps):
+            def next_or_empty(steps):
+                return tf.cond(steps < num_steps, iterator.get_next_as_optional,
+                               lambda: tf.experimental.Optional.empty(iterator.element_spec))
+            totals = tf.zeros([self.width], tf.float32)
+            steps = tf.constant(0, tf.int32)
+            optional = next_or_empty(steps)
+            while optional.has_value():
+                totals = self.accumulate(totals, run_one(optional.get_value()))
+                steps += 1
+                optional = next_or_empty(steps)
+            return totals, steps
+        return loop
 
     def start_epoch(self):
         """Called before each epoch and evaluation (nothing to reset: totals start at 0)."""

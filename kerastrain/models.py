@@ -40,6 +40,10 @@ class Detached:
 
     def __init__(self, model):
         self.weights = model.get_weights()
+        # Lookup tables are not variables: read their vocabularies, and the layers'
+        # configs (TextVectorization's reads its table), while they can be read.
+        self.vocabularies = [layer.get_vocabulary() for layer in _compat.lookup_layers(model)]
+        self.layer_configs = {id(layer): layer.get_config() for layer in model.layers}
         args = _compat.compile_args(model) if getattr(model, "compiled", False) else None
         self.compile_args = None if args is None else {
             k: _as_config(v) for k, v in args.items()}
@@ -226,14 +230,20 @@ def _recompile(model, args, *, fresh):
 def _rebuild(model, detached):
     """Clone a model made outside the scope; give it the weights and compile settings
     read from it before the strategy was built."""
+    configs = detached.layer_configs
     clone = clone_compiled(model, (
         f"The model {model.name!r} was created outside the strategy's scope and cannot be "
-        "rebuilt inside it"), compile_args=detached.compile_args)
+        "rebuilt inside it"), compile_args=detached.compile_args,
+        clone_function=lambda layer: layer.__class__.from_config(
+            configs[id(layer)] if id(layer) in configs else layer.get_config()))
     clone.set_weights(detached.weights)
+    # In scope: each table is made again where the strategy wants it (per worker under ps).
+    for layer, vocabulary in zip(_compat.lookup_layers(clone), detached.vocabularies):
+        layer.set_vocabulary(vocabulary)
     return clone
 
 
-def clone_compiled(model, why, compile_args=None):
+def clone_compiled(model, why, compile_args=None, clone_function=None):
     """`keras.models.clone_model(model)`, compiled as `model` is (with fresh optimizer state).
 
     `compile_args` (optimizer and metrics possibly as configs) default to `model`'s own.
@@ -248,7 +258,7 @@ def clone_compiled(model, why, compile_args=None):
         # ps cluster is connected) and fails for unregistered custom losses; the clone is
         # compiled below from the arguments kerastrain holds, so skip that step.
         model.compiled = False
-        clone = keras.models.clone_model(model)
+        clone = keras.models.clone_model(model, clone_function=clone_function)
     except Exception as e:  # clone_model raises several types for unclonable models
         cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise ValueError(
@@ -299,3 +309,40 @@ def _explained(built):
         return contextlib.nullcontext()
     from kerastrain import partitioning
     return partitioning.explain_failures()
+
+
+def check_resources_placed(model, built):
+    """Under parameter servers, fail fast on a variable or lookup table made before this
+    process joined the cluster.
+
+    It lives on `/job:localhost`, which no worker knows: workers answer "unknown device",
+    which TensorFlow's ClusterCoordinator takes for a lost worker, so it would retry the
+    step for ever (`cluster_coordinator._is_worker_failure`). A hang is the worst answer.
+
+    Raises:
+        ValueError: naming the variable or layer, and how to create it in the model function.
+    """
+    if not built.is_parameter_server:
+        return
+    import tensorflow as tf
+    for v in model.variables:
+        for part in getattr(v.value, "variables", [v.value]):
+            if tf.DeviceSpec.from_string(part.device or "").job == "localhost":
+                raise ValueError(
+                    f"Variable {v.path!r} was created before kerastrain connected to the "
+                    "parameter-server cluster, so no worker can reach it (a layer built or "
+                    "adapted before the Trainer and used by the model function). Create every "
+                    "layer inside the model function you pass to the Trainer.")
+    for layer in _compat.lookup_layers(model):
+        job = _compat.table_job(layer.lookup_table)
+        if job == "localhost":
+            raise ValueError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) holds a lookup table created "
+                "before kerastrain connected to the parameter-server cluster, so no worker can "
+                "reach it. Create the layer inside the model function, passing the vocabulary "
+                "(e.g. `StringLookup(vocabulary=adapted.get_vocabulary("
+                "include_special_tokens=False))`), or look tokens up in `dataset_fn`.")
+        if job is not None:
+            logger.warning("layer %r's lookup table was created outside the strategy's scope: "
+                           "it stays on the coordinator and every step on every worker reads "
+                           "it remotely. Create the layer inside the model function.", layer.name)

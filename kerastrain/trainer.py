@@ -228,6 +228,7 @@ class Trainer:
         if self._step is not None:
             return
         data_lib.check_against_model(element_spec, self._model)
+        models_lib.check_resources_placed(self._model, self._built)
         with self.strategy.scope():
             partitioned = models_lib.build_state(self._model, self._built, element_spec)
         jit = self._jit_compile

@@ -355,3 +355,20 @@ def test_backup_and_restore_is_refused_in_favour_of_model_dir(tmp_path):
     with pytest.raises(ValueError, match=r"`BackupAndRestore` does what kerastrain's "
                                          r"checkpoints already do.*pass `model_dir`"):
         trainer.fit(_binary(), callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))])
+
+
+@pytest.mark.multiprocess
+def test_lookup_tables_under_parameter_servers(tmp_path):
+    """An adapted StringLookup instance trains and evaluates under ps; one made in the model
+    function too; one made before the Trainer is a clear error (it used to hang for ever)."""
+    import json
+
+    import helpers
+    proc = helpers.run_python(["tests/_lookup_worker.py", str(tmp_path / "r.json")],
+                              timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(report["instance_loss"]) == 2 and np.isfinite(report["instance_eval"])
+    assert np.isfinite(report["builder_eval"])
+    assert "holds a lookup table created before kerastrain connected" in report["stale"] \
+        or "was created before kerastrain connected" in report["stale"], report["stale"]
