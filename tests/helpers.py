@@ -2,8 +2,11 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -88,3 +91,58 @@ def run_workers(script, job, out_prefix, num_workers=2, env=None, timeout=300):
         finally:
             p.kill()
     return [p.returncode for p in procs], outputs
+
+
+class Child:
+    """A Python child process (repo and tests importable) whose output is read as it comes.
+
+    `prefix` runs it through another command (e.g. into another network namespace).
+    """
+
+    def __init__(self, args, env=None, prefix=()):
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                        PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+        full_env.pop("TF_CONFIG", None)
+        full_env.update(env or {})
+        self.process = subprocess.Popen(
+            [*prefix, sys.executable, *args], env=full_env, cwd=REPO, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines = []
+        self._new = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self._new:
+                self.lines.append(line.rstrip("\n"))
+                self._new.notify_all()
+
+    def wait_for(self, pattern, timeout=240):
+        """The match of the first line (old or new) matching `pattern`."""
+        deadline = time.monotonic() + timeout
+        with self._new:
+            while True:
+                for line in self.lines:
+                    match = re.search(pattern, line)
+                    if match:
+                        return match
+                left = deadline - time.monotonic()
+                if left <= 0 or self.process.poll() is not None and not self._reader.is_alive():
+                    raise AssertionError(f"no line matching {pattern!r}:\n" +
+                                         "\n".join(self.lines[-60:]))
+                self._new.wait(min(left, 1.0))
+
+    def finish(self, timeout=300):
+        """Wait for the process (killed after `timeout` s); its exit code."""
+        try:
+            code = self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+            self._reader.join(timeout=10)
+        return code
+
+    @property
+    def text(self):
+        return "\n".join(self.lines)

@@ -4,9 +4,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import numpy as np
@@ -128,55 +125,11 @@ def test_kubernetes_manifest_structure(capsys):
 
 # -- real local clusters ----------------------------------------------------------------------
 
-class Launch:
+class Launch(helpers.Child):
     """`kerastrain launch ...` as a child process whose output is read as it comes."""
 
     def __init__(self, args, env=None):
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
-                        PYTHONPATH=os.pathsep.join([helpers.REPO, os.path.join(
-                            helpers.REPO, "tests")]))
-        full_env.pop("TF_CONFIG", None)
-        full_env.update(env or {})
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "kerastrain.cli", "launch", *args], env=full_env,
-            cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines = []
-        self._new = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            with self._new:
-                self.lines.append(line.rstrip("\n"))
-                self._new.notify_all()
-
-    def wait_for(self, pattern, timeout=240):
-        """The first line (old or new) matching `pattern`."""
-        deadline = time.monotonic() + timeout
-        with self._new:
-            while True:
-                for line in self.lines:
-                    if re.search(pattern, line):
-                        return line
-                left = deadline - time.monotonic()
-                if left <= 0 or self.process.poll() is not None and not self._reader.is_alive():
-                    raise AssertionError(f"no line matching {pattern!r}:\n" +
-                                         "\n".join(self.lines[-60:]))
-                self._new.wait(min(left, 1.0))
-
-    def finish(self, timeout=300):
-        try:
-            code = self.process.wait(timeout)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-        self._reader.join(timeout=10)
-        return code
-
-    @property
-    def text(self):
-        return "\n".join(self.lines)
+        super().__init__(["-m", "kerastrain.cli", "launch", *args], env=env)
 
     def pids(self):
         return [int(p) for p in re.findall(r"\[launch\] started \S+ \(pid (\d+)\)", self.text)]
@@ -219,7 +172,7 @@ def test_ps_job_survives_a_killed_worker_and_every_process_exits(tmp_path):
     os.kill(worker, signal.SIGKILL)
     assert run.finish() == 0, run.text[-6000:]
     assert "[launch] worker:1 exited with signal SIGKILL; restarting it (1/3)" in run.text
-    done = run.wait_for(r"\[chief:0\] kerastrain: done:")
+    done = run.wait_for(r"\[chief:0\] kerastrain: done:").string
     assert "3 epochs, step 144," in done   # 12,288 examples / 256 = 48 steps an epoch
     losses = _epoch_losses(run.text)
     assert len(losses) == 3 and losses[-1] < losses[0], losses
@@ -239,7 +192,7 @@ def test_a_killed_parameter_server_stops_the_chief_and_a_restart_resumes(tmp_pat
     assert "Lost contact with the parameter-server cluster" in run.text, run.text[-6000:]
     assert "restarting every task (1/1): training resumes from the last checkpoint" in run.text
     assert re.search(r"\[chief:0\] kerastrain: resumed from .*ckpt-\d+: step \d+", run.text)
-    done = run.wait_for(r"\[chief:0\] kerastrain: done:")
+    done = run.wait_for(r"\[chief:0\] kerastrain: done:").string
     assert "step 144," in done
     time.sleep(1)
     assert not [p for p in run.pids() if _alive(p)]
@@ -314,5 +267,5 @@ def test_a_killed_multi_worker_task_fails_the_job_and_a_restart_resumes(tmp_path
         in run.text
     assert "restarting every task (1/1)" in run.text
     assert re.search(r"\[worker:0\] kerastrain: resumed from .*ckpt-\d+", run.text)
-    assert "step 128," in run.wait_for(r"\[worker:0\] kerastrain: done:")  # 2 x 64 steps
+    assert "step 128," in run.wait_for(r"\[worker:0\] kerastrain: done:").string  # 2 x 64 steps
     assert not [p for p in run.pids() if _alive(p)]

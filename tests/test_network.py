@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
@@ -113,52 +112,9 @@ def outer():
     return prefix, probe.stdout.strip() == "None"
 
 
-class Child:
+def Child(prefix, args):
     """A command run in the outer namespace, its output read as it comes."""
-
-    def __init__(self, prefix, args):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONPATH=os.pathsep.join([helpers.REPO, os.path.join(helpers.REPO,
-                                                                         "tests")]))
-        env.pop("TF_CONFIG", None)
-        self.process = subprocess.Popen(
-            prefix + [sys.executable, *args], env=env, cwd=helpers.REPO, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.lines = []
-        self._new = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            with self._new:
-                self.lines.append(line.rstrip("\n"))
-                self._new.notify_all()
-
-    def wait_for(self, pattern, timeout=240):
-        deadline = time.monotonic() + timeout
-        with self._new:
-            while True:
-                for line in self.lines:
-                    match = re.search(pattern, line)
-                    if match:
-                        return match
-                if time.monotonic() > deadline or (self.process.poll() is not None
-                                                   and not self._reader.is_alive()):
-                    raise AssertionError(f"no line matching {pattern!r}:\n{self.text[-6000:]}")
-                self._new.wait(1.0)
-
-    def finish(self, timeout=300):
-        try:
-            return self.process.wait(timeout)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-            self._reader.join(timeout=10)
-
-    @property
-    def text(self):
-        return "\n".join(self.lines)
+    return helpers.Child(args, prefix=prefix)
 
 
 def _frozen(pids, read):
