@@ -30,8 +30,10 @@ class FitData:
 
 
 def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_data=None,
-            validation_split=None, shuffle=None) -> FitData:
+            validation_split=None, shuffle=None, argument="dataset_fn") -> FitData:
     """`fit(x, y, ...)`'s data arguments as kerastrain input forms.
+
+    `argument` is the name the user gave the data by (`dataset_fn` or `x`), for errors.
 
     Raises:
         ValueError: an argument that does not apply to this form of input, or a bad value.
@@ -40,7 +42,7 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
         # fit(x, y): x is the model's inputs (an array, or a list/dict/tuple of them).
         data = (data, y) if sample_weight is None else (data, y, sample_weight)
         y = sample_weight = None
-    form = data_lib.input_form(data, "x")
+    form = data_lib.input_form(data, argument)
     if form != "numpy":
         for name, value in (("y", y), ("sample_weight", sample_weight),
                             ("validation_split", validation_split)):
@@ -48,7 +50,7 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
                 raise ValueError(
                     f"`{name}` applies to NumPy arrays `x`, as in `model.fit`: a dataset or a "
                     f"dataset_fn yields its own (x, y[, sample_weight]) batches. Put it in the "
-                    f"dataset, or pass arrays. Received: {name} with x of form {form!r}")
+                    f"dataset, or pass arrays. Received: {name} with {argument} of form {form!r}")
         if shuffle:
             warnings.warn("`shuffle=True` is ignored for a dataset or dataset_fn: shuffle it in "
                           "its own pipeline (`.shuffle(buffer_size)`), as with `model.fit`.",

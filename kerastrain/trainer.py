@@ -560,6 +560,7 @@ class Trainer:
             if keras_args.get(keras_name) is not None and value is not None:
                 raise ValueError(f"`{keras_name}` and `{ours}` name the same thing: pass one. "
                                  f"Received: both")
+        argument = "x" if keras_args.get("x") is not None else "dataset_fn"
         data = next((d for d in (dataset_fn, keras_args.pop("x", None), self._dataset_fn)
                      if d is not None), None)
         if data is None:
@@ -567,7 +568,8 @@ class Trainer:
                              "`fit(...)`. Received: dataset_fn=None")
         validation = validation_dataset_fn if validation_dataset_fn is not None else \
             keras_args.pop("validation_data", None)
-        return fit_args.resolve(data, y, validation_data=validation, **keras_args)
+        return fit_args.resolve(data, y, validation_data=validation, argument=argument,
+                                **keras_args)
 
     def _validation(self, validation_dataset_fn, validation_steps, batch_size):
         """`() -> val logs` for the validation data (None without any)."""

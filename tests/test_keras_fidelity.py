@@ -331,7 +331,8 @@ def test_fit_arguments_that_do_not_apply_get_clear_errors():
     x, y = _binary()
     trainer = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-    with pytest.raises(ValueError, match=r"`y` applies to NumPy arrays `x`.*form 'dataset'"):
+    with pytest.raises(ValueError, match=r"`y` applies to NumPy arrays `x`.*dataset_fn of "
+                                         r"form 'dataset'"):
         trainer.fit(dataset, y)
     with pytest.raises(ValueError, match=r"`validation_split` applies to NumPy arrays"):
         trainer.fit(dataset, validation_split=0.2)
