@@ -373,3 +373,33 @@ def test_lookup_tables_under_parameter_servers(tmp_path):
     assert np.isfinite(report["builder_eval"])
     assert "holds a lookup table created before kerastrain connected" in report["stale"] \
         or "was created before kerastrain connected" in report["stale"], report["stale"]
+
+
+def test_a_partial_last_batch_under_mirrored_with_batchnorm_and_embedding():
+    """257 examples in global batches of 256: the last batch has 1 example for 2 replicas.
+    It trains (it used to crash) and its loss equals Keras fit's under the same
+    MirroredStrategy. Weights after the partial batch differ by design: kerastrain's gradient
+    is the global batch's mean (replicas weighted by their examples), Keras divides each
+    replica's mean by the replica count, empty replicas included (with full batches both
+    are bit-identical)."""
+    rng = np.random.RandomState(0)
+    ids, y = rng.randint(0, 50, size=(257, 3)), rng.randn(257, 1).astype("float32")
+
+    def build_model():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((3,), dtype="int32")
+        x = keras.layers.Flatten()(keras.layers.Embedding(50, 4)(inputs))
+        x = keras.layers.BatchNormalization()(keras.layers.Dense(8)(x))
+        model = keras.Model(inputs, keras.layers.Dense(1)(x))
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    data = tf.data.Dataset.from_tensor_slices((ids, y)).batch(256)
+    trainer = kt.Trainer(build_model, data, strategy=MIRRORED, verbose=0)
+    ours = trainer.fit(epochs=1).history["loss"]
+    with trainer.strategy.scope():
+        reference = build_model()
+    theirs = reference.fit(data, epochs=1, verbose=0).history["loss"]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+    embeddings = trainer.model.get_weights()[0]
+    np.testing.assert_allclose(embeddings, reference.get_weights()[0], rtol=1e-5, atol=1e-6)
