@@ -146,8 +146,6 @@ class PSDriver:
         on_lost: `(error) -> Exception` to raise when the cluster cannot be reached.
     """
 
-    in_sync = True
-
     def __init__(self, train_loop, coordinator, global_step, *, stop_requested,
                  join_at=None, max_in_flight=4, on_lost=None):
         self._loop = train_loop

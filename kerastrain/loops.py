@@ -220,8 +220,6 @@ class Step:
         Synchronous strategies stop early at the end of a finite dataset; under
         parameter servers the per-worker data repeats and exactly `num_steps` run.
         """
-        import tensorflow as tf
-
         if self._train is None:
             self._train = self._build_train_loop()
         return self._train
@@ -422,8 +420,9 @@ class ModelStep(Step):
         if local:
             logs, n = self._replica(step_fn)(data)
             return self._pack_logs(kind, logs, n)
+        import tensorflow as tf
         logs, n = self.strategy.run(self._replica(step_fn), args=(data,))
-        return self._pack_logs(kind, tf_map(self._mean, logs),
+        return self._pack_logs(kind, tf.nest.map_structure(self._mean, logs),
                                self.strategy.reduce("SUM", n, axis=None))
 
     def _run_train(self, data):
@@ -476,7 +475,3 @@ def _flat_logs(logs):
             flat[key] = value
     return flat
 
-
-def tf_map(fn, structure):
-    import tensorflow as tf
-    return tf.nest.map_structure(fn, structure)

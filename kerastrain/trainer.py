@@ -126,7 +126,6 @@ class Trainer:
         self._user_model = model if detached is not None and model is not self._model else None
         self._step = None
         self._inputs = {}
-        self._release_preemption = None
         self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
         self._lock = self._outputs.claim(tidy=checkpoints.tidy)
         self._settings = _settings(self, seed=seed, steps_per_loop=steps_per_loop, shard=shard)
@@ -423,7 +422,7 @@ class Trainer:
             join_at=None if ckpt is None else (lambda s: ckpt.due(s, epoch_end=False)),
             max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster)
 
-    def _actions(self, driver, *, watch, agree, monitor, callback_list, validate,
+    def _actions(self, driver, *, watch, agree, monitor, callback_list, validation,
                  steps_per_epoch, batch_logs):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
         results = self._step.results
@@ -433,8 +432,8 @@ class Trainer:
 
         listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
                   actions_lib.StopOnNonFinite(self._model)]
-        if validate is not None and validate[0] is not None:
-            listed.append(actions_lib.Validation(*validate))
+        if validation is not None:
+            listed.append(validation)
         if self.is_chief and monitor.active:  # other tasks write no summaries
             listed.append(actions_lib.Summaries(
                 monitor, results, timed=not self._built.is_parameter_server))
@@ -479,8 +478,8 @@ class Trainer:
         callbacks = callbacks_lib.check_callbacks(callbacks)
         train_input = self._input(data.train, "dataset_fn", "training", batch_size,
                                   shuffle=data.shuffle)
-        validate = (self._validation(data.validation, validation_steps, batch_size),
-                    validation_freq)
+        validation = self._validation(data.validation, validation_steps, batch_size,
+                                      validation_freq)
         self._ensure_built(train_input.element_spec)
         steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
@@ -495,7 +494,7 @@ class Trainer:
         with self._user_model_updated(), self._cluster_errors_explained(), \
                 self._preemption_agreement() as agree, watch, monitor:
             listed = self._actions(driver, watch=watch, agree=agree, monitor=monitor,
-                                   callback_list=cbs, validate=validate, steps_per_epoch=
+                                   callback_list=cbs, validation=validation, steps_per_epoch=
                                    steps_per_epoch, batch_logs=bool(callbacks) or verbose != 0)
             progress = self._train_epochs(
                 driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
@@ -571,8 +570,8 @@ class Trainer:
         return fit_args.resolve(data, y, validation_data=validation, argument=argument,
                                 **keras_args)
 
-    def _validation(self, validation_dataset_fn, validation_steps, batch_size):
-        """`() -> val logs` for the validation data (None without any)."""
+    def _validation(self, validation_dataset_fn, validation_steps, batch_size, every):
+        """The `actions.Validation` of this data, every `every` epochs (None without data)."""
         if validation_dataset_fn is None:
             return None
         # `batch_size` is for NumPy data; a validation dataset batches itself.
@@ -580,7 +579,8 @@ class Trainer:
         val_input = self._input(validation_dataset_fn, "validation_dataset_fn", "validation",
                                 batch_size if numpy else None)
         self._eval_dataset_fn = validation_dataset_fn
-        return lambda: self._evaluate_input(val_input, validation_steps)
+        return actions_lib.Validation(lambda: self._evaluate_input(val_input, validation_steps),
+                                      every=every)
 
     def _epoch_length(self, train_input, steps_per_epoch):
         if steps_per_epoch is not None:

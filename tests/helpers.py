@@ -146,3 +146,30 @@ class Child:
     @property
     def text(self):
         return "\n".join(self.lines)
+
+
+def sigterm_worker(job, out_prefix, delay, start_timeout=120, stop_timeout=120):
+    """Run `tests/_worker.py JOB OUT_PREFIX`, and `delay` s after training has begun (its
+    `started_marker` file exists) send it SIGTERM.
+
+    Returns (exit code, stderr, the step it says it stopped after or None, `rerun()` that
+    runs the same job again to its end and returns the CompletedProcess).
+    """
+    import signal
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    args = [sys.executable, "tests/_worker.py", json.dumps(job), str(out_prefix)]
+    proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + start_timeout
+    while not os.path.exists(job["started_marker"]):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=stop_timeout)[1]
+    found = re.search(r"SIGTERM: stopped after step (\d+)", stderr)
+
+    def rerun():
+        return subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+    return proc.returncode, stderr, int(found.group(1)) if found else None, rerun

@@ -223,31 +223,19 @@ def test_explicit_restore_path_that_does_not_exist(tmp_path):
 def test_sigterm_saves_at_the_step_reached_and_exits_143_then_resumes(tmp_path):
     model_dir = tmp_path / "run"
     marker = tmp_path / "started"
-    job = json.dumps({"strategy": "default", "epochs": 3, "n": 960, "data": "slow",
-                      "steps_per_loop": 50, "model_dir": str(model_dir),
-                      "started_marker": str(marker)})
-    env = dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    args = [sys.executable, "tests/_worker.py", job, str(tmp_path / "out")]
-    proc = subprocess.Popen(args, env=env, cwd=helpers.REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(1.0)  # some 30 steps in: inside the first 50-step compiled loop
-    proc.send_signal(signal.SIGTERM)
-    stderr = proc.communicate(timeout=60)[1]
-    assert proc.returncode == 143, stderr[-3000:]
+    job = {"strategy": "default", "epochs": 3, "n": 960, "data": "slow", "steps_per_loop": 50,
+           "model_dir": str(model_dir), "started_marker": str(marker)}
+    # Some 30 steps in: inside the first 50-step compiled loop.
+    code, stderr, step, rerun = helpers.sigterm_worker(job, tmp_path / "out", delay=1.0,
+                                                       stop_timeout=60)
+    assert code == 143 and step is not None, stderr[-3000:]
     assert "Traceback" not in stderr
-    line = next(l for l in stderr.splitlines() if "SIGTERM: stopped after step" in l)
-    step = int(line.split("step ")[1].split(",")[0])
     assert 0 < step < 50  # the loop stopped after its current step, not at its end
     import tensorflow as tf
     assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith(f"ckpt-{step}")
-    rerun = subprocess.run(args, env=env, cwd=helpers.REPO, capture_output=True, text=True,
-                           timeout=300)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"step {step}, epoch 1, {step} steps into it" in rerun.stderr
+    again = rerun()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"step {step}, epoch 1, {step} steps into it" in again.stderr
     assert json.loads((tmp_path / "out.json").read_text())["global_step"] == 180
 
 

@@ -108,31 +108,17 @@ def test_ps_checkpoint_restores_into_a_fresh_trainer_with_the_exact_step(tmp_pat
 def test_ps_sigterm_saves_the_step_its_variables_hold_and_resumes_to_the_exact_total(
         tmp_path, seed):
     import random
-    import signal
-    import time
 
     import tensorflow as tf
 
     model_dir, marker = tmp_path / "run", tmp_path / "started"
     epochs, steps = 6, 40
-    job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
-                      "epochs": epochs, "steps_per_epoch": steps, "n": 960, "data": "slow",
-                      "steps_per_loop": 4, "model_dir": str(model_dir),
-                      "started_marker": str(marker)})
-    env = dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    args = [sys.executable, "tests/_worker.py", job, str(tmp_path / "out")]
-    proc = subprocess.Popen(args, env=env, cwd=helpers.REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while not marker.exists():
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(random.Random(seed).uniform(0.2, 2.0))  # a random point of the run
-    proc.send_signal(signal.SIGTERM)
-    stderr = proc.communicate(timeout=120)[1]
-    assert proc.returncode == 143, stderr[-3000:]
-    line = next(l for l in stderr.splitlines() if "SIGTERM: stopped after step" in l)
-    step = int(line.split("step ")[1].split(",")[0])
+    job = {"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": epochs,
+           "steps_per_epoch": steps, "n": 960, "data": "slow", "steps_per_loop": 4,
+           "model_dir": str(model_dir), "started_marker": str(marker)}
+    code, stderr, step, rerun = helpers.sigterm_worker(  # at a random point of the run
+        job, tmp_path / "out", delay=random.Random(seed).uniform(0.2, 2.0), start_timeout=180)
+    assert code == 143 and step is not None, stderr[-3000:]
     path = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
     assert path.endswith(f"ckpt-{step}")
     saved = tf.train.load_checkpoint(path)
@@ -142,8 +128,7 @@ def test_ps_sigterm_saves_the_step_its_variables_hold_and_resumes_to_the_exact_t
     # The checkpoint's name, its step counter and its place in the epochs all agree.
     assert value("global_step") == step
     assert value("epoch") * steps + value("step_in_epoch") == step
-    rerun = subprocess.run(args, env=env, cwd=helpers.REPO, capture_output=True, text=True,
-                           timeout=300)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"resumed from {path}: step {step}" in rerun.stderr
+    again = rerun()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {path}: step {step}" in again.stderr
     assert json.loads((tmp_path / "out.json").read_text())["global_step"] == epochs * steps
