@@ -328,11 +328,15 @@ class _Checker:
             return None
         out = {}
         for key in value:
+            if not path and str(key).startswith("x-"):
+                continue  # a top-level home for YAML anchors, as in Compose files
             if key not in fields:
                 close = difflib.get_close_matches(str(key), list(fields), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
+                extra = ("" if path else
+                         " (keep shared YAML anchors under a top-level key starting with 'x-')")
                 self.add(path + (key,), f"unknown key.{hint} Valid keys here: "
-                                        f"{', '.join(fields)}")
+                                        f"{', '.join(fields)}{extra}")
         for key, spec in fields.items():
             if spec.section is not None:
                 if key in value and value[key] is not None:

@@ -204,6 +204,33 @@ def _scalar(loader, node, dotted, source, problems):
         return _UNREADABLE
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _merged_in(loader, node, path, source, positions, problems):
+    """The keys a mapping takes from YAML merge keys (`<<: *base` or `<<: [*a, *b]`).
+
+    As in YAML's merge-key spec, the mapping's own keys win, and an earlier mapping
+    in a list wins over a later one.
+    """
+    out = {}
+    for key_node, value_node in node.value:
+        if key_node.tag != _MERGE:
+            continue
+        sources = (value_node.value if isinstance(value_node, yaml.SequenceNode)
+                   else [value_node])
+        for source_node in reversed(sources):
+            if not isinstance(source_node, yaml.MappingNode):
+                problems.append(Problem(
+                    ".".join(map(str, path + ("<<",))),
+                    _where(source, key_node.start_mark.line + 1),
+                    "a merge key `<<` takes a mapping (`<<: *name`) or a list of them. "
+                    f"Received: {source_node.value!r}"))
+                continue
+            out.update(_construct(loader, source_node, path, source, positions, problems))
+    return out
+
+
 def _construct(loader, node, path, source, positions, problems):
     """Python data from a composed YAML node, recording each key's file and line.
 
@@ -211,8 +238,11 @@ def _construct(loader, node, path, source, positions, problems):
     """
     positions[path] = _where(source, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
-        out = {}
+        out = _merged_in(loader, node, path, source, positions, problems)
+        explicit = set()
         for key_node, value_node in node.value:
+            if key_node.tag == _MERGE:
+                continue
             key = _scalar(loader, key_node, ".".join(map(str, path)), source, problems)
             if key is _UNREADABLE:
                 continue
@@ -221,10 +251,11 @@ def _construct(loader, node, path, source, positions, problems):
                                         _where(source, key_node.start_mark.line + 1),
                                         f"keys must be strings. Received: {key!r}"))
                 continue
-            if key in out:
+            if key in explicit:
                 problems.append(Problem(".".join(map(str, path + (key,))),
                                         _where(source, key_node.start_mark.line + 1),
                                         "given twice in the same mapping; keep one"))
+            explicit.add(key)
             out[key] = _construct(loader, value_node, path + (key,), source, positions, problems)
         return out
     if isinstance(node, yaml.SequenceNode):

@@ -376,6 +376,27 @@ def test_aliases_within_the_budget_are_copies(tmp_path, monkeypatch):
         recipes.parse_yaml(lists.replace("[", "[0, "), "big.yaml")
 
 
+def test_yaml_merge_keys_merge_with_the_mappings_own_keys_winning(tmp_path, capsys):
+    text = ("x-data: &data\n  builder: kerastrain.examples:synthetic_data\n"
+            "  args: {num_examples: 64, features: 8}\n"
+            "x-more: &more {args: {num_examples: 1}}\n"
+            + BASE.replace("  train:\n    builder: kerastrain.examples:synthetic_data\n"
+                           "    args: {num_examples: 256, features: 8}\n",
+                           "  train:\n    <<: [*data, *more]\n"))
+    recipe, tree = recipes.load(_write_text(tmp_path, text))
+    # The earlier mapping of a merge list wins, as in YAML's merge-key spec.
+    assert tree["data"]["train"] == {"builder": "kerastrain.examples:synthetic_data",
+                                     "args": {"num_examples": 64, "features": 8}}
+    assert recipe.data.train.args == {"num_examples": 64, "features": 8}
+    # The mapping's own key wins over a merged one.
+    text = BASE.replace("  batch_size: 32\n", "  <<: {batch_size: 8}\n  batch_size: 32\n")
+    assert recipes.load(_write_text(tmp_path, text))[0].data.batch_size == 32
+    code, _, err = validate(tmp_path, capsys, BASE + "x-n: &n 3\nstrategy:\n  <<: *n\n")
+    assert code == 2 and "a merge key `<<` takes a mapping" in err and "Received: '3'" in err
+    code, _, err = validate(tmp_path, capsys, "base: 1\n" + BASE)
+    assert code == 2 and "under a top-level key starting with 'x-'" in err, err
+
+
 def test_an_alias_inside_its_own_anchor_is_refused(tmp_path, capsys):
     code, _, err = validate(tmp_path, capsys, BASE + "model2: &m [1, [2, *m]]\n")
     assert code == 2 and "Traceback" not in err, err
