@@ -331,3 +331,46 @@ def table_job(table):
         return None
     handle = getattr(table, "_resource_handle", None)
     return tf.DeviceSpec.from_string(getattr(handle, "device", "") or "").job
+
+
+def model_supports_jit(model):
+    """Keras's own test of whether every layer supports XLA (and op determinism is off):
+    `keras.src.trainers.trainer.model_supports_jit`, private in Keras 3.3-3.15; the
+    rule behind `jit_compile="auto"`."""
+    from keras.src.trainers.trainer import model_supports_jit as supports
+    return supports(model)
+
+
+def slices_then_batch(dataset):
+    """`(tensors, element_spec, batch_size, drop_remainder, prefetch_buffer, options)` when
+    `dataset` is exactly `from_tensor_slices(tensors).batch(b)[.prefetch(p)][.with_options()]`
+    of dense tensors, else None.
+
+    tf.data has no public way to read a pipeline's stages; the classes and fields read
+    here (`_TensorSliceDataset._tensors`, `_BatchDataset._batch_size/_drop_remainder`,
+    `_PrefetchDataset._buffer_size`, `_OptionsDataset._input_dataset`) are those of
+    TensorFlow 2.16-2.21. Anything else (a shuffle, a map, a parallel batch) gives None.
+    """
+    import tensorflow as tf
+    options = dataset.options()
+    while type(dataset).__name__ == "_OptionsDataset":
+        dataset = dataset._input_dataset
+    prefetch = None
+    if type(dataset).__name__ == "_PrefetchDataset":
+        prefetch = tf.get_static_value(dataset._buffer_size)
+        if prefetch is None:
+            return None
+        prefetch = int(prefetch)
+        dataset = dataset._input_dataset
+    if type(dataset).__name__ != "_BatchDataset":
+        return None
+    batch_size, drop = dataset._batch_size, dataset._drop_remainder
+    source = dataset._input_dataset
+    if type(source).__name__ != "_TensorSliceDataset":
+        return None
+    spec = source.element_spec
+    tensors = list(getattr(source, "_tensors", ()))
+    if not tensors or not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)) \
+            or len(tensors) != len(tf.nest.flatten(spec)):
+        return None
+    return tensors, spec, batch_size, drop, prefetch, options

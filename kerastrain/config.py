@@ -6,9 +6,10 @@ A recipe is a mapping with six sections (see docs/recipes.md):
     data:        train / validation builders, batch_size, shard
     strategy:    name plus options
     trainer:     epochs, steps_per_epoch, validation_steps, steps_per_loop, seed,
-                 model_dir, verbose, jit_compile
+                 model_dir, verbose, jit_compile, mixed_precision
     checkpoints: CheckpointOptions fields, or false
     tensorboard: TensorBoardOptions fields, or false
+    tuning:      TuningOptions fields (speed choices kerastrain makes), or false
 
 `validate(tree, positions)` checks a loaded tree without importing TensorFlow and
 returns a `Recipe`, or raises `RecipeError` listing every problem with its dotted
@@ -101,6 +102,12 @@ def _choice(*choices, extra=None):
         listed = ", ".join(_describe(c) for c in choices)
         raise _Bad(f"one of {listed}" + (" or an int >= 1" if extra else ""))
     return check
+
+
+def _jit(value):
+    if value is None or isinstance(value, bool) or value == "auto":
+        return value
+    raise _Bad("true, false, auto or null")
 
 
 def _bool(optional=False):
@@ -246,8 +253,13 @@ class TrainerConfig:
                                    check=_model_dir)
     verbose: int | str = option("auto", "0 silent, 1 progress bar, 2 one line per epoch",
                                 check=_choice("auto", 0, 1, 2))
-    jit_compile: bool | None = option(None, "XLA for each step; null follows the model's "
-                                            "compile setting", check=_bool(optional=True))
+    jit_compile: bool | str | None = option(
+        None, "XLA for each step; null follows the model's compile setting; auto: on with a "
+              "GPU (Keras's rule), off under strategies that place variables",
+        check=_jit)
+    mixed_precision: str | None = option(
+        None, "null, mixed_float16 (with loss scaling) or mixed_bfloat16",
+        check=_choice(None, "mixed_float16", "mixed_bfloat16"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,6 +272,7 @@ class Recipe:
     trainer: TrainerConfig = TrainerConfig()
     checkpoints: Any = True
     tensorboard: Any = True
+    tuning: Any = True
 
 
 # -- the schema, generated from the config objects ----------------------------------------
@@ -296,6 +309,7 @@ def schema() -> dict:
         "trainer": _section(TrainerConfig, "the training loop"),
         "checkpoints": Key(None, doc="CheckpointOptions fields, or false"),
         "tensorboard": Key(None, doc="TensorBoardOptions fields, or false"),
+        "tuning": Key(None, doc="TuningOptions fields, or false"),
     }
 
 
@@ -492,6 +506,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     """
     from kerastrain.checkpoints import CheckpointOptions
     from kerastrain.summaries import TensorBoardOptions
+    from kerastrain.tuning import TuningOptions
 
     checker = _Checker(positions or {}, imports)
     sections = schema()
@@ -502,6 +517,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     strategy = _check_strategy(checker, tree.get("strategy"))
     checkpoints = _check_options(checker, "checkpoints", CheckpointOptions, tree.get("checkpoints"))
     tensorboard = _check_options(checker, "tensorboard", TensorBoardOptions, tree.get("tensorboard"))
+    tuning = _check_options(checker, "tuning", TuningOptions, tree.get("tuning"))
     model = checked.get("model") or {}
     data = checked.get("data") or {}
     compile_config = _check_compile(checker, model.get("compile"))
@@ -524,7 +540,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
         strategy=strategy,
         trainer=TrainerConfig(**(checked.get("trainer") or {
             k: spec.default for k, spec in sections["trainer"].section.items()})),
-        checkpoints=checkpoints, tensorboard=tensorboard)
+        checkpoints=checkpoints, tensorboard=tensorboard, tuning=tuning)
 
 
 def import_paths(recipe: Recipe) -> dict:
@@ -606,6 +622,7 @@ def template() -> str:
     """
     from kerastrain.checkpoints import CheckpointOptions
     from kerastrain.summaries import TensorBoardOptions
+    from kerastrain.tuning import TuningOptions
 
     parts = [_HEADER]
     for name, cls in (("model", ModelConfig), ("data", DataConfig)):
@@ -613,7 +630,9 @@ def template() -> str:
     parts.append(_line(0, "strategy", "auto", "or {name: mirrored, cpu_devices: 2}, "
                                              "{name: ps, num_workers: 2}, ...") + "\n")
     parts.append("\n".join(["trainer:"] + _template_lines(TrainerConfig)) + "\n")
-    for name, cls in (("checkpoints", CheckpointOptions), ("tensorboard", TensorBoardOptions)):
-        head = _line(0, name, "", "or false (needs trainer.model_dir)")
+    for name, cls in (("checkpoints", CheckpointOptions), ("tensorboard", TensorBoardOptions),
+                      ("tuning", TuningOptions)):
+        head = _line(0, name, "", "or false" + ("" if name == "tuning" else
+                                               " (needs trainer.model_dir)"))
         parts.append("\n".join([head] + _template_lines(cls)) + "\n")
     return "\n".join(parts)

@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from kerastrain import _compat, sharding
+from kerastrain import _compat, sharding, tuning
 
 logger = logging.getLogger("kerastrain")
 
@@ -295,7 +295,7 @@ class DistributedInput:
     """
 
     def __init__(self, built, data, *, argument="dataset_fn", shard="auto", batch_size=None,
-                 seed=None, role="training", shuffle=True):
+                 seed=None, role="training", shuffle=True, input_options=True):
         import tensorflow as tf
 
         self.form = input_form(data, argument)
@@ -307,6 +307,8 @@ class DistributedInput:
                 f"{self.form!r}")
         self._built = built
         self._argument = argument
+        self._role = role
+        self._input_options = input_options  # `tuning.tuned` on what synchronous loops read
         for_training = role == "training" and shuffle  # NumPy training data is reshuffled
         strategy = built.strategy
         ps = built.is_parameter_server
@@ -374,15 +376,30 @@ class DistributedInput:
 
     def distributed(self):
         """A distributed dataset for synchronous strategies (iterate it once per pass)."""
+        import tensorflow as tf
         if self._distributed is None:
             strategy = self._built.strategy
+            # Batches are prefetched onto each replica's device (TensorFlow's default,
+            # stated so it stays): a GPU step does not wait for a host-to-device copy.
+            options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
             if self.form == "context_fn":
                 self._distributed = strategy.distribute_datasets_from_function(
-                    lambda ctx: self._checked(self._fn(ctx)))
+                    lambda ctx: self._tuned(self._checked(self._fn(ctx))), options)
             else:
-                dataset = _with_policy(self._make(), self.plan.policy)
-                self._distributed = strategy.experimental_distribute_dataset(dataset)
+                dataset = self._tuned(_with_policy(self._make(), self.plan.policy))
+                self._distributed = strategy.experimental_distribute_dataset(dataset, options)
         return self._distributed
+
+    def _tuned(self, dataset):
+        """`dataset` with kerastrain's tf.data options (`tuning.tuned`), logged once."""
+        if not self._input_options:
+            return dataset
+        dataset, sentence = tuning.tuned(dataset, on_gpu=self._built.on_gpu)
+        if not getattr(self, "_tuning_logged", False):
+            self._tuning_logged = True
+            logger.info("%s data: tf.data options: %s (switch off with "
+                        "tuning={'input_options': False})", self._role, sentence)
+        return dataset
 
     def _worker_dataset(self, index, repeat=True):
         """Worker `index`'s (repeated) shard, built eagerly here or traced for that worker."""

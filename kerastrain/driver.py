@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
+import time
 from typing import Callable, Iterator
 
 import numpy as np
@@ -91,6 +92,9 @@ class SyncDriver:
                   boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
         """Yield a result per compiled loop; loops stop `boundary(step)` steps ahead.
 
+        `steps_per_loop` is an int, or a `tuning.LoopSizer` that measures the first
+        loops and then says how long they should be.
+
         Stops at `steps_per_epoch` steps (starting more passes over the data as
         needed) or, when it is None, where the data ends. The caller may stop
         consuming at any result.
@@ -103,14 +107,24 @@ class SyncDriver:
             self._new_iterator(train_input)
         done = 0
         restarted = False
+        sizer = None if isinstance(steps_per_loop, int) else steps_per_loop
+        if sizer is not None:
+            sizer.calibrate(self._loop, self._iterator)
         while steps_per_epoch is None or done < steps_per_epoch:
-            n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
+            most = steps_per_loop if sizer is None else sizer.next_size()
+            n = loop_size(most, steps_per_epoch, done, boundary(step))
+            started = time.perf_counter()
             part, ran = self._loop(self._iterator, tf.constant(n, tf.int32))
             ran = int(ran)
+            if sizer is not None:
+                sizer.observe(n, ran, time.perf_counter() - started)
             done += ran
             step += ran
             self.offset += ran
+            yielded = time.perf_counter()
             yield LoopResult(np.asarray(part, np.float64), ran)
+            if sizer is not None:
+                sizer.observe_gap(time.perf_counter() - yielded)  # the actions' time
             if ran < n:
                 if steps_per_epoch is None or (ran == 0 and restarted):
                     return  # the end of the data (or an empty dataset, which fit reports)

@@ -533,7 +533,8 @@ def build_trainer(recipe):
         optimizer=optimizer,
         loss=_keras_object(compile_config.loss, "loss"), metrics=metrics, verbose=t.verbose,
         jit_compile=t.jit_compile, tensorboard=recipe.tensorboard,
-        checkpoint=recipe.checkpoints, shard=recipe.data.shard)
+        checkpoint=recipe.checkpoints, shard=recipe.data.shard,
+        mixed_precision=t.mixed_precision, tuning=recipe.tuning)
 
 
 def run(recipe, resolved_text=None):

@@ -20,10 +20,12 @@ from kerastrain import fit_args
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
+from kerastrain import precision
 from kerastrain import preemption
 from kerastrain import sharding
 from kerastrain import strategies
 from kerastrain import summaries
+from kerastrain import tuning as tuning_lib
 from kerastrain._options import check_int
 
 logger = logging.getLogger("kerastrain")
@@ -57,8 +59,15 @@ class Trainer:
             called inside the strategy's scope.
         verbose: 0, 1, 2 or `"auto"` as in `model.fit` (non-chief tasks: 0).
         jit_compile: compile each step with XLA. None follows the model's compile
-            setting, which Keras resolves to False on CPU-only machines; True is
+            setting, which Keras resolves to False on CPU-only machines; `"auto"`:
+            Keras's rule (on with a GPU and XLA-capable layers) and off under strategies
+            that place variables (`kerastrain.tuning.resolve_jit_compile`); True is
             allowed with the `default` and `one_device` strategies only.
+        mixed_precision: None, `"mixed_float16"` (with dynamic loss scaling) or
+            `"mixed_bfloat16"`: the Keras dtype policy the model is built under
+            (`kerastrain.precision`); needs a model function.
+        tuning: what kerastrain tunes for speed by itself without changing results
+            (`kerastrain.tuning.TuningOptions`): True (all), False (none), or a dict.
         tensorboard: with a `model_dir`, the chief writes TensorBoard logs to
             `model_dir/logs/{train,validation}`. True (defaults), False, a dict of
             `TensorBoardOptions` fields, or a `TensorBoardOptions`.
@@ -82,12 +91,15 @@ class Trainer:
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
                  metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
-                 checkpoint=True, shard="auto"):
+                 checkpoint=True, shard="auto", mixed_precision=None, tuning=True):
         if dataset_fn is not None:
             data_lib.input_form(dataset_fn)
         self._shard = sharding.check_policy(shard)
         _check_init_options(steps_per_loop=steps_per_loop, verbose=verbose,
                             jit_compile=jit_compile, seed=seed, writers=writers)
+        self._precision = precision.check(mixed_precision)
+        self._tuning = tuning_lib.TuningOptions.coerce(tuning)
+        self._loop_sizer = tuning_lib.LoopSizer(fallback=_AUTO_STEPS_PER_LOOP)
         # A URL stays as given; a local path becomes absolute; `s3://` without
         # tensorflow-io is refused here, not after an hour of training.
         self.model_dir = outputs_lib.normalize_model_dir(model_dir)
@@ -97,7 +109,7 @@ class Trainer:
         detached = models_lib.detach(model)
         # Checks names and options before TensorFlow does anything heavy.
         self._built = strategies.build_strategy(strategy, strategy_options)
-        if jit_compile and self._built.places_variables:
+        if jit_compile is True and self._built.places_variables:
             raise ValueError(
                 f"`jit_compile=True` works with the 'default' and 'one_device' strategies; under "
                 f"{self._built.name!r} a step holds cross-device or remote-variable operations "
@@ -133,8 +145,10 @@ class Trainer:
     def _make_state(self, model, **compile_overrides):
         """The model and the training state, created under the strategy's scope."""
         import tensorflow as tf
-        with self._built.strategy.scope():
+        with self._built.strategy.scope(), precision.policy(self._precision, model):
             self._model = models_lib.materialize(model, self._built, **compile_overrides)
+        precision.ensure_loss_scaling(self._model, self._precision)
+        with self._built.strategy.scope():
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -220,7 +234,8 @@ class Trainer:
         if key not in self._inputs or self._inputs[key][0] is not data:
             self._inputs[key] = (data, data_lib.DistributedInput(
                 self._built, data, argument=argument, shard=self._shard,
-                batch_size=batch_size, seed=self._seed, role=role, shuffle=shuffle))
+                batch_size=batch_size, seed=self._seed, role=role, shuffle=shuffle,
+                input_options=self._tuning.input_options))
         return self._inputs[key][1]
 
     def _ensure_built(self, element_spec):
@@ -230,9 +245,10 @@ class Trainer:
         models_lib.check_resources_placed(self._model, self._built)
         with self.strategy.scope():
             partitioned = models_lib.build_state(self._model, self._built, element_spec)
-        jit = self._jit_compile
-        if jit is None:
-            jit = bool(getattr(self._model, "jit_compile", False)) and not self._built.places_variables
+        jit, why = tuning_lib.resolve_jit_compile(
+            self._jit_compile, self._model, places_variables=self._built.places_variables,
+            has_gpu=bool(strategies.gpus()))
+        logger.info("jit_compile: %s (%s)", jit, why)
         # Under multi-worker mirrored, workers must agree on where to stop (collectives
         # would hang otherwise), so no per-worker stop inside their loops.
         flag = None if self._built.is_multi_worker else self._stop_flag
@@ -408,6 +424,11 @@ class Trainer:
             return self._steps_per_loop
         if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
             return 1  # a user's batch hooks see every batch, as under model.fit
+        if (self._tuning.measure_steps_per_loop and not self._built.is_parameter_server
+                and not self._built.is_multi_worker):
+            # Measured on the first loops (workers of multi-worker mirrored must agree
+            # on their loops, and a measurement each could differ).
+            return self._loop_sizer
         return _AUTO_STEPS_PER_LOOP
 
     def _driver(self, stop_requested):
@@ -652,8 +673,8 @@ def _check_init_options(*, steps_per_loop, verbose, jit_compile, seed, writers):
         check_int("steps_per_loop", steps_per_loop, minimum=1, also="'auto'")
     if verbose not in (0, 1, 2, "auto"):
         raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
-    if jit_compile not in (None, True, False):
-        raise ValueError("`jit_compile` must be None, True or False. "
+    if jit_compile not in (None, True, False, "auto"):
+        raise ValueError("`jit_compile` must be None, 'auto', True or False. "
                          f"Received: jit_compile={jit_compile!r}")
     check_int("seed", seed, optional=True)
     for w in writers or []:
@@ -670,7 +691,8 @@ def _settings(trainer, *, seed, steps_per_loop, shard):
         "strategy_options": built.options,
         "replicas": built.strategy.num_replicas_in_sync, "workers": built.num_workers,
         "seed": seed, "steps_per_loop": steps_per_loop, "model_dir": trainer.model_dir,
-        "shard": shard,
+        "shard": shard, "mixed_precision": trainer._precision,
+        "tuning": dataclasses.asdict(trainer._tuning),
         "model": trainer.model.name,
         "optimizer": type(trainer.model.optimizer).__name__,
         "checkpoint": None if trainer._ckpt_options is None else dataclasses.asdict(
