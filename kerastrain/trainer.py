@@ -182,6 +182,14 @@ class Trainer:
         return int(self._global_step.numpy())
 
     @property
+    def steps_per_loop(self) -> int:
+        """Steps per compiled call: as given, or what "auto" resolved to (measured on the
+        first loops under synchronous strategies; 100 until then and elsewhere)."""
+        if self._steps_per_loop != "auto":
+            return self._steps_per_loop
+        return self._loop_sizer.size or _AUTO_STEPS_PER_LOOP
+
+    @property
     def is_chief(self) -> bool:
         return self._built.is_chief
 

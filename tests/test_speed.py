@@ -39,7 +39,7 @@ def test_tuning_on_and_off_train_the_same_weights(strategy, two_cpus, caplog):
         np.testing.assert_array_equal(a, b)
     # Loop sizes differ (measured vs 100): losses are summed in other groups, in float32.
     np.testing.assert_allclose(runs[True][1], runs[False][1], rtol=1e-6)
-    assert "tf.data options: from_tensor_slices(...).batch(...) read as whole batches" \
+    assert "tf.data options: from_tensor_slices(...).batch(...) read as whole-batch slices" \
         in runs[True][2]
     assert "steps_per_loop='auto':" in runs[True][2]
     assert "tf.data options" not in runs[False][2]
