@@ -43,6 +43,7 @@ class MetricState:
             if metric is not None and metric.variables:
                 self.parts.append((metric, list(metric.variables)))
         self.variables = [v for _, vs in self.parts for v in vs]
+        self._results = None  # the compiled `_metric_results`
         self.sizes = [int(np.prod(v.shape)) for v in self.variables]
         odd = sorted({v.path for v in self.variables if getattr(v, "aggregation", "sum") != "sum"})
         if odd:
@@ -67,22 +68,33 @@ class MetricState:
 
         loss_sum, count = float(totals[0]), float(totals[1])
         logs = {"loss": loss_sum / count if count else float("nan")}
+        if self.parts:
+            if self._results is None:
+                # Compiled once: eager metric results cost ~1 ms per logged step.
+                self._results = tf.function(self._metric_results)
+            logs.update({k: float(v) for k, v in self._results(
+                tf.constant(np.asarray(totals, np.float64))).items()})
+        return logs
+
+    def _metric_results(self, totals):
+        import tensorflow as tf
+        logs = {}
         offset = 2
         for metric, variables in self.parts:
             values = []
             for v in variables:
                 size = int(np.prod(v.shape))
-                chunk = np.asarray(totals[offset:offset + size]).reshape(v.shape)
-                values.append(tf.constant(chunk, dtype=v.dtype))
+                values.append(tf.reshape(tf.cast(totals[offset:offset + size], v.dtype),
+                                         v.shape))
                 offset += size
             # Read the result inside the scope: a metric whose `result()` returns one
             # of its variables would otherwise be read outside, at its live value.
             with _compat.stateless_scope(list(zip(variables, values))):
                 result = metric.result()
                 if isinstance(result, dict):
-                    logs.update({k: float(r) for k, r in result.items()})
+                    logs.update(result)
                 else:
-                    logs[metric.name] = float(result)
+                    logs[metric.name] = result
         return logs
 
 

@@ -418,9 +418,12 @@ class Trainer:
     def _monitor(self, element_spec):
         """The chief's `summaries.Monitor` for one fit, started at the current step."""
         import yaml
-        settings = yaml.safe_dump(self._settings, sort_keys=False)
-        # The settings this run resolved to, next to what it wrote (chief only).
-        self._outputs.replace_text("config.yaml", settings)
+        settings = getattr(self, "_settings_text", None)
+        if settings is None:
+            # The settings this run resolved to, next to what it wrote (chief only); once
+            # per Trainer, not per fit (dumping and writing them was 1% of a short epoch).
+            settings = self._settings_text = yaml.safe_dump(self._settings, sort_keys=False)
+            self._outputs.replace_text("config.yaml", settings)
         writer = self._metric_writer()
         return summaries.model_monitor(
             self._model, writer, self._tb_options, step=self.global_step, settings=settings,
