@@ -376,18 +376,18 @@ class DistributedInput:
 
     def distributed(self):
         """A distributed dataset for synchronous strategies (iterate it once per pass)."""
-        import tensorflow as tf
         if self._distributed is None:
             strategy = self._built.strategy
-            # Batches are prefetched onto each replica's device (TensorFlow's default,
-            # stated so it stays): a GPU step does not wait for a host-to-device copy.
-            options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+            # Batches are prefetched onto each replica's device by TensorFlow's default
+            # `InputOptions(experimental_fetch_to_device=True)` (passing it explicitly
+            # breaks CentralStorageStrategy in TF 2.21): a GPU step does not wait for a
+            # host-to-device copy.
             if self.form == "context_fn":
                 self._distributed = strategy.distribute_datasets_from_function(
-                    lambda ctx: self._tuned(self._checked(self._fn(ctx))), options)
+                    lambda ctx: self._tuned(self._checked(self._fn(ctx))))
             else:
                 dataset = self._tuned(_with_policy(self._make(), self.plan.policy))
-                self._distributed = strategy.experimental_distribute_dataset(dataset, options)
+                self._distributed = strategy.experimental_distribute_dataset(dataset)
         return self._distributed
 
     def _tuned(self, dataset):

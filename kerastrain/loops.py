@@ -91,10 +91,10 @@ class MetricState:
             # of its variables would otherwise be read outside, at its live value.
             with _compat.stateless_scope(list(zip(variables, values))):
                 result = metric.result()
-                if isinstance(result, dict):
-                    logs.update(result)
-                else:
-                    logs[metric.name] = result
+                if not isinstance(result, dict):
+                    result = {metric.name: result}
+                # Converted here, in the scope: a variable returned would be read after it.
+                logs.update({k: tf.convert_to_tensor(r) for k, r in result.items()})
         return logs
 
 

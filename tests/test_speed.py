@@ -206,3 +206,22 @@ def test_recipe_takes_the_speed_options():
     assert "trainer.jit_compile" in text and "trainer.mixed_precision" in text
     assert "tuning.input_options" in text
     assert "tuning:" in config.template()
+
+
+def test_compiled_metric_results_read_a_variable_returned_by_result():
+    import keras
+
+    class Count(keras.metrics.Metric):
+        def __init__(self, name="count", **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.total.assign_add(keras.ops.cast(keras.ops.shape(y_true)[0], "float32"))
+
+        def result(self):
+            return self.total  # the variable itself: read inside the stateless scope
+
+    trainer = kt.Trainer(build_model, seed=0, verbose=0, metrics=lambda: ["accuracy", Count()])
+    history = trainer.fit(arrays(96), batch_size=16, epochs=2).history
+    assert history["count"] == [96.0, 96.0]
