@@ -16,6 +16,8 @@ Sections:
   ps        local cluster of 2 workers + 1 ps: vs a bare ClusterCoordinator loop
   outputs   TensorBoard logging on/off (wall and CPU); checkpoint save/restore vs bare
             tf.train.Checkpoint (bench/checkpoint.py)
+  precision mixed_bfloat16 vs float32, kerastrain on the README pipeline (no target: on CPUs
+            without bfloat16 instructions its matrix multiplications are emulated)
 
     python bench/all.py [--quick] [--only readme,numpy] [--json out.json]
 """
@@ -38,7 +40,7 @@ sys.path.insert(0, HERE)
 from _rounds import FitEpochs, interleave, machine, ratio  # noqa: E402
 
 N, FEATURES, BATCH = 65536, 64, 256
-SECTIONS = ("readme", "numpy", "files", "mirrored", "ps", "outputs")
+SECTIONS = ("readme", "numpy", "files", "mirrored", "ps", "outputs", "precision")
 
 
 # -- what the sections time ------------------------------------------------------------
@@ -293,9 +295,11 @@ def section_outputs(rounds, checkpoint_rounds):
     x, y = arrays()
     fn = readme_dataset_fn(x, y)
     # Logging only: each epoch is one fit call, which would also checkpoint and export.
-    runners = {"kerastrain defaults": kerastrain_run(fn),
+    # One loop size for both (each Trainer would measure its own, a few steps apart).
+    runners = {"kerastrain defaults": kerastrain_run(fn, steps_per_loop=100),
                "kerastrain + TensorBoard": kerastrain_run(
-                   fn, model_dir=tempfile.mkdtemp(prefix="kerastrain-bench-"), checkpoint=False)}
+                   fn, steps_per_loop=100, model_dir=tempfile.mkdtemp(prefix="kerastrain-bench-"),
+                   checkpoint=False)}
     wall, cpu = interleave(runners, rounds, N)
     cost = {"wall": statistics.median(a / b for a, b in zip(
         wall["kerastrain + TensorBoard"], wall["kerastrain defaults"])),
@@ -315,6 +319,17 @@ def section_outputs(rounds, checkpoint_rounds):
     return rows, wall
 
 
+def section_precision(rounds):
+    x, y = arrays()
+    fn = readme_dataset_fn(x, y)
+    runners = {"float32": kerastrain_run(fn, steps_per_loop=100),
+               "mixed_bfloat16": kerastrain_run(fn, steps_per_loop=100,
+                                                mixed_precision="mixed_bfloat16")}
+    wall, cpu = interleave(runners, rounds, N)
+    return [row("precision", "mixed_bfloat16 x float32 (speed; no target)", wall, cpu,
+                "mixed_bfloat16", "float32", float("nan"))], wall
+
+
 def row(section, measure, wall, cpu, name, base, target, per_epoch=N, unit="examples/s"):
     return {"section": section, "measure": measure, "wall": ratio(wall, name, base),
             "cpu": ratio(cpu, name, base), "target": target, "lower_is_better": False,
@@ -324,7 +339,7 @@ def row(section, measure, wall, cpu, name, base, target, per_epoch=N, unit="exam
 # -- the parent: one child per section, one table ---------------------------------------
 
 def run_section(name, args):
-    rounds = args.rounds or (3 if args.quick else 8)
+    rounds = args.rounds or (3 if args.quick else 12)
     if name == "readme":
         return section_readme(rounds)
     if name == "numpy":
@@ -335,6 +350,8 @@ def run_section(name, args):
         return section_mirrored(rounds)
     if name == "ps":
         return section_ps(rounds, 200 if args.quick else 400)
+    if name == "precision":
+        return section_precision(rounds)
     return section_outputs(2 * rounds, 2 if args.quick else 5)
 
 
@@ -344,16 +361,19 @@ def child(name, args):
 
 
 def print_table(rows):
-    print(f"\n{'section':<9}{'measure':<58}{'wall':>7}{'CPU':>7}{'target':>8}  met")
+    print(f"\n{'section':<10}{'measure':<58}{'wall':>7}{'CPU':>7}{'target':>8}  met")
     for r in rows:
         if r.get("failed"):
-            print(f"{r['section']:<9}{'FAILED: ' + r['failed'][:56]:<58}")
+            print(f"{r['section']:<10}{'FAILED: ' + r['failed'][:56]:<58}")
             continue
         better = (r["wall"] <= r["target"]) if r["lower_is_better"] else (r["wall"] >= r["target"])
         target = ("<=" if r["lower_is_better"] else ">=") + f"{r['target']:.2f}"
-        print(f"{r['section']:<9}{r['measure']:<58}{r['wall']:>7.2f}{r['cpu']:>7.2f}"
-              f"{target:>8}  {'yes' if better else 'NO'}")
-    print(f"{'gpu':<9}{'NCCL / hierarchical copy, prefetch to GPU':<58}{'not measured (no GPU)':>22}")
+        met = "yes" if better else "NO"
+        if r["target"] != r["target"]:  # NaN: no target
+            target, met = "-", "-"
+        print(f"{r['section']:<10}{r['measure']:<58}{r['wall']:>7.2f}{r['cpu']:>7.2f}"
+              f"{target:>8}  {met}")
+    print(f"{'gpu':<10}{'NCCL / hierarchical copy, prefetch to GPU':<58}{'not measured (no GPU)':>22}")
 
 
 def main():

@@ -315,7 +315,7 @@ class Monitor:
         self._last_written_step = None
         self._last_timed = False
         self._profiling = False
-        self._flushed = -float("inf")  # when epoch_end last flushed
+        self._flushed = None  # when the last flush was (set by `start`; `close` always flushes)
 
     @property
     def active(self) -> bool:
@@ -323,6 +323,7 @@ class Monitor:
 
     def start(self, step, texts=None, graph=None):
         self._mark = (step, self._examples, self.clock())
+        self._flushed = self._mark[2]
         if not self.active:
             return
         if texts and self.options.write_config:
@@ -398,7 +399,7 @@ class Monitor:
         if every and (epoch + 1) % every == 0:
             self.writer.write_histograms(epoch, self.weights_fn())
         now = self.clock()
-        if now - self._flushed >= self.flush_seconds:
+        if self._flushed is None or now - self._flushed >= self.flush_seconds:
             # At most every few seconds: a flush per short epoch cost 1% of it; the end
             # of `fit` always flushes (`close`).
             self.writer.flush()
