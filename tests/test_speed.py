@@ -18,6 +18,11 @@ def readme_dataset_fn(ctx):
         ctx.get_per_replica_batch_size(16)).prefetch(tf.data.AUTOTUNE)
 
 
+def _global_slices(x, y):
+    import tensorflow as tf
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+
 def _weights(trainer):
     return [np.asarray(w) for w in trainer.model.get_weights()]
 
@@ -34,7 +39,10 @@ def test_tuning_on_and_off_train_the_same_weights(strategy, two_cpus, caplog):
                                  seed=0, verbose=0, tuning=tuned)
             first = trainer.fit(readme_dataset_fn, epochs=2).history["loss"]
             second = trainer.fit((x, y), batch_size=16, epochs=3, initial_epoch=2)
-        runs[tuned] = (_weights(trainer), first + second.history["loss"], caplog.text)
+            # A global dataset of whole batches: split per replica by TensorFlow.
+            third = trainer.fit(lambda: _global_slices(x, y), epochs=4, initial_epoch=3)
+        runs[tuned] = (_weights(trainer), first + second.history["loss"] +
+                       third.history["loss"], caplog.text)
     for a, b in zip(runs[True][0], runs[False][0]):
         np.testing.assert_array_equal(a, b)
     # Loop sizes differ (measured vs 100): losses are summed in other groups, in float32.
@@ -60,6 +68,9 @@ def test_gathered_pipeline_yields_the_same_batches():
         for a, b in zip(got, want):
             for u, v in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
                 np.testing.assert_array_equal(u, v)
+    # No remainder: every batch is whole, and the shapes say so.
+    whole = tuning.gathered(tf.data.Dataset.from_tensor_slices(x[:48]).batch(8))
+    assert whole.element_spec.shape.as_list() == [8, 3] and len(list(whole)) == 6
     # Anything but slices -> batch -> prefetch is left alone (a shuffle's order, a map's work).
     assert tuning.gathered(tf.data.Dataset.from_tensor_slices(x).shuffle(5).batch(8)) is None
     assert tuning.gathered(tf.data.Dataset.from_tensor_slices(x).map(tf.abs).batch(8)) is None
