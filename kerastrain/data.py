@@ -157,15 +157,24 @@ class NumpyData:
             self._variables = tf.nest.map_structure(
                 lambda a: tf.Variable(a, trainable=False, name="numpy_data"), structure)
 
-    def dataset(self):
+    def dataset(self, whole_batches=False):
+        """The pipeline of global batches. `whole_batches`: when the batch size divides the
+        examples, say so in the shapes (lets TensorFlow fold a step's shape arithmetic);
+        only where nothing shards the batches later (one worker)."""
         import tensorflow as tf
 
         ds = tf.data.Dataset.range(self.num_examples)
         if self.shuffle:
             ds = ds.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
         variables = self._variables
-        ds = ds.batch(self.batch_size).map(
-            lambda idx: tf.nest.map_structure(lambda v: tf.gather(v, idx), variables))
+        size = self.batch_size if whole_batches and self.num_examples % self.batch_size == 0 \
+            else None
+
+        def gather(idx):
+            if size:
+                idx.set_shape([size])
+            return tf.nest.map_structure(lambda v: tf.gather(v, idx), variables)
+        ds = ds.batch(self.batch_size).map(gather)
         return _threaded(ds, _check_threads("auto"))
 
 
@@ -322,7 +331,8 @@ class DistributedInput:
                 seed = 0 if built.is_multi_worker else random.randrange(2 ** 31)
             self._numpy = NumpyData(data, DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
                                     shuffle=for_training, seed=seed, argument=argument)
-            self._make = self._numpy.dataset
+            whole = input_options and not ps and pipelines == 1  # a `tuning` choice
+            self._make = lambda: self._numpy.dataset(whole_batches=whole)
         elif self.form == "dataset":
             if ps:
                 _check_usable_here(data, argument)
