@@ -1,6 +1,8 @@
 """The only module that touches private Keras/TensorFlow APIs.
 
-Checked against TensorFlow 2.16-2.21 and Keras 3.3-3.15. Each helper says why
+Checked against TensorFlow 2.16-2.21 and Keras 3.10-3.15 (tools/check_versions.sh runs
+the smoke subset on the lowest; Keras 3.9 and older scale losses differently under
+tf.distribute, so they are refused at import). Each helper says why
 the private name is needed; when Keras grows a public equivalent, switch here.
 """
 
@@ -9,6 +11,30 @@ from __future__ import annotations
 import contextlib
 
 import keras
+
+LOWEST_KERAS = (3, 10)
+
+
+def _check_keras_version(version):
+    """Refuse a Keras older than kerastrain's tested lowest, whatever pip was told.
+
+    Before Keras 3.10 a `Loss` called in a replica context did not divide by the
+    number of replicas in the same way, so under mirrored the objective would be
+    silently wrong.
+    """
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    if tuple(parts) < LOWEST_KERAS:
+        raise ImportError(
+            f"kerastrain needs Keras >= {'.'.join(map(str, LOWEST_KERAS))}: older Keras 3 "
+            f"releases scale losses differently under tf.distribute, so training would be "
+            f"silently different. Received: keras {version}. Upgrade with "
+            f"`pip install -U 'keras>={'.'.join(map(str, LOWEST_KERAS))}'`.")
+
+
+_check_keras_version(keras.__version__)
 
 
 def compile_metrics(model):
