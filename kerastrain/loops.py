@@ -107,8 +107,9 @@ class Step:
     """
 
     def __init__(self, built, model, global_step, jit_compile=False, stop_flag=None,
-                 partitioned=None):
+                 partitioned=None, accumulation=1):
         import tensorflow as tf
+        from kerastrain import accumulation as accumulation_lib
 
         self.built = built
         self.stop_flag = stop_flag  # a bool variable; True ends a training loop before a step
@@ -124,6 +125,10 @@ class Step:
         # XLA fuses the forward pass, gradients and optimizer update of one step.
         self._train_replica = (tf.function(self._train_step, jit_compile=True)
                                if jit_compile else self._train_step)
+        # Batches per update: more than one when the optimizer accumulates gradients.
+        self.accumulation = accumulation
+        self._accumulator = (accumulation_lib.Accumulator(self, accumulation, jit_compile)
+                             if accumulation > 1 else None)
 
     # -- per-replica steps ---------------------------------------------------
 
@@ -157,10 +162,15 @@ class Step:
         import tensorflow as tf
         return tf.concat([tf.stack([loss_sum, n])] + self.metrics.flatten(new_state), axis=0)
 
-    def _train_step(self, data):
+    def replica_gradients(self, data):
+        """One replica's gradients of its share of the global mean loss of one batch.
+
+        Returns:
+            (gradients, examples in the global batch, the packed totals vector).
+        """
         import tensorflow as tf
 
-        model, optimizer = self.model, self.model.optimizer
+        optimizer = self.model.optimizer
         x, y, sw = unpack(data)
         n = self._batch_size(x)
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
@@ -168,7 +178,7 @@ class Step:
         if replicas > 1:
             global_n = tf.distribute.get_replica_context().all_reduce("sum", n)
         with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
+            y_pred = self.model(x, training=True)
             loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True)
             # Keras returned (local mean + regularization) / replicas. Weighting each
             # replica by its share of the global batch makes the summed gradient the
@@ -177,13 +187,21 @@ class Step:
             objective = tf.math.divide_no_nan(loss_sum, global_n)
             if hasattr(optimizer, "scale_loss"):
                 objective = optimizer.scale_loss(objective)
-        variables = model.trainable_variables
+        variables, _ = self.update_target()
+        return tape.gradient(objective, variables), global_n, self._pack(loss_sum, n, state)
+
+    def update_target(self):
+        """(variables, optimizer) of an update: per shard for partitioned variables."""
         if self.partitioned:
-            variables = self.partitioned.flat(variables)
-            optimizer = self.partitioned.update_optimizer
-        grads = tape.gradient(objective, variables)
+            return (self.partitioned.flat(self.model.trainable_variables),
+                    self.partitioned.update_optimizer)
+        return self.model.trainable_variables, self.model.optimizer
+
+    def _train_step(self, data):
+        grads, _, packed = self.replica_gradients(data)
+        variables, optimizer = self.update_target()
         optimizer.apply(grads, variables)
-        return self._pack(loss_sum, n, state)
+        return packed
 
     def _eval_step(self, data):
         import tensorflow as tf
@@ -212,17 +230,18 @@ class Step:
         `"train"` or `"eval"` loop."""
         return self.metrics.results(totals)
 
-    def _reduce(self, per_replica):
+    def reduce(self, per_replica):
+        """Sum a per-replica value across replicas."""
         return self.strategy.reduce("SUM", per_replica, axis=None)
 
     def _run_train(self, data):
         """One step on every replica, reduced: what the loop accumulates."""
-        return self._reduce(self.strategy.run(self._train_replica, args=(data,)))
+        return self.reduce(self.strategy.run(self._train_replica, args=(data,)))
 
     def _run_eval(self, data, local=False):
         if local:  # coordinator-side evaluation under parameter servers
             return self._eval_step(data)
-        return self._reduce(self.strategy.run(self._eval_step, args=(data,)))
+        return self.reduce(self.strategy.run(self._eval_step, args=(data,)))
 
     # -- compiled loops ------------------------------------------------------
 
@@ -241,6 +260,8 @@ class Step:
 
         step_counter = self.global_step
 
+        if self._accumulator is not None and self.built.is_parameter_server:
+            return self._accumulator.ps_loop(step_counter)
         if self.built.is_parameter_server:
             @tf.function
             def loop(iterator, num_steps):
@@ -257,11 +278,14 @@ class Step:
         else:
             def count(steps):
                 step_counter.assign_add(tf.cast(steps, step_counter.dtype))
+            if self._accumulator is not None:
+                return self._accumulator.sync_loop(self._go_on(self.stop_flag), after=count)
             loop = self._until_end(self._run_train, after=count, stop_flag=self.stop_flag)
         return loop
 
-    def _until_end(self, run_one, after=None, stop_flag=None):
-        """A compiled loop of up to `num_steps` batches that stops where the data ends."""
+    @staticmethod
+    def _go_on(stop_flag):
+        """The condition of a training loop: steps left, and no stop requested."""
         import tensorflow as tf
 
         def go_on(steps, num_steps):
@@ -270,6 +294,12 @@ class Step:
             if stop_flag is None:
                 return steps < num_steps
             return tf.logical_and(steps < num_steps, tf.logical_not(stop_flag.read_value()))
+        return go_on
+
+    def _until_end(self, run_one, after=None, stop_flag=None):
+        """A compiled loop of up to `num_steps` batches that stops where the data ends."""
+        import tensorflow as tf
+        go_on = self._go_on(stop_flag)
 
         @tf.function
         def loop(iterator, num_steps):
@@ -287,18 +317,20 @@ class Step:
         return loop
 
     def skip_loop(self):
-        """`fn(iterator, n) -> skipped`: read and drop up to n batches (resuming mid-pass)."""
+        """`fn(iterator, n) -> skipped`: read and drop up to n steps' batches (resuming
+        mid-pass); a step reads `accumulation` batches."""
         import tensorflow as tf
+        k = self.accumulation
 
         @tf.function
         def skip(iterator, num_steps):
             skipped = tf.constant(0, tf.int32)
-            for _ in tf.range(num_steps):
+            for _ in tf.range(num_steps * k):
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
                 skipped += 1
-            return skipped
+            return (skipped + k - 1) // k
         return skip
 
     def eval_loop(self):
@@ -356,6 +388,7 @@ def overrides(model, name) -> bool:
 
 def step_for(built, model, global_step, **options):
     """kerastrain's exact `Step`, or `ModelStep` for a model with its own train/test step."""
+    from kerastrain import accumulation
     if overrides(model, "train_step") or overrides(model, "test_step"):
         if built.is_parameter_server:
             raise ValueError(
@@ -365,7 +398,8 @@ def step_for(built, model, global_step, **options):
                 "Use 'mirrored' or 'multi_worker_mirrored', or move the step's logic into "
                 "`compute_loss` (which kerastrain's own step calls). Received: strategy='ps'")
         return ModelStep(built, model, global_step, stop_flag=options.get("stop_flag"))
-    return Step(built, model, global_step, **options)
+    return Step(built, model, global_step, accumulation=accumulation.steps_of(model.optimizer),
+                **options)
 
 
 class ModelStep(Step):
