@@ -118,23 +118,6 @@ def test_resuming_mid_epoch_skips_whole_groups_of_batches(tmp_path):
     assert max_difference(resumed.model, straight.model) < 1e-6
 
 
-def test_a_models_own_train_step_with_accumulation_under_mirrored_is_refused():
-    class OwnStep(keras.Model):
-        def train_step(self, data):
-            return super().train_step(data)
-
-    def build():
-        inputs = keras.Input((helpers.FEATURES,))
-        model = OwnStep(inputs, keras.layers.Dense(1)(inputs))
-        model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=4), loss="mse")
-        return model
-    with pytest.raises(ValueError) as e:
-        kt.Trainer(build, strategy=MIRRORED, verbose=0).build(helpers.arrays(32), batch_size=16)
-    message = str(e.value)
-    assert "with a model that overrides `train_step`" in message
-    assert "SGD(gradient_accumulation_steps=4) under 'mirrored'" in message
-
-
 def _reference(n, epochs):
     """Weights and logs of one device trained on batches of 256, no accumulation."""
     x, y = data(n)
