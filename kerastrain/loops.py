@@ -177,6 +177,7 @@ class Step:
         global_n = n
         if replicas > 1:
             global_n = tf.distribute.get_replica_context().all_reduce("sum", n)
+        guard = _EmptyBatchGuard(self.model, x, n, replicas)
         with tf.GradientTape() as tape:
             y_pred = self.model(x, training=True)
             loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True)
@@ -188,7 +189,8 @@ class Step:
             if hasattr(optimizer, "scale_loss"):
                 objective = optimizer.scale_loss(objective)
         variables, _ = self.update_target()
-        return tape.gradient(objective, variables), global_n, self._pack(loss_sum, n, state)
+        grads = guard.gradients(tape.gradient(objective, variables))
+        return grads, global_n, self._pack(guard.value(loss_sum), n, state)
 
     def update_target(self):
         """(variables, optimizer) of an update: per shard for partitioned variables."""
@@ -378,6 +380,49 @@ class Step:
 
     def start_epoch(self):
         """Called before each epoch and evaluation (nothing to reset: totals start at 0)."""
+
+
+class _EmptyBatchGuard:
+    """What a replica whose batch is empty must not change.
+
+    When the last global batch has fewer examples than there are replicas,
+    TensorFlow gives some replicas an empty batch. Keras's BatchNormalization
+    takes the mean of nothing there: its gradient for `gamma` is NaN (summed
+    into every replica's update) and this replica's copy of the moving mean and
+    variance (aggregation "none": each replica keeps its own) becomes NaN, so
+    that replica's inference gives NaN ever after. Measured under `model.fit`
+    with MirroredStrategy too (docs/strategies.md). An empty replica contributes
+    nothing: zero gradients, and its local non-trainable state is put back.
+
+    Only for a model with such local state (batch statistics; a dropout seed) and
+    when a replica's batch can be empty: several replicas, and a batch dimension
+    the data does not fix. (An MLP with BatchNormalization under mirrored on this
+    2-core machine: 6.36 ms CPU a step without, 6.69 with, within the noise.)
+    """
+
+    def __init__(self, model, x, n, replicas):
+        import tensorflow as tf
+        self.n = n
+        may_be_empty = replicas > 1 and tf.nest.flatten(x)[0].shape[0] is None
+        self.local = [v for v in model.non_trainable_variables
+                      if getattr(v, "aggregation", None) == "none"] if may_be_empty else []
+        self.active = bool(self.local)
+        # Read before the forward pass (automatic control dependencies keep the order).
+        self.before = [tf.identity(v.value) for v in self.local]
+
+    def value(self, t):
+        import tensorflow as tf
+        return tf.where(self.n > 0, t, tf.zeros_like(t)) if self.active else t
+
+    def gradients(self, grads):
+        """Zero gradients for an empty batch, and the local state restored."""
+        import tensorflow as tf
+        if not self.active:
+            return grads
+        for v, old in zip(self.local, self.before):
+            v.assign(tf.where(self.n > 0, v.value, old))
+        return [g if g is None else tf.IndexedSlices(self.value(g.values), g.indices, g.dense_shape)
+                if isinstance(g, tf.IndexedSlices) else self.value(g) for g in grads]
 
 
 def overrides(model, name) -> bool:
