@@ -19,7 +19,7 @@ import logging
 
 import numpy as np
 
-from kerastrain import _compat
+from kerastrain import _compat, worker_steps
 
 logger = logging.getLogger("kerastrain")
 
@@ -33,12 +33,14 @@ def unpack(data):
 class MetricState:
     """The metric variables kerastrain reduces, and how to read results from totals."""
 
-    def __init__(self, model):
+    def __init__(self, model, metrics=None):
         self.parts = []  # (metric, [variables])
         containers = [_compat.compile_metrics(model)]
         loss = _compat.compile_loss(model)
         if loss is not None:
             containers.extend(getattr(loss, "metrics", []) or [])
+        if metrics is not None:  # a model's own metrics (`model.metrics`)
+            containers = list(metrics)
         for metric in containers:
             if metric is not None and metric.variables:
                 self.parts.append((metric, list(metric.variables)))
@@ -68,13 +70,19 @@ class MetricState:
 
         loss_sum, count = float(totals[0]), float(totals[1])
         logs = {"loss": loss_sum / count if count else float("nan")}
-        if self.parts:
-            if self._results is None:
-                # Compiled once: eager metric results cost ~1 ms per logged step.
-                self._results = tf.function(self._metric_results)
-            logs.update({k: float(v) for k, v in self._results(
-                tf.constant(np.asarray(totals, np.float64))).items()})
+        logs.update(self.metric_results(totals))
         return logs
+
+    def metric_results(self, totals) -> dict:
+        """Every metric's result from a totals vector (`[loss, examples, deltas...]`)."""
+        import tensorflow as tf
+        if not self.parts:
+            return {}
+        if self._results is None:
+            # Compiled once: eager metric results cost ~1 ms per logged step.
+            self._results = tf.function(self._metric_results)
+        return {k: float(v) for k, v in self._results(
+            tf.constant(np.asarray(totals, np.float64))).items()}
 
     def _metric_results(self, totals):
         import tensorflow as tf
@@ -268,12 +276,14 @@ class Step:
             @tf.function
             def loop(iterator, num_steps):
                 totals = tf.zeros([self.width], tf.float32)
-                iterations = self.model.optimizer.iterations
+                optimizer = self.model.optimizer  # None: a model's own step may keep its own
                 for _ in tf.range(num_steps):
                     # Keras's own counter loses increments under asynchronous PS
                     # training; schedules and Adam's bias correction read it, so
                     # give it the exact step before each update.
-                    iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
+                    if optimizer is not None:
+                        iterations = optimizer.iterations
+                        iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
                     totals = self.accumulate(totals, self._run_train(next(iterator)))
                     step_counter.assign_add(1)
                 return totals, num_steps
@@ -435,13 +445,6 @@ def step_for(built, model, global_step, **options):
     """kerastrain's exact `Step`, or `ModelStep` for a model with its own train/test step."""
     from kerastrain import accumulation
     if overrides(model, "train_step") or overrides(model, "test_step"):
-        if built.is_parameter_server:
-            raise ValueError(
-                f"The model {model.name!r} overrides `train_step` or `test_step`; kerastrain "
-                "runs such a model's own step under every strategy but parameter servers, where "
-                "it cannot yet learn the structure of the logs the step returns on a worker. "
-                "Use 'mirrored' or 'multi_worker_mirrored', or move the step's logic into "
-                "`compute_loss` (which kerastrain's own step calls). Received: strategy='ps'")
         return ModelStep(built, model, global_step, stop_flag=options.get("stop_flag"))
     return Step(built, model, global_step, accumulation=accumulation.steps_of(model.optimizer),
                 **options)
@@ -457,27 +460,47 @@ class ModelStep(Step):
 
     A loop returns `[loss, examples, value of each log key...]` (loss: the `loss`
     log, or 0), so the driver and the actions treat it like the exact step's.
+
+    Under parameter servers, workers run the training step concurrently: the
+    step's metric updates come back as deltas (`kerastrain.worker_steps`), summed
+    exactly after `examples`, and a log named like one of `model.metrics`'
+    results is that metric's result over every step; any other log is the last
+    step's value.
     """
 
     def __init__(self, built, model, global_step, stop_flag=None):
         super().__init__(built, model, global_step, stop_flag=stop_flag)
         self.keys = {}   # "train" / "eval" -> the sorted keys of the step's logs
         self._tracing = "train"  # which loop is being traced (sets `width`)
+        if built.is_parameter_server:
+            _check_optimizers_built(model)
+        self.exact = (MetricState(model, metrics=model.metrics)
+                      if built.is_parameter_server else None)
+        self._deltas = sum(self.exact.sizes) if self.exact else 0
 
     @property
     def width(self):
         keys = self.keys.get(self._tracing) or ()
-        return 2 + len(keys)
+        return 2 + self._deltas + len(keys)
 
     def accumulate(self, totals, part):
-        # The last step's logs (they are already running values), the examples summed.
+        # The last step's logs (they are already running values); the examples and
+        # metric deltas summed.
+        d = 2 + self._deltas
+        pieces = [part[:1], totals[1:d] + part[1:d], part[d:]]
         if isinstance(totals, np.ndarray):
-            return np.concatenate([part[:1], totals[1:2] + part[1:2], part[2:]])
+            if not part[1]:
+                return totals  # a loop that ran no step (the data had ended) has no logs
+            return np.concatenate(pieces)
         import tensorflow as tf
-        return tf.concat([part[:1], totals[1:2] + part[1:2], part[2:]], axis=0)
+        return tf.concat(pieces, axis=0)
 
     def results(self, totals, kind="train"):
-        return {k: float(v) for k, v in zip(self.keys.get(kind, ()), totals[2:])}
+        logs = {k: float(v) for k, v in zip(self.keys.get(kind, ()), totals[2 + self._deltas:])}
+        if self._deltas and kind == "train":
+            exact = self.exact.metric_results(np.asarray(totals[:2 + self._deltas]))
+            logs.update({k: exact[k] for k in logs if k in exact})
+        return logs
 
     def start_epoch(self):
         self.model.reset_metrics()
@@ -490,16 +513,28 @@ class ModelStep(Step):
         values = self.strategy.experimental_local_results(per_replica)
         return values[0] if len(values) == 1 else tf.reduce_mean(tf.stack(values), axis=0)
 
-    def _pack_logs(self, kind, logs, n):
+    def _pack_logs(self, kind, logs, n, deltas=None):
         import tensorflow as tf
         if not isinstance(logs, dict):
             raise TypeError(f"The model's `{kind}_step` must return a dict of scalar logs, as "
                             f"Keras requires. Received: {type(logs).__name__}")
-        logs = _flat_logs(logs)
+        logs = worker_steps.flat_logs(logs)
         keys = self.keys.setdefault(kind, sorted(logs))
         values = [tf.reshape(tf.cast(logs[k], tf.float32), []) for k in keys]
         loss = values[keys.index("loss")] if "loss" in keys else tf.constant(0.0)
-        return tf.stack([loss, n] + values)
+        if not self._deltas:
+            return tf.stack([loss, n] + values)
+        deltas = self.exact.flatten(deltas if deltas is not None else self.exact.zeros())
+        return tf.concat([tf.stack([loss, n])] + deltas + [tf.reshape(values, [-1])], axis=0)
+
+    def _run_exact(self, step_fn, data):
+        """One training step on a parameter-server worker, its metric deltas returned."""
+        def replica(data):
+            x = data[0] if isinstance(data, (tuple, list)) else data
+            logs, deltas = worker_steps.run_with_metric_deltas(
+                step_fn, data, self.exact.variables)
+            return self._pack_logs("train", logs, self._batch_size(x), deltas)
+        return self.reduce(self.strategy.run(replica, args=(data,)))
 
     def _replica(self, step_fn):
         def run(data):
@@ -517,6 +552,8 @@ class ModelStep(Step):
                                self.strategy.reduce("SUM", n, axis=None))
 
     def _run_train(self, data):
+        if self.exact is not None:
+            return self._run_exact(self.model.train_step, data)
         return self._run("train", self.model.train_step, data)
 
     def _run_eval(self, data, local=False):
@@ -543,6 +580,9 @@ class ModelStep(Step):
                 compiled["loop"] = make()
             self._tracing = kind
             return compiled["loop"](iterator, num_steps)
+        if self.built.is_parameter_server and not local:
+            import tensorflow as tf
+            return tf.function(loop)  # the coordinator schedules only tf.functions
         return loop
 
     def _build_train_loop(self):
@@ -555,14 +595,20 @@ class ModelStep(Step):
         return self._keyed("eval", super()._build_eval_loop_local, local=True)
 
 
-def _flat_logs(logs):
-    """Nested dicts of logs merged into one, as `model.fit` reports them (a compiled
-    metrics container's result is a dict of its metrics)."""
-    flat = {}
-    for key, value in sorted(logs.items()):
-        if isinstance(value, dict):
-            flat.update(_flat_logs(value))
-        else:
-            flat[key] = value
-    return flat
+def _check_optimizers_built(model):
+    """Under parameter servers a worker's step cannot create variables: an optimizer the
+    model keeps besides `model.optimizer` (a GAN's two) must be built in the model function.
 
+    Raises:
+        ValueError: naming the attribute and how to build it.
+    """
+    import keras
+    for name, value in sorted(vars(model).items()):
+        if isinstance(value, keras.optimizers.Optimizer) and not value.built \
+                and value is not model.optimizer:
+            raise ValueError(
+                f"The model's optimizer `{name}` ({type(value).__name__}) is not built. Under "
+                "parameter servers a model's own `train_step` runs on workers, which cannot "
+                "create its variables: build it in the model function (or in `compile`), e.g. "
+                f"`self.{name}.build(self.discriminator.trainable_variables)` with the "
+                "variables it updates. Received: strategy='ps'")

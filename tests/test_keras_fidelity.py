@@ -245,7 +245,10 @@ def build_own_step(cls):
 @pytest.mark.parametrize("cls", [OwnStep, ComputeLossStep], ids=lambda c: c.__name__)
 def test_the_models_own_train_and_test_step_run_as_under_fit(cls, strategy):
     data = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
-    trainer = kt.Trainer(lambda: build_own_step(cls), data, strategy=strategy, verbose=0)
+    # 2 steps a loop over 4 batches: the third loop finds the data ended and runs no step
+    # (its empty logs used to replace the epoch's).
+    trainer = kt.Trainer(lambda: build_own_step(cls), data, strategy=strategy, verbose=0,
+                         steps_per_loop=2)
     ours = trainer.fit(epochs=3, validation_dataset_fn=data).history
     with trainer.strategy.scope():
         reference = build_own_step(cls)
@@ -260,11 +263,16 @@ def test_the_models_own_train_and_test_step_run_as_under_fit(cls, strategy):
                                rtol=1e-5)
 
 
-def test_a_models_own_train_step_under_parameter_servers_is_refused_with_what_to_do():
+def test_an_unbuilt_second_optimizer_under_parameter_servers_is_refused_with_what_to_do():
+    """A GAN's own optimizers must exist before workers run its step (they cannot create
+    variables); the model's own train_step itself runs under ps (test_own_step_ps.py)."""
     from kerastrain import loops
-    built = type("Built", (), {"is_parameter_server": True})()
-    with pytest.raises(ValueError, match=r"overrides `train_step`.*Received: strategy='ps'"):
-        loops.step_for(built, build_own_step(OwnStep), None)
+    model = build_own_step(OwnStep)
+    model.g_optimizer = keras.optimizers.Adam()
+    built = type("Built", (), {"is_parameter_server": True, "strategy": None})()
+    with pytest.raises(ValueError, match=r"optimizer `g_optimizer` \(Adam\) is not built.*"
+                                         r"self.g_optimizer.build\(.*Received: strategy='ps'"):
+        loops.step_for(built, model, None)
 
 
 # -- model.fit's arguments -----------------------------------------------------------------
