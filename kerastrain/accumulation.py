@@ -27,15 +27,21 @@ def tf_cast(value, dtype):
     return tf.cast(value, dtype)
 
 
+def _accumulating(optimizer):
+    # A LossScaleOptimizer (mixed float16) wraps the optimizer that accumulates.
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
 def steps_of(optimizer) -> int:
     """The optimizer's `gradient_accumulation_steps`, or 1 when it accumulates nothing."""
-    return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+    return int(getattr(_accumulating(optimizer), "gradient_accumulation_steps", None) or 1)
 
 
 @contextlib.contextmanager
 def keras_accumulation_off(optimizer):
     """While tracing or building: Keras's own accumulation off (kerastrain does it), so
     `apply` updates at once and `build` makes no accumulator variables."""
+    optimizer = _accumulating(optimizer)
     steps = getattr(optimizer, "gradient_accumulation_steps", None)
     if not steps:
         yield
