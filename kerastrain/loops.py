@@ -473,7 +473,7 @@ class ModelStep(Step):
         self.keys = {}   # "train" / "eval" -> the sorted keys of the step's logs
         self._tracing = "train"  # which loop is being traced (sets `width`)
         if built.is_parameter_server:
-            _check_optimizers_built(model)
+            worker_steps.check_optimizers_built(model)
         self.exact = (MetricState(model, metrics=model.metrics)
                       if built.is_parameter_server else None)
         self._deltas = sum(self.exact.sizes) if self.exact else 0
@@ -594,21 +594,3 @@ class ModelStep(Step):
     def _build_eval_loop_local(self):
         return self._keyed("eval", super()._build_eval_loop_local, local=True)
 
-
-def _check_optimizers_built(model):
-    """Under parameter servers a worker's step cannot create variables: an optimizer the
-    model keeps besides `model.optimizer` (a GAN's two) must be built in the model function.
-
-    Raises:
-        ValueError: naming the attribute and how to build it.
-    """
-    import keras
-    for name, value in sorted(vars(model).items()):
-        if isinstance(value, keras.optimizers.Optimizer) and not value.built \
-                and value is not model.optimizer:
-            raise ValueError(
-                f"The model's optimizer `{name}` ({type(value).__name__}) is not built. Under "
-                "parameter servers a model's own `train_step` runs on workers, which cannot "
-                "create its variables: build it in the model function (or in `compile`), e.g. "
-                f"`self.{name}.build(self.discriminator.trainable_variables)` with the "
-                "variables it updates. Received: strategy='ps'")

@@ -66,3 +66,21 @@ def run_with_metric_deltas(step_fn, data, metric_variables):
         if key not in metric_ids:
             variable.assign(scope.get_current_value(variable))
     return logs, deltas
+
+
+def check_optimizers_built(model):
+    """Under parameter servers a worker's step cannot create variables: an optimizer the
+    model keeps besides `model.optimizer` (a GAN's two) must be built in the model function.
+
+    Raises:
+        ValueError: naming the attribute and how to build it.
+    """
+    for name, value in sorted(vars(model).items()):
+        if isinstance(value, keras.optimizers.Optimizer) and not value.built \
+                and value is not model.optimizer:
+            raise ValueError(
+                f"The model's optimizer `{name}` ({type(value).__name__}) is not built. Under "
+                "parameter servers a model's own `train_step` runs on workers, which cannot "
+                "create its variables: build it in the model function (or in `compile`), e.g. "
+                f"`self.{name}.build(self.discriminator.trainable_variables)` with the "
+                "variables it updates. Received: strategy='ps'")
