@@ -400,3 +400,30 @@ def slices_then_batch(dataset):
             or len(tensors) != len(tf.nest.flatten(spec)):
         return None
     return tensors, spec, batch_size, drop, prefetch, options
+
+
+def iteration_counter(optimizer):
+    """The optimizer's own count of `apply` calls (a variable).
+
+    With `gradient_accumulation_steps`, Keras 3.15's public `optimizer.iterations`
+    is a tensor (this count // the steps), and schedules read `_iterations`, the
+    batches seen; kerastrain's accumulation keeps `_iterations` as Keras does.
+    """
+    return getattr(optimizer, "inner_optimizer", optimizer)._iterations
+
+
+@contextlib.contextmanager
+def learning_rate_at(optimizer, iteration):
+    """While tracing an update: a learning-rate schedule reads `iteration`.
+
+    Keras 3.15 evaluates a schedule at `_iterations` (`_get_current_learning_rate`);
+    when it accumulates, that is the index of the group's last batch, which
+    kerastrain's accumulating update gives here (Keras has no argument for it).
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    schedule = getattr(inner, "_learning_rate", None)
+    if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        yield
+        return
+    with instance_override(inner, "_get_current_learning_rate", lambda: schedule(iteration)):
+        yield

@@ -629,10 +629,13 @@ class Trainer:
                     "of steps per epoch, and the size of this dataset is unknown (e.g. after "
                     "`filter`): pass `steps_per_epoch`. Received: steps_per_epoch=None")
             # Worker i reads shard i; one epoch is as many steps as the shards have
-            # batches together, whichever worker takes them.
+            # batches together, whichever worker takes them (k batches a step when
+            # the optimizer accumulates k).
+            k = self._step.accumulation
             logger.info("steps_per_epoch=None under parameter servers: one epoch is %d steps "
-                        "(the data's batches), spread over %d workers", n, self._built.num_workers)
-            return n
+                        "(the data's batches%s), spread over %d workers", -(-n // k),
+                        f" / {k} accumulated per step" if k > 1 else "", self._built.num_workers)
+            return -(-n // k)
         return None
 
     # -- evaluation -----------------------------------------------------------
