@@ -536,6 +536,10 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     checkpoints = _check_options(checker, "checkpoints", CheckpointOptions, tree.get("checkpoints"))
     tensorboard = _check_options(checker, "tensorboard", TensorBoardOptions, tree.get("tensorboard"))
     tuning = _check_options(checker, "tuning", TuningOptions, tree.get("tuning"))
+    trainer = checked.get("trainer") or {}
+    if trainer.get("spike_factor") is not None and trainer.get("on_nonfinite") != "recover":
+        checker.add(("trainer", "spike_factor"), "acts only with trainer.on_nonfinite: recover; "
+                                                 "set it, or remove spike_factor")
     model = checked.get("model") or {}
     data = checked.get("data") or {}
     compile_config = _check_compile(checker, model.get("compile"))
