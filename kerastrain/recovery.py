@@ -66,6 +66,46 @@ def check_options(*, on_nonfinite, max_recoveries, spike_factor):
                          f"on_nonfinite={on_nonfinite!r}")
 
 
+def check_strategy(on_nonfinite, built):
+    """Raise where a recovery cannot restore the same state on every task."""
+    if on_nonfinite == "recover" and built.is_multi_worker:
+        raise ValueError(
+            "`on_nonfinite='recover'` is not available under multi-worker mirrored yet: every "
+            "worker would have to restore the chief's checkpoint at the same step. Use "
+            "on_nonfinite='stop' and rerun from the last checkpoint. Received: "
+            "on_nonfinite='recover'")
+
+
+def action(driver, *, on_nonfinite, max_recoveries, spike_factor, model, step, global_step,
+           checkpointer, writer):
+    """The `Recovery` of one `fit` (None with on_nonfinite="stop").
+
+    Args:
+        step: the `loops.Step`; a model's own step reports its last loss, not a sum.
+        checkpointer: the `checkpoints.Checkpointer` whose saves are restore points (or None).
+        writer: the chief's `MetricWriter` (None elsewhere).
+    """
+    from kerastrain import loops
+    if on_nonfinite != "recover":
+        return None
+    own_step = isinstance(step, loops.ModelStep)
+
+    def snapshot():
+        extra = step.partitioned.update_optimizer.variables if step.partitioned else []
+        return Snapshot(list(model.variables) + list(model.optimizer.variables) + list(extra)
+                        + [global_step])
+
+    def read_checkpoint(path):
+        checkpointer.checkpoint.read(path).expect_partial()
+
+    def loop_loss(totals):
+        return float(totals[0]) if own_step else float(totals[0]) / max(float(totals[1]), 1.0)
+
+    return Recovery(driver, max_recoveries=max_recoveries, spike_factor=spike_factor,
+                    snapshot=snapshot, read_checkpoint=read_checkpoint, loop_loss=loop_loss,
+                    writer=writer)
+
+
 class Snapshot:
     """The values of some variables, kept in this process's memory, to put back later.
 

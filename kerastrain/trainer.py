@@ -127,12 +127,7 @@ class Trainer:
                 f"`jit_compile=True` works with the 'default' and 'one_device' strategies; under "
                 f"{self._built.name!r} a step holds cross-device or remote-variable operations "
                 "XLA cannot compile. Remove it. Received: jit_compile=True")
-        if on_nonfinite == "recover" and self._built.is_multi_worker:
-            raise ValueError(
-                "`on_nonfinite='recover'` is not available under multi-worker mirrored yet: every "
-                "worker would have to restore the chief's checkpoint at the same step. Use "
-                "on_nonfinite='stop' and rerun from the last checkpoint. Received: "
-                "on_nonfinite='recover'")
+        recovery_lib.check_strategy(on_nonfinite, self._built)
         self._jit_compile = jit_compile
         self._recovery = None  # this fit's `recovery.Recovery` (on_nonfinite="recover")
         self._tb_options = summaries.TensorBoardOptions.coerce(tensorboard)
@@ -483,7 +478,10 @@ class Trainer:
                  steps_per_epoch, batch_logs):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
         results = self._step.results
-        self._recovery = self._recovery_action(driver, monitor)
+        self._recovery = recovery_lib.action(
+            driver, **self._nonfinite, model=self._model, step=self._step,
+            global_step=self._global_step, checkpointer=self._checkpointer,
+            writer=monitor.writer if monitor.active else None)
 
         def save(p, epoch, batch, totals):
             path = self._save(driver, epoch, batch, totals, p.step)
@@ -505,28 +503,6 @@ class Trainer:
                 agree, lambda p: self._set_state(driver, p.epoch, p.batch, p.totals)))
         listed.append(actions_lib.Callbacks(callback_list, self._model, results, batch_logs))
         return listed
-
-    def _recovery_action(self, driver, monitor):
-        """The `recovery.Recovery` of one fit, or None (on_nonfinite="stop")."""
-        options = self._nonfinite
-        if options["on_nonfinite"] != "recover":
-            return None
-        step = self._step
-        own_step = isinstance(step, loops_lib.ModelStep)  # its totals[0] is the last loss
-
-        def snapshot():
-            extra = step.partitioned.update_optimizer.variables if step.partitioned else []
-            return recovery_lib.Snapshot(list(self._model.variables) + list(
-                self._model.optimizer.variables) + list(extra) + [self._global_step])
-
-        def read_checkpoint(path):
-            self._checkpointer.checkpoint.read(path).expect_partial()
-
-        return recovery_lib.Recovery(
-            driver, max_recoveries=options["max_recoveries"],
-            spike_factor=options["spike_factor"], snapshot=snapshot,
-            read_checkpoint=read_checkpoint, writer=monitor.writer if monitor.active else None,
-            loop_loss=lambda t: float(t[0]) if own_step else float(t[0]) / max(float(t[1]), 1.0))
 
     # -- training -------------------------------------------------------------
 
