@@ -6,7 +6,8 @@ A recipe is a mapping with six sections (see docs/recipes.md):
     data:        train / validation builders, batch_size, shard
     strategy:    name plus options
     trainer:     epochs, steps_per_epoch, validation_steps, steps_per_loop, seed,
-                 model_dir, verbose, jit_compile, mixed_precision
+                 model_dir, verbose, jit_compile, mixed_precision, on_nonfinite,
+                 max_recoveries, spike_factor
     checkpoints: CheckpointOptions fields, or false
     tensorboard: TensorBoardOptions fields, or false
     tuning:      TuningOptions fields (speed choices kerastrain makes), or false
@@ -141,6 +142,15 @@ def _model_dir(value):
     return value
 
 
+def _number_over_one(value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 1 or \
+            value == float("inf"):
+        raise _Bad("a number > 1 or null")
+    return value
+
+
 def _mapping(value):
     if value is None:
         return {}
@@ -260,6 +270,14 @@ class TrainerConfig:
     mixed_precision: str | None = option(
         None, "null, mixed_float16 (with loss scaling) or mixed_bfloat16",
         check=_choice(None, "mixed_float16", "mixed_bfloat16"))
+    on_nonfinite: str = option(
+        "stop", "a NaN/inf loss: stop, or recover (restore the last good checkpoint or epoch "
+                "start, skip the bad batch, go on)", check=_choice("stop", "recover"))
+    max_recoveries: int = option(3, "with recover: recoveries per run before it gives up",
+                                 check=_int(1))
+    spike_factor: float | None = option(
+        None, "with recover: also a loop loss over k x the running median (null: off)",
+        check=_number_over_one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -518,6 +536,10 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     checkpoints = _check_options(checker, "checkpoints", CheckpointOptions, tree.get("checkpoints"))
     tensorboard = _check_options(checker, "tensorboard", TensorBoardOptions, tree.get("tensorboard"))
     tuning = _check_options(checker, "tuning", TuningOptions, tree.get("tuning"))
+    trainer = checked.get("trainer") or {}
+    if trainer.get("spike_factor") is not None and trainer.get("on_nonfinite") != "recover":
+        checker.add(("trainer", "spike_factor"), "acts only with trainer.on_nonfinite: recover; "
+                                                 "set it, or remove spike_factor")
     model = checked.get("model") or {}
     data = checked.get("data") or {}
     compile_config = _check_compile(checker, model.get("compile"))

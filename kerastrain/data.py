@@ -384,9 +384,13 @@ class DistributedInput:
             dataset = dataset.repeat()
         return dataset
 
-    def distributed(self):
-        """A distributed dataset for synchronous strategies (iterate it once per pass)."""
-        if self._distributed is None:
+    def distributed(self, fresh=False):
+        """A distributed dataset for synchronous strategies (iterate it once per pass).
+
+        `fresh`: build it again, as a new run would (a recovery reads the data again
+        from its first pass, and reshuffling follows how often the object was iterated).
+        """
+        if self._distributed is None or fresh:
             strategy = self._built.strategy
             # Batches are prefetched onto each replica's device by TensorFlow's default
             # `InputOptions(experimental_fetch_to_device=True)` (passing it explicitly

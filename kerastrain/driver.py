@@ -65,6 +65,12 @@ class SyncDriver:
         self._continue_pass = False
         self.passes = 0
         self.offset = 0
+        # Set by a recovery (`kerastrain.recovery`): a position to go back to before the
+        # next loop, batches never to train on, and a range to run one step per loop.
+        self._rewind_to = None
+        self.skips = set()        # {(pass, offset)}
+        self.probe = None         # (pass, first offset, end offset) or None
+        self.last_loop = None     # (pass, first offset, steps) of the latest loop
 
     def _new_iterator(self, train_input):
         self._iterator = iter(train_input.distributed())
@@ -88,6 +94,45 @@ class SyncDriver:
         if steps_per_epoch is None:
             self.offset = 0  # the pass ended with the epoch; the next epoch starts a new one
 
+    def seek(self, passes, offset):
+        """Before the next loop, stand again at the data position (passes, offset).
+
+        The data is rebuilt and read forward as a resumed run reads it, so the
+        batches after that position are the ones seen the first time.
+        """
+        self._rewind_to = (passes, offset)
+
+    def settle(self):
+        """Nothing runs between loops here (a parameter-server driver waits for its loops)."""
+
+    def _rewind(self, train_input):
+        passes, offset = self._rewind_to
+        self._rewind_to = None
+        self._iterator, self._continue_pass, self.passes, self.offset = None, False, 0, 0
+        train_input.distributed(fresh=True)  # a dataset object that was iterated 0 times
+        self.fast_forward(train_input, passes, offset)
+
+    def _skip_poisoned(self):
+        """Read and drop the batches at this position that a recovery marked."""
+        import tensorflow as tf
+        while (self.passes, self.offset) in self.skips:
+            if not int(self._skip(self._iterator, tf.constant(1, tf.int32))):
+                return
+            self.offset += 1
+
+    def _cut(self, n):
+        """`n`, cut so a loop ends before a marked batch and probes one step at a time."""
+        here = self.offset
+        ahead = [o - here for p, o in self.skips if p == self.passes and o > here]
+        if ahead:
+            n = min(n, min(ahead))
+        if self.probe is not None and self.probe[0] == self.passes:
+            if self.probe[1] <= here < self.probe[2]:
+                n = 1
+            elif here < self.probe[1]:
+                n = min(n, self.probe[1] - here)
+        return n
+
     def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
                   boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
         """Yield a result per compiled loop; loops stop `boundary(step)` steps ahead.
@@ -101,6 +146,8 @@ class SyncDriver:
         """
         import tensorflow as tf
 
+        if self._rewind_to is not None:
+            self._rewind(train_input)
         if self._continue_pass:
             self._continue_pass = False
         elif steps_per_epoch is None or self._iterator is None:
@@ -113,9 +160,13 @@ class SyncDriver:
         while steps_per_epoch is None or done < steps_per_epoch:
             most = steps_per_loop if sizer is None else sizer.next_size()
             n = loop_size(most, steps_per_epoch, done, boundary(step))
+            if self.skips or self.probe:
+                self._skip_poisoned()
+                n = self._cut(n)
             started = time.perf_counter()
             part, ran = self._loop(self._iterator, tf.constant(n, tf.int32))
             ran = int(ran)
+            self.last_loop = (self.passes, self.offset, ran)
             if sizer is not None:
                 sizer.observe(n, ran, time.perf_counter() - started)
             done += ran
@@ -171,12 +222,24 @@ class PSDriver:
         self._on_lost = on_lost or (lambda e: e)
         self.passes = 0
         self.offset = 0
+        self.scheduled = 0      # batches the workers were asked to read, in all
+        self.last_loop = None   # no shared data position: a recovery cannot probe here
 
     def fast_forward(self, train_input, passes, offset):
         pass
 
     def epoch_done(self, steps_per_epoch):
         pass
+
+    def seek(self, passes, offset):
+        """Per-worker iterators go on where they stand: nothing to rewind."""
+
+    def settle(self):
+        """Wait for every scheduled loop (a recovery restores variables no loop may touch)."""
+        try:
+            self._coordinator.join()
+        except cluster_errors() as e:
+            raise self._on_lost(e) from None
 
     def _schedule(self, iterator, n):
         import tensorflow as tf
@@ -212,6 +275,7 @@ class PSDriver:
         while done < steps_per_epoch and not self._stop_requested():
             n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
             in_flight.append(self._schedule(iterator, n))
+            self.scheduled += n
             done += n
             step += n
             if done < steps_per_epoch and self._join_at(step):

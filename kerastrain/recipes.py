@@ -534,7 +534,8 @@ def build_trainer(recipe):
         loss=_keras_object(compile_config.loss, "loss"), metrics=metrics, verbose=t.verbose,
         jit_compile=t.jit_compile, tensorboard=recipe.tensorboard,
         checkpoint=recipe.checkpoints, shard=recipe.data.shard,
-        mixed_precision=t.mixed_precision, tuning=recipe.tuning)
+        mixed_precision=t.mixed_precision, tuning=recipe.tuning, on_nonfinite=t.on_nonfinite,
+        max_recoveries=t.max_recoveries, spike_factor=t.spike_factor)
 
 
 def run(recipe, resolved_text=None):

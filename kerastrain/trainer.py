@@ -22,6 +22,7 @@ from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
 from kerastrain import precision
 from kerastrain import preemption
+from kerastrain import recovery as recovery_lib
 from kerastrain import sharding
 from kerastrain import strategies
 from kerastrain import summaries
@@ -81,6 +82,14 @@ class Trainer:
             workers: `"auto"` (by file when there are at least as many files as
             workers, else by data), `"file"`, `"data"` or `"off"`. A
             `dataset_fn(ctx)` shards itself.
+        on_nonfinite: what a NaN or infinite loss does: `"stop"` ends training
+            (the default), `"recover"` restores the last good state (the newest
+            checkpoint, else the epoch start kept in memory), skips the batch that
+            caused it and goes on (`kerastrain.recovery`, docs/reliability.md).
+        max_recoveries: with `"recover"`, recoveries allowed in one `fit`; the next
+            bad loss raises `kerastrain.recovery.TooManyRecoveries`.
+        spike_factor: with `"recover"`, also recover from a loop whose mean loss is
+            over this many times the running median of the loops before (None: off).
 
     Example:
         >>> trainer = Trainer(build_model, dataset_fn, strategy="mirrored", seed=0)
@@ -91,13 +100,17 @@ class Trainer:
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
                  metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
-                 checkpoint=True, shard="auto", mixed_precision=None, tuning=True):
+                 checkpoint=True, shard="auto", mixed_precision=None, tuning=True,
+                 on_nonfinite="stop", max_recoveries=3, spike_factor=None):
         if dataset_fn is not None:
             data_lib.input_form(dataset_fn)
         self._shard = sharding.check_policy(shard)
         _check_init_options(steps_per_loop=steps_per_loop, verbose=verbose,
                             jit_compile=jit_compile, seed=seed, writers=writers)
         self._precision = precision.check(mixed_precision)
+        self._nonfinite = dict(on_nonfinite=on_nonfinite, max_recoveries=max_recoveries,
+                               spike_factor=spike_factor)
+        recovery_lib.check_options(**self._nonfinite)
         self._tuning = tuning_lib.TuningOptions.coerce(tuning)
         self._loop_sizer = tuning_lib.LoopSizer(fallback=_AUTO_STEPS_PER_LOOP)
         # A URL stays as given; a local path becomes absolute; `s3://` without
@@ -114,7 +127,9 @@ class Trainer:
                 f"`jit_compile=True` works with the 'default' and 'one_device' strategies; under "
                 f"{self._built.name!r} a step holds cross-device or remote-variable operations "
                 "XLA cannot compile. Remove it. Received: jit_compile=True")
+        recovery_lib.check_strategy(on_nonfinite, self._built)
         self._jit_compile = jit_compile
+        self._recovery = None  # this fit's `recovery.Recovery` (on_nonfinite="recover")
         self._tb_options = summaries.TensorBoardOptions.coerce(tensorboard)
         self._extra_writers = list(writers or [])
         self._writer = None
@@ -192,6 +207,11 @@ class Trainer:
     @property
     def is_chief(self) -> bool:
         return self._built.is_chief
+
+    @property
+    def recoveries(self) -> int:
+        """Recoveries from a bad loss in the last `fit` (`on_nonfinite="recover"`)."""
+        return 0 if self._recovery is None else self._recovery.count
 
     def write_text(self, name: str, text: str):
         """Write a text file into `model_dir` on the chief only (e.g. the resolved recipe).
@@ -458,12 +478,19 @@ class Trainer:
                  steps_per_epoch, batch_logs):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
         results = self._step.results
+        self._recovery = recovery_lib.action(
+            driver, **self._nonfinite, model=self._model, step=self._step,
+            global_step=self._global_step, checkpointer=self._checkpointer,
+            writer=monitor.writer if monitor.active else None)
 
         def save(p, epoch, batch, totals):
-            return self._save(driver, epoch, batch, totals, p.step)
+            path = self._save(driver, epoch, batch, totals, p.step)
+            if self._recovery is not None:
+                self._recovery.saved(path, p, epoch, batch, totals)
+            return path
 
         listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
-                  actions_lib.StopOnNonFinite(self._model)]
+                  self._recovery or actions_lib.StopOnNonFinite(self._model)]
         if validation is not None:
             listed.append(validation)
         if self.is_chief and monitor.active:  # other tasks write no summaries
@@ -552,16 +579,20 @@ class Trainer:
             p.totals = np.zeros(step.width, np.float64)
             if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
                 p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
-            remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
-            for result in driver.run_epoch(
-                    train_input, remaining, steps_per_loop, p.step,
-                    lambda step: actions_lib.steps_to_boundary(listed, step)):
-                p.last = result
-                p.totals = step.accumulate(p.totals, result.totals)
-                p.batch += result.steps
-                p.step += result.steps
-                if actions_lib.run(listed, p).stop:
-                    break
+            actions_lib.epoch_begin(listed, p)
+            p.stop = actions_lib.RECOVERING
+            while p.stop == actions_lib.RECOVERING:  # again from the restored state
+                p.stop = None
+                remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
+                for result in driver.run_epoch(
+                        train_input, remaining, steps_per_loop, p.step,
+                        lambda step: actions_lib.steps_to_boundary(listed, step)):
+                    p.last = result
+                    p.totals = step.accumulate(p.totals, result.totals)
+                    p.batch += result.steps
+                    p.step += result.steps
+                    if actions_lib.run(listed, p).stop:
+                        break
             if p.last is None and not p.stop:
                 # No loop ran: a stop came before the epoch's first (SIGTERM between epochs
                 # under ps, where nothing is scheduled then). The actions still see it.
@@ -713,4 +744,5 @@ def _settings(trainer, *, seed, steps_per_loop, shard):
             trainer._ckpt_options),
         "tensorboard": None if trainer._tb_options is None else dataclasses.asdict(
             trainer._tb_options),
+        **trainer._nonfinite,
     }
