@@ -165,9 +165,60 @@ class LazyLion(_Lazy, keras.optimizers.Lion):
         return weights
 
 
+def is_lazy(optimizer) -> bool:
+    """Whether `optimizer` (or the one a `LossScaleOptimizer` wraps) is one of these."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return isinstance(inner, _Lazy)
+
+
+def read_rows(model) -> list:
+    """Make `model`'s Keras `Embedding` layers read only the rows they look up.
+
+    Keras's `Embedding` reads its whole table each step, then gathers. Once an
+    optimizer has written rows in place (a scatter), TensorFlow copies the whole
+    table at every such read (it cannot hand out a buffer that is updated in
+    place), so a lazy step would cost the table's size again: 25-40 ms for
+    2,000,000 x 32 floats on a 2-core VM. Reading the rows from the variable (a
+    gather on it) avoids that; values and gradients are unchanged.
+
+    kerastrain's `Trainer` calls this for a model compiled with a lazy optimizer.
+    With Keras's own `model.fit`, call it once the model is built. Subclasses of
+    `Embedding` with their own `call`, LoRA or quantized layers, and layers
+    kerastrain already reads shard by shard are left as they are.
+
+    Returns:
+        The names of the layers changed.
+    """
+    changed = []
+    for layer in {id(layer): layer for layer in _compat.variable_owners(model).values()}.values():
+        if (type(layer).call is not keras.layers.Embedding.call
+                or "_kerastrain_call" in layer.__dict__
+                or getattr(layer, "lora_enabled", False)
+                or getattr(layer, "quantization_mode", None)):
+            continue
+        object.__setattr__(layer, "_kerastrain_call", layer.call)
+        object.__setattr__(layer, "call", _row_call(layer, layer.call))
+        changed.append(layer.name)
+    return changed
+
+
+def _row_call(layer, original):
+    import functools
+
+    @functools.wraps(original)
+    def call(inputs, *args, **kwargs):
+        if args or kwargs or not isinstance(inputs, tf.Tensor):  # sparse, ragged: Keras's
+            return original(inputs, *args, **kwargs)
+        if inputs.dtype not in (tf.int32, tf.int64):
+            inputs = tf.cast(inputs, tf.int32)
+        rows = tf.gather(_as_tf(layer.embeddings), inputs)
+        return tf.cast(rows, layer.compute_dtype)
+    return call
+
+
 # The names recipes and `compile(optimizer=...)` use.
 LAZY_OPTIMIZERS = {"lazy_adam": LazyAdam, "lazy_adamw": LazyAdamW,
                    "lazy_adagrad": LazyAdagrad, "lazy_lion": LazyLion}
 keras.saving.get_custom_objects().update(LAZY_OPTIMIZERS)
 
-__all__ = ["LazyAdagrad", "LazyAdam", "LazyAdamW", "LazyLion"]
+__all__ = ["LazyAdagrad", "LazyAdam", "LazyAdamW", "LazyLion", "is_lazy", "read_rows"]

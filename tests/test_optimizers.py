@@ -190,9 +190,13 @@ def test_mirrored_lazy_adam_equals_one_device(two_cpus):
 
     from kerastrain import optimizers
     lazy = lambda: optimizers.LazyAdamW(LR, weight_decay=WD)   # noqa: E731
-    one = state(train(lazy))
-    mirrored = state(train(lazy, {"name": "mirrored", **two_cpus}))
+    one_trainer = train(lazy)
+    one = state(one_trainer)
+    mirrored_trainer = train(lazy, {"name": "mirrored", **two_cpus})
+    mirrored = state(mirrored_trainer)
     assert max_diff(one, mirrored) <= 1e-6
+    for trainer in (one_trainer, mirrored_trainer):   # the table is read row by row
+        assert "_kerastrain_call" in trainer.model.get_layer("table").__dict__
     # Gradients reached the optimizer as rows under mirrored too: dense AdamW differs.
     dense = state(train(lambda: keras.optimizers.AdamW(LR, weight_decay=WD)))
     assert max_diff(one, dense) > 1e-4
@@ -238,3 +242,24 @@ def test_recipes_and_compile_name_lazy_optimizers(tmp_path):
     (tmp_path / "bad.yaml").write_text(text.replace("lazy_adam,", "lazy_adan,"))
     with pytest.raises(config.RecipeError, match="did you mean 'lazy_adam'"):
         recipes.load(str(tmp_path / "bad.yaml"))
+
+
+def test_read_rows_keeps_outputs_and_row_gradients():
+    import tensorflow as tf
+
+    from kerastrain import optimizers
+    model = embedding_model(lambda: optimizers.LazyAdam(LR))
+    x = np.random.default_rng(5).integers(0, 1000, (16, 4)).astype("int32")
+
+    def forward():
+        with tf.GradientTape() as tape:
+            y = model(x)
+        return y.numpy(), tape.gradient(y, model.get_layer("table").embeddings)
+
+    y0, g0 = forward()
+    assert optimizers.read_rows(model) == ["table"]
+    assert optimizers.read_rows(model) == []   # once only
+    y1, g1 = forward()
+    np.testing.assert_array_equal(y0, y1)
+    assert isinstance(g1, tf.IndexedSlices)
+    np.testing.assert_array_equal(tf.convert_to_tensor(g0).numpy(), tf.convert_to_tensor(g1).numpy())
