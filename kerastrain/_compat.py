@@ -405,7 +405,7 @@ def slices_then_batch(dataset):
 # -- lazy (row-sparse) optimizers ---------------------------------------------------------
 
 class RowSparseWeightDecay:
-    """Mixin for a Keras optimizer: no whole-variable weight decay where the gradient is rows.
+    """Mixin for a Keras optimizer: row gradients stay rows through decay and clipping.
 
     Keras applies weight decay to every variable, whole, before the update
     (`BaseOptimizer._backend_apply_gradients` -> `_apply_weight_decay`, which asks
@@ -413,8 +413,10 @@ class RowSparseWeightDecay:
     For a variable whose gradient is `tf.IndexedSlices` this mixin says "no decay"
     there, and the lazy update decays the touched rows itself (`decays_weights`).
     With `gradient_accumulation_steps` Keras sums gradients into dense accumulators,
-    so every update is dense and decays as Keras does. Private names checked in
-    Keras 3.10-3.15: `_backend_apply_gradients`, `_use_weight_decay`, `_var_key`.
+    so every update is dense and decays as Keras does. `global_clipnorm` would make
+    row gradients dense (`_clip_gradients`); here it scales the rows' values.
+    Private names checked in Keras 3.10-3.15: `_backend_apply_gradients`,
+    `_use_weight_decay`, `_clip_gradients`, `_var_key`, `clip_by_global_norm`.
     """
 
     def _backend_apply_gradients(self, grads, trainable_variables):

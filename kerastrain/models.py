@@ -207,8 +207,8 @@ def _read_rows_if_lazy(model, optimizer):
     if optimizer is not None and optimizers.is_lazy(optimizer):
         changed = optimizers.read_rows(model)
         if changed:
-            logger.info("lazy optimizer %s: embedding layers %s read only the rows they look "
-                        "up", type(optimizer).__name__, ", ".join(changed))
+            logger.info("lazy optimizer %s: embedding layer(s) %s read only the rows they look "
+                        "up", type(optimizer).__name__, ", ".join(map(repr, changed)))
 
 
 def _check_accumulation(optimizer, strategy_name):
