@@ -207,7 +207,8 @@ class CompileConfig:
     """Overrides of what the model builder compiled (None: keep the builder's)."""
     optimizer: Any = option(None, "'adam', or {name: adam, learning_rate: 0.001}; learning_rate "
                                   "may be {schedule: cosine_decay, ...}; lazy_adam, lazy_adamw, "
-                                  "lazy_adagrad, lazy_lion update only an embedding's touched rows", check=_as_given)
+                                  "lazy_adagrad, lazy_lion update only an embedding's touched "
+                                  "rows", check=_as_given)
     loss: Any = option(None, "a Keras loss name, or {name: ..., **kwargs}; null keeps the "
                              "builder's", check=_as_given)
     metrics: tuple | None = option(None, "a list of Keras metric names; null keeps the builder's",
