@@ -427,3 +427,76 @@ def learning_rate_at(optimizer, iteration):
         return
     with instance_override(inner, "_get_current_learning_rate", lambda: schedule(iteration)):
         yield
+
+# -- lazy (row-sparse) optimizers ---------------------------------------------------------
+
+class RowSparseWeightDecay:
+    """Mixin for a Keras optimizer: row gradients stay rows through decay and clipping.
+
+    Keras applies weight decay to every variable, whole, before the update
+    (`BaseOptimizer._backend_apply_gradients` -> `_apply_weight_decay`, which asks
+    `_use_weight_decay(variable)`); it has no public hook that sees the gradients.
+    For a variable whose gradient is `tf.IndexedSlices` this mixin says "no decay"
+    there, and the lazy update decays the touched rows itself (`decays_weights`).
+    With `gradient_accumulation_steps` Keras sums gradients into dense accumulators,
+    so every update is dense and decays as Keras does. `global_clipnorm` would make
+    row gradients dense (`_clip_gradients`); here it scales the rows' values.
+    Private names checked in Keras 3.10-3.15: `_backend_apply_gradients`,
+    `_use_weight_decay`, `_clip_gradients`, `_var_key`, `clip_by_global_norm`.
+    """
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        import tensorflow as tf
+        sparse = frozenset()
+        if not self.gradient_accumulation_steps:
+            sparse = frozenset(self._var_key(v) for g, v in zip(grads, trainable_variables)
+                               if isinstance(g, tf.IndexedSlices))
+        object.__setattr__(self, "_kerastrain_row_sparse", sparse)
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            object.__setattr__(self, "_kerastrain_row_sparse", frozenset())
+
+    def _use_weight_decay(self, variable):
+        if self._var_key(variable) in getattr(self, "_kerastrain_row_sparse", ()):
+            return False
+        return super()._use_weight_decay(variable)
+
+    def _clip_gradients(self, grads):
+        # Keras's `clip_by_global_norm` makes row gradients dense; this is the same
+        # formula on the rows' values (duplicates summed first, so their norm is the
+        # dense gradient's), and rows stay rows. Other clipping keeps rows already.
+        import tensorflow as tf
+        from keras.src.optimizers.base_optimizer import clip_by_global_norm
+        if (self.clipnorm and self.clipnorm > 0) or not (
+                self.global_clipnorm and self.global_clipnorm > 0) or not any(
+                isinstance(g, tf.IndexedSlices) for g in grads):
+            return super()._clip_gradients(grads)
+        grads = [unique_rows(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        clipped = clip_by_global_norm(values, self.global_clipnorm)
+        return [tf.IndexedSlices(c, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices)
+                else c for g, c in zip(grads, clipped)]
+
+
+def unique_rows(gradient, dtype=None):
+    """A `tf.IndexedSlices` with each row once, its gradients summed (cast to `dtype`)."""
+    import tensorflow as tf
+    rows, position = tf.unique(gradient.indices)
+    values = gradient.values if dtype is None else tf.cast(gradient.values, dtype)
+    values = tf.math.unsorted_segment_sum(values, position, tf.shape(rows)[0])
+    return tf.IndexedSlices(values, rows, gradient.dense_shape)
+
+
+def decays_weights(optimizer, variable) -> bool:
+    """Whether Keras would decay `variable` (weight_decay set, not excluded by the user)."""
+    if optimizer.weight_decay is None:
+        return False
+    return super(RowSparseWeightDecay, optimizer)._use_weight_decay(variable)
+
+
+def optimizer_slot(optimizer, kind, variable):
+    """The slot `kind` of `variable` ("momentums", "velocities", "velocity_hats",
+    "accumulators"): Keras's built-in optimizers keep each kind in a private list
+    (`Adam._momentums`...) indexed by `_get_variable_index` (Keras 3.10-3.15)."""
+    return getattr(optimizer, f"_{kind}")[optimizer._get_variable_index(variable)]

@@ -31,6 +31,8 @@ from kerastrain._options import REQUIRED, default_of, option
 # (Checked by name here, so that a typo fails before TensorFlow is imported.)
 OPTIMIZERS = ("adadelta", "adafactor", "adagrad", "adam", "adamax", "adamw", "ftrl", "lamb",
               "lion", "muon", "nadam", "rmsprop", "sgd")
+# kerastrain's lazy (row-sparse) variants, kerastrain.optimizers (docs/optimizers.md).
+LAZY_OPTIMIZERS = ("lazy_adagrad", "lazy_adam", "lazy_adamw", "lazy_lion")
 SCHEDULES = {
     "exponential_decay": "ExponentialDecay", "cosine_decay": "CosineDecay",
     "cosine_decay_restarts": "CosineDecayRestarts",
@@ -214,7 +216,9 @@ class BuilderConfig:
 class CompileConfig:
     """Overrides of what the model builder compiled (None: keep the builder's)."""
     optimizer: Any = option(None, "'adam', or {name: adam, learning_rate: 0.001}; learning_rate "
-                                  "may be {schedule: cosine_decay, ...}", check=_as_given)
+                                  "may be {schedule: cosine_decay, ...}; lazy_adam, lazy_adamw, "
+                                  "lazy_adagrad, lazy_lion update only an embedding's touched "
+                                  "rows", check=_as_given)
     loss: Any = option(None, "a Keras loss name, or {name: ..., **kwargs}; null keeps the "
                              "builder's", check=_as_given)
     metrics: tuple | None = option(None, "a list of Keras metric names; null keeps the builder's",
@@ -478,11 +482,13 @@ def _check_compile(checker, value):
                 (resolve if checker.imports else _import_path_unimported)(name)
             except _Bad as e:
                 checker.bad(path + ("name",), name, e.args[0])
-        elif not isinstance(name, str) or name.lower() not in OPTIMIZERS:
-            close = difflib.get_close_matches(str(name).lower(), OPTIMIZERS, n=1)
+        elif not isinstance(name, str) or name.lower() not in OPTIMIZERS + LAZY_OPTIMIZERS:
+            close = difflib.get_close_matches(str(name).lower(), OPTIMIZERS + LAZY_OPTIMIZERS,
+                                              n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             checker.bad(path + (("name",) if isinstance(optimizer, Mapping) else ()), name,
-                        f"a Keras optimizer name{hint}: {', '.join(OPTIMIZERS)}, or an import "
+                        f"a Keras optimizer name{hint}: {', '.join(OPTIMIZERS)}; a lazy one "
+                        f"(kerastrain.optimizers): {', '.join(LAZY_OPTIMIZERS)}; or an import "
                         "path 'package.module:Class'")
         lr = options.get("learning_rate")
         if isinstance(lr, Mapping):

@@ -200,15 +200,26 @@ def _build_state(model, built, element_spec):
                 "The model cannot run on the batches the dataset yields. Received: "
                 f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
     partitioned = partitioning.Partitioning(model) if ps else None
-    if not partitioned:
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(model.trainable_variables)
-        return None
-    partitioned.check()
-    partitioned.install()
-    logger.info(partitioned.summary())
-    partitioned.build_optimizers(optimizer, model.trainable_variables)
-    return partitioned
+    if partitioned:
+        partitioned.check()
+        partitioned.install()
+        logger.info(partitioned.summary())
+        partitioned.build_optimizers(optimizer, model.trainable_variables)
+    elif optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    _read_rows_if_lazy(model, optimizer)
+    return partitioned or None
+
+
+def _read_rows_if_lazy(model, optimizer):
+    # A lazy optimizer writes rows in place; a whole-table read per step (Keras's
+    # Embedding) would then copy the table each step (kerastrain.optimizers.read_rows).
+    from kerastrain import optimizers
+    if optimizer is not None and optimizers.is_lazy(optimizer):
+        changed = optimizers.read_rows(model)
+        if changed:
+            logger.info("lazy optimizer %s: embedding layer(s) %s read only the rows they look "
+                        "up", type(optimizer).__name__, ", ".join(map(repr, changed)))
 
 
 def _check_accumulation(optimizer, strategy_name):

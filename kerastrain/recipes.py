@@ -465,7 +465,13 @@ def _optimizer(spec):
         lr = getattr(keras.optimizers.schedules, schedule)(**lr)
     if lr is not None:
         options["learning_rate"] = lr
-    cls = config_lib.resolve(name) if ":" in name else type(keras.optimizers.get(name.lower()))
+    if ":" in name:
+        cls = config_lib.resolve(name)
+    elif name.lower() in config_lib.LAZY_OPTIMIZERS:
+        from kerastrain import optimizers
+        cls = optimizers.LAZY_OPTIMIZERS[name.lower()]
+    else:
+        cls = type(keras.optimizers.get(name.lower()))
     return cls(**options)
 
 
