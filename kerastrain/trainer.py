@@ -392,17 +392,6 @@ class Trainer:
         return None
 
     def _export_missing(self):
-        """Whether the export is not that of this step (an earlier export failed, e.g. disk full).
-
-        Not under multi-worker mirrored: every worker must take part in an export,
-        and they would have to agree on reading the chief's files.
-        """
-        if not (self._ckpt_options and self._ckpt_options.export and self._outputs.enabled) \
-                or self._built.is_multi_worker or self.global_step == 0:
-            return False
-        return not checkpoints.export_is_current(self._outputs.path("export"), self.global_step)
-
-    def _export_missing(self):
         """Whether the chief's export is missing or not of this step (a run killed or out of
         disk while exporting): a rerun with nothing left to train writes it again."""
         if not (self._ckpt_options and self._ckpt_options.export and self._outputs.enabled) \
