@@ -92,8 +92,17 @@ def describe(spec):
     return str(tf.nest.map_structure(one, spec))
 
 
+def inputs_of(element):
+    """The inputs (x) of a batch or element spec, as Keras unpacks it: `(x, y[, sw])`,
+    `(x,)`, or anything else (a tensor, a dict) is x alone."""
+    if isinstance(element, (tuple, list)) and len(element) in (1, 2, 3):
+        return element[0]
+    return element
+
+
 def check_element_spec(dataset, argument="dataset_fn"):
-    """The dataset must yield `(x, y)` or `(x, y, sample_weight)` batches."""
+    """The dataset must yield `(x, y)`, `(x, y, sample_weight)` or x-only batches, as `model.fit`
+    takes them (x-only: the model's losses are its own, e.g. `add_loss` or `train_step`)."""
     import tensorflow as tf
 
     if not isinstance(dataset, tf.data.Dataset):
@@ -101,12 +110,13 @@ def check_element_spec(dataset, argument="dataset_fn"):
             f"`{argument}` must return a tf.data.Dataset. "
             f"Received: an object of type {type(dataset).__name__}")
     spec = dataset.element_spec
-    if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+    if isinstance(spec, (tuple, list)) and len(spec) not in (1, 2, 3):
         raise ValueError(
-            f"The dataset from `{argument}` must yield batches of (x, y) or "
-            f"(x, y, sample_weight). Received: element_spec={describe(spec)}. Map it to a "
-            "tuple, e.g. `ds.map(lambda d: (d['features'], d['label']))`.")
-    x = tf.nest.flatten(spec[0])
+            f"The dataset from `{argument}` must yield batches of (x, y), "
+            f"(x, y, sample_weight) or x alone. Received: element_spec={describe(spec)} "
+            f"(a tuple of {len(spec)}). Map it to one of those, e.g. "
+            "`ds.map(lambda *t: ((t[0], t[1]), t[2]))`.")
+    x = tf.nest.flatten(inputs_of(spec))
     if not x or any(not isinstance(s, tf.TensorSpec) or s.shape.rank == 0 for s in x):
         raise ValueError(
             f"The inputs (x) from `{argument}` must be batched tensors with a batch dimension. "
@@ -483,10 +493,27 @@ def check_against_model(element_spec, model):
         expected = [len(t.shape) for t in tf.nest.flatten(inputs)] if inputs else None
     except (AttributeError, TypeError, ValueError):
         expected = None
-    got = [s.shape.rank for s in tf.nest.flatten(element_spec[0])]
+    _check_targets(element_spec, model)
+    got = [s.shape.rank for s in tf.nest.flatten(inputs_of(element_spec))]
     if expected and len(expected) == len(got) and all(
             g is not None and g == e - 1 for g, e in zip(got, expected)):
         raise ValueError(
             f"The inputs (x) have rank {got} but the model expects rank {expected} (with a batch "
             f"dimension). Received: element_spec={describe(element_spec)}. "
             "Did you forget `.batch(...)` in the dataset_fn?")
+
+
+def _check_targets(element_spec, model):
+    """x-only batches train a model whose losses are its own, not a compiled loss."""
+    import keras
+    x_only = inputs_of(element_spec) is element_spec or len(element_spec) == 1
+    if not x_only or getattr(model, "loss", None) is None:
+        return
+    if any(getattr(type(model), name) is not getattr(keras.Model, name)
+           for name in ("train_step", "compute_loss")):
+        return  # the model decides what its loss needs
+    raise ValueError(
+        "The batches hold inputs (x) only, but the model was compiled with a loss, which needs "
+        "targets (y). Yield (x, y) batches, or compile without `loss` when the model adds its "
+        f"own (`add_loss`). Received: element_spec={describe(element_spec)}, "
+        f"loss={model.loss!r}")

@@ -20,11 +20,15 @@ import logging
 import numpy as np
 
 from kerastrain import _compat, worker_steps
+from kerastrain import data as data_lib
 
 logger = logging.getLogger("kerastrain")
 
 
 def unpack(data):
+    """`(x, y, sample_weight)` of a batch, as Keras unpacks it (x-only batches: y is None)."""
+    if not isinstance(data, (tuple, list)) or len(data) == 1:
+        return data_lib.inputs_of(data), None, None
     if len(data) == 2:
         return data[0], data[1], None
     return data[0], data[1], data[2]
@@ -538,7 +542,7 @@ class ModelStep(Step):
 
     def _replica(self, step_fn):
         def run(data):
-            x = data[0] if isinstance(data, (tuple, list)) else data
+            x = data_lib.inputs_of(data)
             return step_fn(data), self._batch_size(x)
         return run
 

@@ -61,9 +61,18 @@ def test_dataset_with_wrong_structure():
         return tf.data.Dataset.from_tensor_slices(helpers.arrays(32)[0]).batch(8)
 
     trainer = kt.Trainer(helpers.build_model, strategy="default", verbose=0)
-    with pytest.raises(ValueError, match=r"must yield batches of \(x, y\) or \(x, y, "
-                                         r"sample_weight\). Received: element_spec=Tensor"):
-        trainer.fit(only_x)
+    with pytest.raises(ValueError, match=r"The batches hold inputs \(x\) only, but the model "
+                                         r"was compiled with a loss.*element_spec=Tensor"):
+        trainer.fit(only_x)  # x-only batches are for models with their own losses
+
+    def four(ctx):
+        import tensorflow as tf
+        x, y = helpers.arrays(32)
+        return tf.data.Dataset.from_tensor_slices((x, y, y, y)).batch(8)
+
+    with pytest.raises(ValueError, match=r"must yield batches of \(x, y\), \(x, y, "
+                                         r"sample_weight\) or x alone.*a tuple of 4"):
+        trainer.fit(four)
 
     def unbatched(ctx):
         import tensorflow as tf
