@@ -166,8 +166,10 @@ def test_serve_stops_when_the_chief_has_finished():
     original = cluster._reachable
     cluster._reachable = lambda address, timeout=1.0: next(answers)
     try:
+        # serve() starts a real server on the ps address: a free port, not a fixed one that
+        # another process on the machine may hold.
         config = cluster.ClusterConfig({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
-                                        "ps": ["127.0.0.1:3"]}, "ps", 0)
+                                        "ps": [f"127.0.0.1:{cluster.free_port()}"]}, "ps", 0)
         reason = cluster.serve(config, clock=lambda: next(times), sleep=lambda s: None)
     finally:
         cluster._reachable = original
