@@ -400,3 +400,12 @@ def slices_then_batch(dataset):
             or len(tensors) != len(tf.nest.flatten(spec)):
         return None
     return tensors, spec, batch_size, drop, prefetch, options
+
+
+def flatten_metrics_in_order(model, logs):
+    """`model.evaluate(..., return_dict=False)`'s list (or scalar) from a logs dict.
+
+    Keras orders the values by the model's metrics, its compiled metrics expanded,
+    in `Trainer._flatten_metrics_in_order` (checked on Keras 3.10-3.15).
+    """
+    return model._flatten_metrics_in_order(logs)

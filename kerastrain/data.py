@@ -8,6 +8,10 @@ The four forms a user may pass wherever data is expected:
 3. A `tf.data.Dataset` of global batches.
 4. NumPy arrays `(x, y)` or `(x, y, sample_weight)` with a `batch_size`.
 
+Batches are read as Keras reads them (`split_batch`): `(x, y)`, `(x, y,
+sample_weight)`, or the inputs alone (`x` or `(x,)`), for a model whose loss
+needs no targets (`add_loss`, an endpoint layer, its own `train_step`).
+
 Forms 2-4 are distributed by kerastrain: sharded across workers by the policy
 in `kerastrain.sharding` and split into per-replica batches by TensorFlow.
 Under parameter servers every form becomes a per-worker dataset built on the
@@ -58,7 +62,7 @@ def input_form(data, argument="dataset_fn") -> str:
 
     if isinstance(data, tf.data.Dataset):
         return "dataset"
-    if isinstance(data, (tuple, list)) and len(data) in (2, 3) and array_leaves(data):
+    if isinstance(data, (tuple, list)) and len(data) in (1, 2, 3) and array_leaves(data):
         return "numpy"
     if isinstance(data, (tuple, list, dict)) or _is_array(data):
         raise TypeError(
@@ -92,8 +96,24 @@ def describe(spec):
     return str(tf.nest.map_structure(one, spec))
 
 
+def split_batch(batch):
+    """`(x, y, sample_weight)` of a batch (or of its spec), as Keras's `fit` reads it.
+
+    A tuple or list of 2 or 3 items is `(x, y[, sample_weight])`, one of 1 item is
+    `(x,)`; anything else (a tensor, a dict) is `x` alone: y and sample_weight None.
+    """
+    if isinstance(batch, list):
+        batch = tuple(batch)
+    if not isinstance(batch, tuple):
+        return batch, None, None
+    if len(batch) in (1, 2, 3):
+        return (tuple(batch) + (None, None))[:3]
+    raise ValueError("A batch must be `x`, `(x,)`, `(x, y)` or `(x, y, sample_weight)`, as "
+                     f"in `model.fit`. Received: a tuple of {len(batch)} items")
+
+
 def check_element_spec(dataset, argument="dataset_fn"):
-    """The dataset must yield `(x, y)` or `(x, y, sample_weight)` batches."""
+    """The dataset must yield `(x, y)`, `(x, y, sample_weight)` or `x` batches."""
     import tensorflow as tf
 
     if not isinstance(dataset, tf.data.Dataset):
@@ -101,12 +121,12 @@ def check_element_spec(dataset, argument="dataset_fn"):
             f"`{argument}` must return a tf.data.Dataset. "
             f"Received: an object of type {type(dataset).__name__}")
     spec = dataset.element_spec
-    if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+    if isinstance(spec, (tuple, list)) and len(spec) not in (1, 2, 3):
         raise ValueError(
-            f"The dataset from `{argument}` must yield batches of (x, y) or "
-            f"(x, y, sample_weight). Received: element_spec={describe(spec)}. Map it to a "
-            "tuple, e.g. `ds.map(lambda d: (d['features'], d['label']))`.")
-    x = tf.nest.flatten(spec[0])
+            f"The dataset from `{argument}` must yield batches of (x, y), "
+            f"(x, y, sample_weight) or x alone. Received: element_spec={describe(spec)}. Map "
+            "it to a tuple, e.g. `ds.map(lambda d: (d['features'], d['label']))`.")
+    x = tf.nest.flatten(split_batch(spec)[0])
     if not x or any(not isinstance(s, tf.TensorSpec) or s.shape.rank == 0 for s in x):
         raise ValueError(
             f"The inputs (x) from `{argument}` must be batched tensors with a batch dimension. "
@@ -479,7 +499,17 @@ def check_against_model(element_spec, model):
         expected = [len(t.shape) for t in tf.nest.flatten(inputs)] if inputs else None
     except (AttributeError, TypeError, ValueError):
         expected = None
-    got = [s.shape.rank for s in tf.nest.flatten(element_spec[0])]
+    x, y, _ = split_batch(element_spec)
+    import keras
+    own = any(getattr(type(model), name) is not getattr(keras.Model, name)
+              for name in ("train_step", "compute_loss"))
+    if y is None and _compat.compile_loss(model) is not None and not own:
+        raise ValueError(
+            "The data yields the inputs x alone, but the model was compiled with a `loss`, "
+            "which needs targets: yield (x, y) batches (or pass `y`), or compile without `loss` "
+            "when the model adds its own (`add_loss`, an endpoint layer). Received: "
+            f"element_spec={describe(element_spec)}")
+    got = [s.shape.rank for s in tf.nest.flatten(x)]
     if expected and len(expected) == len(got) and all(
             g is not None and g == e - 1 for g, e in zip(got, expected)):
         raise ValueError(

@@ -38,6 +38,9 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
     Raises:
         ValueError: an argument that does not apply to this form of input, or a bad value.
     """
+    if y is None and sample_weight is None and not isinstance(data, (tuple, list)) and \
+            data_lib.array_leaves(data) is not None:
+        data = (data,)  # fit(x): the inputs alone, for a model whose loss needs no targets
     if y is not None and data_lib.array_leaves(data) is not None:
         # fit(x, y): x is the model's inputs (an array, or a list/dict/tuple of them).
         data = (data, y) if sample_weight is None else (data, y, sample_weight)
@@ -60,6 +63,8 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
     if class_weight is not None:
         data = _with_class_weight(data, form, class_weight)
     validation = validation_data
+    if validation_split == 0.0 and not isinstance(validation_split, bool):
+        validation_split = None  # model.fit's default: nothing held out
     if validation_split is not None:
         _check_split(validation_split)
         train, held_out = _split(data, validation_split)
@@ -89,6 +94,9 @@ def _with_class_weight(data, form, class_weight):
             raise ValueError("You cannot give `class_weight` and `sample_weight` at the same "
                              "time (as in `model.fit`): fold the class weights into the sample "
                              "weights. Received: both")
+        if len(data) == 1:
+            raise ValueError("`class_weight` weighs examples by their class, read from the "
+                             "targets: pass `y`. Received: class_weight with x alone")
         x, y = data
         if isinstance(y, (dict, list, tuple)):
             raise ValueError("`class_weight` is only supported for models with a single output "

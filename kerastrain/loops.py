@@ -20,14 +20,14 @@ import logging
 import numpy as np
 
 from kerastrain import _compat
+from kerastrain import data as data_lib
 
 logger = logging.getLogger("kerastrain")
 
 
 def unpack(data):
-    if len(data) == 2:
-        return data[0], data[1], None
-    return data[0], data[1], data[2]
+    """`(x, y, sample_weight)`: y and sample_weight may be None (`data.split_batch`)."""
+    return data_lib.split_batch(data)
 
 
 class MetricState:

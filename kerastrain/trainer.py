@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import sys
 
 import numpy as np
 
+from kerastrain import _compat
 from kerastrain import _logging
 from kerastrain import actions as actions_lib
 from kerastrain import callbacks as callbacks_lib
@@ -21,6 +23,7 @@ from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
 from kerastrain import precision
+from kerastrain import predicting
 from kerastrain import preemption
 from kerastrain import sharding
 from kerastrain import strategies
@@ -137,6 +140,7 @@ class Trainer:
         # gets the trained weights whenever fit ends, so code written for model.fit works.
         self._user_model = model if detached is not None and model is not self._model else None
         self._step = None
+        self._predictor = None
         self._inputs = {}
         self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
         self._lock = self._outputs.claim(tidy=checkpoints.tidy)
@@ -637,24 +641,81 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------
 
-    def evaluate(self, dataset_fn=None, *, steps=None, batch_size=None):
+    def evaluate(self, dataset_fn=None, y=None, *, batch_size=None, steps=None,
+                 sample_weight=None, return_dict=True, verbose=0, callbacks=None, x=None):
         """Evaluate the model exactly over the data and return `{"loss": ..., ...}` floats.
 
-        `dataset_fn` defaults to the last `validation_dataset_fn` given to `fit`,
-        then to the training `dataset_fn`. Under parameter servers the
-        coordinator evaluates the whole dataset itself, reading variables from
-        the ps tasks, so every example counts exactly once.
+        Takes `model.evaluate`'s arguments: `dataset_fn` (or `x`) in any input form,
+        `y` and `sample_weight` beside NumPy `x`, `batch_size`, `steps`, `verbose`,
+        `callbacks` (`on_test_begin` / `on_test_end`; the batch hooks once, at the end:
+        evaluation runs in compiled chunks) and `return_dict` (default True here;
+        False gives Keras's list, or a scalar for the loss alone). `dataset_fn`
+        defaults to the last `validation_dataset_fn` given to `fit`, then to the
+        training `dataset_fn`. Under parameter servers the coordinator evaluates the
+        whole dataset itself, reading variables from the ps tasks, so every example
+        counts exactly once.
         """
-        for candidate in (dataset_fn, self._eval_dataset_fn, self._dataset_fn):
-            if candidate is not None:
-                dataset_fn = candidate
-                break
+        if x is not None and dataset_fn is not None:
+            raise ValueError("`x` and `dataset_fn` name the same thing: pass one. Received: both")
+        dataset_fn = next((c for c in (dataset_fn, x, self._eval_dataset_fn, self._dataset_fn)
+                           if c is not None), None)
         if dataset_fn is None:
             raise ValueError("No evaluation data: pass `dataset_fn`. Received: dataset_fn=None")
+        if not isinstance(return_dict, bool):
+            raise TypeError(f"`return_dict` must be True or False. Received: {return_dict!r}")
         check_int("steps", steps, minimum=1, optional=True)
+        if y is not None or sample_weight is not None or \
+                data_lib.array_leaves(dataset_fn) is not None:
+            dataset_fn = fit_args.resolve(dataset_fn, y, sample_weight=sample_weight).train
         eval_input = self._input(dataset_fn, "dataset_fn", "evaluation", batch_size)
         self._ensure_built(eval_input.element_spec)
-        return self._evaluate_input(eval_input, steps)
+        cbs = callbacks_lib.callback_list(
+            callbacks_lib.check_callbacks(callbacks), model=self._model, history=False,
+            verbose=self._resolve_verbose(verbose), epochs=1, steps=steps)
+        cbs.on_test_begin()
+        cbs.on_test_batch_begin(0)
+        logs = self._evaluate_input(eval_input, steps)
+        cbs.on_test_batch_end((steps or 1) - 1, logs)
+        cbs.on_test_end(logs)
+        return logs if return_dict else _compat.flatten_metrics_in_order(self._model, logs)
+
+    # -- prediction -----------------------------------------------------------
+
+    def predict(self, x, *, batch_size=None, steps=None, verbose=None, callbacks=None):
+        """The model's outputs for `x`, NumPy arrays nested like its outputs, in input order.
+
+        As `model.predict`: `x` is NumPy inputs (`batch_size` default 32), a dataset
+        or a function returning one (batches of `x`, or `(x, y[, sample_weight])`
+        whose targets Keras's `predict_step` ignores), or a `dataset_fn(ctx)`;
+        `steps` batches at most; callbacks get `on_predict_*` with each batch's
+        outputs, and `model.stop_predicting` stops. A model's own `predict_step`
+        runs. Under multi-worker mirrored and parameter servers this task predicts
+        all of `x` itself, reading the trained variables (`kerastrain.predicting`).
+
+        Example:
+            >>> probabilities = trainer.predict(x_test, batch_size=256)
+        """
+        predicting.check_options(batch_size=batch_size, steps=steps)
+        callbacks = callbacks_lib.check_callbacks(callbacks)
+        predictor = self._predictor = self._predictor or predicting.Predictor(
+            self._built, self._model)
+        batches, known, spec = predictor.batches(x, batch_size=batch_size, steps=steps)
+        predictor.ensure_built(spec)
+        cbs = callbacks_lib.callback_list(callbacks, model=self._model, history=False,
+                                          verbose=self._resolve_verbose(verbose), epochs=1,
+                                          steps=known)
+        step, outputs = predictor.step(), []
+        self._model.stop_predicting = False
+        cbs.on_predict_begin()
+        with self._cluster_errors_explained():
+            for i, batch in enumerate(itertools.islice(batches, steps)):
+                cbs.on_predict_batch_begin(i)
+                outputs.append(predicting.to_numpy(step(batch)))
+                cbs.on_predict_batch_end(i, {"outputs": outputs[-1]})
+                if self._model.stop_predicting:
+                    break
+        cbs.on_predict_end()
+        return predicting.concatenate(outputs)
 
     def _evaluate_input(self, eval_input, steps):
         if steps is None and eval_input.cardinality == data_lib.INFINITE:

@@ -61,9 +61,18 @@ def test_dataset_with_wrong_structure():
         return tf.data.Dataset.from_tensor_slices(helpers.arrays(32)[0]).batch(8)
 
     trainer = kt.Trainer(helpers.build_model, strategy="default", verbose=0)
-    with pytest.raises(ValueError, match=r"must yield batches of \(x, y\) or \(x, y, "
-                                         r"sample_weight\). Received: element_spec=Tensor"):
+    with pytest.raises(ValueError, match=r"yields the inputs x alone, but the model was compiled "
+                                         r"with a `loss`.*Received: element_spec=Tensor"):
         trainer.fit(only_x)
+
+    def four(ctx):
+        import tensorflow as tf
+        x, y = helpers.arrays(32)
+        return tf.data.Dataset.from_tensor_slices((x, y, y, y)).batch(8)
+
+    with pytest.raises(ValueError, match=r"must yield batches of \(x, y\), \(x, y, "
+                                         r"sample_weight\) or x alone"):
+        trainer.fit(four)
 
     def unbatched(ctx):
         import tensorflow as tf
