@@ -27,10 +27,12 @@ class FitData:
     train: object
     validation: object = None
     shuffle: bool = True  # NumPy training arrays are reshuffled every epoch
+    validation_batch_size: int | None = None  # NumPy validation data; None: batch_size
 
 
 def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_data=None,
-            validation_split=None, shuffle=None, argument="dataset_fn") -> FitData:
+            validation_split=None, shuffle=None, validation_batch_size=None,
+            argument="dataset_fn") -> FitData:
     """`fit(x, y, ...)`'s data arguments as kerastrain input forms.
 
     `argument` is the name the user gave the data by (`dataset_fn` or `x`), for errors.
@@ -46,6 +48,7 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
         data = (data, y) if sample_weight is None else (data, y, sample_weight)
         y = sample_weight = None
     form = data_lib.input_form(data, argument)
+    _check_scalars(shuffle=shuffle, validation_batch_size=validation_batch_size)
     if form != "numpy":
         for name, value in (("y", y), ("sample_weight", sample_weight),
                             ("validation_split", validation_split)):
@@ -71,7 +74,18 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
         data = train
         if validation is None:  # as in Keras, validation_data wins
             validation = held_out
-    return FitData(data, validation, shuffle=True if shuffle is None else bool(shuffle))
+    return FitData(data, validation, shuffle=True if shuffle is None else bool(shuffle),
+                   validation_batch_size=validation_batch_size)
+
+
+def _check_scalars(*, shuffle, validation_batch_size):
+    from kerastrain._options import check_int
+    if shuffle is not None and not isinstance(shuffle, (bool, int)):
+        raise ValueError(
+            "`shuffle` must be True or False: kerastrain reshuffles NumPy arrays example by "
+            "example each epoch; Keras's shuffle='batch' (for HDF5 arrays) has no meaning here. "
+            f"Pass True, or shuffle a dataset in its pipeline. Received: shuffle={shuffle!r}")
+    check_int("validation_batch_size", validation_batch_size, minimum=1, optional=True)
 
 
 def _arrays(data, y, sample_weight):

@@ -36,7 +36,7 @@ logger = logging.getLogger("kerastrain")
 _AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
 # model.fit's data arguments that `fit` takes by keyword (`kerastrain.fit_args`).
 _KERAS_FIT_DATA_ARGS = {"x", "sample_weight", "class_weight", "validation_data",
-                        "validation_split", "shuffle"}
+                        "validation_split", "shuffle", "validation_batch_size"}
 
 
 class Trainer:
@@ -395,6 +395,8 @@ class Trainer:
         return not checkpoints.export_is_current(self._outputs.path("export"), self.global_step)
 
     def _resolve_verbose(self, verbose):
+        if verbose not in (None, 0, 1, 2, "auto"):
+            raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
         verbose = self._verbose if verbose is None else verbose
         interactive = getattr(sys.stdout, "isatty", lambda: False)() or "ipykernel" in sys.modules
         if verbose == "auto":
@@ -515,7 +517,7 @@ class Trainer:
         train_input = self._input(data.train, "dataset_fn", "training", batch_size,
                                   shuffle=data.shuffle)
         validation = self._validation(data.validation, validation_steps, batch_size,
-                                      validation_freq)
+                                      validation_freq, data.validation_batch_size)
         self._ensure_built(train_input.element_spec)
         steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
@@ -606,14 +608,21 @@ class Trainer:
         return fit_args.resolve(data, y, validation_data=validation, argument=argument,
                                 **keras_args)
 
-    def _validation(self, validation_dataset_fn, validation_steps, batch_size, every):
+    def _validation(self, validation_dataset_fn, validation_steps, batch_size, every,
+                    validation_batch_size=None):
         """The `actions.Validation` of this data, every `every` epochs (None without data)."""
         if validation_dataset_fn is None:
             return None
         # `batch_size` is for NumPy data; a validation dataset batches itself.
-        numpy = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn") == "numpy"
+        form = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn")
+        if validation_batch_size is not None and form != "numpy":
+            raise ValueError(
+                "`validation_batch_size` applies to NumPy validation data (as in `model.fit`); a "
+                "validation dataset batches itself. Remove it or batch the dataset. Received: "
+                f"validation_batch_size={validation_batch_size!r} with validation data of form "
+                f"{form!r}")
         val_input = self._input(validation_dataset_fn, "validation_dataset_fn", "validation",
-                                batch_size if numpy else None)
+                                (validation_batch_size or batch_size) if form == "numpy" else None)
         self._eval_dataset_fn = validation_dataset_fn
         return actions_lib.Validation(lambda: self._evaluate_input(val_input, validation_steps),
                                       every=every)

@@ -155,3 +155,91 @@ def test_evaluate_takes_model_evaluates_arguments():
         trainer.evaluate(X, Y, return_dict="yes")
     with pytest.raises(ValueError, match=r"`y` applies to NumPy arrays `x`"):
         trainer.evaluate(tf.data.Dataset.from_tensor_slices((X, Y)).batch(8), Y)
+
+
+# -- every argument of model.fit: accepted with its meaning, or a clear error ----------------
+
+def _fit_errors():
+    """(fit kwargs, the error's type and what it must say) for what kerastrain refuses."""
+    ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8)
+    two_y = [Y, Y]
+    return {
+        "x": ({"x": (row for row in X)}, TypeError,
+              r"`x` is not usable as training data\. Pass one of: .*Received: x=<generator"),
+        "y": ({"x": ds, "y": Y}, ValueError,
+              r"`y` applies to NumPy arrays `x`.*Put it in the dataset, or pass arrays\. "
+              r"Received: y with x of form 'dataset'"),
+        "batch_size": ({"x": ds, "batch_size": 8}, ValueError,
+                       r"`batch_size` applies to NumPy input only.*Received: batch_size=8"),
+        "epochs": ({"x": X, "y": Y, "epochs": -1}, ValueError,
+                   r"`epochs` must be an int >= 0\. Received: epochs=-1"),
+        "verbose": ({"x": X, "y": Y, "verbose": 3}, ValueError,
+                    r"`verbose` must be 0, 1, 2 or 'auto'\. Received: verbose=3"),
+        "callbacks": ({"x": X, "y": Y, "callbacks": [
+            keras.callbacks.BackupAndRestore("/tmp/unused-kerastrain-backup")]}, ValueError,
+            r"`BackupAndRestore` does what kerastrain's checkpoints already do.*Remove the "
+            r"callback and pass `model_dir` instead.*Received: callbacks=\[\.\.\., "
+            r"BackupAndRestore\(\.\.\.\)\]"),
+        "validation_split": ({"x": ds, "validation_split": 0.2}, ValueError,
+                             r"`validation_split` applies to NumPy arrays `x`.*Received: "
+                             r"validation_split with x of form 'dataset'"),
+        "validation_data": ({"x": X, "y": Y, "validation_data": [1, 2, 3]}, TypeError,
+                            r"`validation_dataset_fn` got list data that is not a tuple "
+                            r"`\(x, y\)`.*Received: validation_dataset_fn of type list"),
+        "shuffle": ({"x": X, "y": Y, "shuffle": "batch"}, ValueError,
+                    r"`shuffle` must be True or False.*Pass True, or shuffle a dataset in its "
+                    r"pipeline\. Received: shuffle='batch'"),
+        "class_weight": ({"x": X, "y": two_y, "class_weight": {0: 1.0, 1: 2.0}}, ValueError,
+                         r"`class_weight` is only supported for models with a single output.*"
+                         r"Received: y of type list"),
+        "sample_weight": ({"x": X, "y": Y, "sample_weight": np.ones(len(X)),
+                           "class_weight": {0: 1.0}}, ValueError,
+                          r"cannot give `class_weight` and `sample_weight` at the same time.*"
+                          r"fold the class weights into the sample weights"),
+        "initial_epoch": ({"x": X, "y": Y, "initial_epoch": -2}, ValueError,
+                          r"`initial_epoch` must be an int >= 0\. Received: initial_epoch=-2"),
+        "steps_per_epoch": ({"x": ds.repeat()}, ValueError,
+                            r"infinite \(it repeats\), so an epoch has no end: pass "
+                            r"`steps_per_epoch`\. Received: steps_per_epoch=None"),
+        "validation_steps": ({"x": X, "y": Y, "validation_data": ds.repeat()}, ValueError,
+                             r"evaluation data is infinite.*pass `steps` \(`validation_steps` "
+                             r"in fit\)\. Received: steps=None"),
+        "validation_batch_size": ({"x": X, "y": Y, "validation_data": ds,
+                                   "validation_batch_size": 4}, ValueError,
+                                  r"`validation_batch_size` applies to NumPy validation data.*"
+                                  r"Received: validation_batch_size=4 with validation data of "
+                                  r"form 'dataset'"),
+        "validation_freq": ({"x": X, "y": Y, "validation_freq": 0}, ValueError,
+                            r"`validation_freq` must be an int >= 1.*validation_freq=0"),
+    }
+
+
+def test_every_argument_of_model_fit_is_taken_or_refused_with_what_to_do():
+    """Acceptance 5: each argument of the installed `keras.Model.fit` is taken by
+    `Trainer.fit` with model.fit's meaning (tests/test_keras_fidelity.py,
+    tests/test_gallery.py), and each value kerastrain does not support is refused with what
+    was wrong, the value received and what to do. A new argument in Keras fails here."""
+    import inspect
+    names = [p for p in inspect.signature(keras.Model.fit).parameters if p != "self"]
+    errors = _fit_errors()
+    assert sorted(names) == sorted(errors), "model.fit's arguments changed: cover them"
+    trainer = kt.Trainer(binary, strategy="one_device", verbose=0)
+    accepted = inspect.signature(kt.Trainer.fit).parameters
+    for name in names:
+        assert name in accepted or name in __import__(
+            "kerastrain.trainer").trainer._KERAS_FIT_DATA_ARGS or name == "x", name
+        kwargs, error, message = errors[name]
+        with pytest.raises(error, match=message):
+            trainer.fit(**kwargs)
+
+
+def test_validation_batch_size_and_a_zero_validation_split_mean_what_they_mean_in_fit():
+    trainer = kt.Trainer(binary, strategy="one_device", verbose=0)
+    reference = binary()
+    reference.set_weights(trainer.model.get_weights())
+    kwargs = dict(x=X, y=Y, batch_size=8, epochs=2, shuffle=False, validation_split=0.0,
+                  validation_data=(X[:10], Y[:10]), validation_batch_size=3)
+    ours = trainer.fit(**kwargs).history
+    theirs = reference.fit(verbose=0, **kwargs).history
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, err_msg=key)
