@@ -409,3 +409,11 @@ def flatten_metrics_in_order(model, logs):
     in `Trainer._flatten_metrics_in_order` (checked on Keras 3.10-3.15).
     """
     return model._flatten_metrics_in_order(logs)
+
+
+def sublayers_built(model) -> bool:
+    """Whether every layer inside `model` (not the model itself) has its variables.
+
+    `Layer._flatten_layers` is Keras's own walk over nested layers (Keras 3.10-3.15).
+    """
+    return all(layer.built for layer in model._flatten_layers(include_self=False))

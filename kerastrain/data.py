@@ -193,7 +193,10 @@ class NumpyData:
         def gather(idx):
             if size:
                 idx.set_shape([size])
-            return tf.nest.map_structure(lambda v: tf.gather(v, idx), variables)
+            batch = tf.nest.map_structure(lambda v: tf.gather(v, idx), variables)
+            # `(x,)`, the inputs alone, yields x itself: what `model.fit(x)` hands a model's
+            # `train_step` (Keras packs a tuple or list of inputs as `((a, b),)`, kept so).
+            return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
         ds = ds.batch(self.batch_size).map(gather)
         return _threaded(ds, _check_threads("auto"))
 

@@ -157,6 +157,16 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
     return instance
 
 
+def _own_step_with_parts_built(model) -> bool:
+    """A model with its own `train_step` whose layers are all built (keras.io's GAN: two
+    built sub-models, no `call`): nothing to build by calling it, and it may not be
+    callable. `model.fit` defers building to the step's tracing there; here the
+    optimizer is built below, in the scope."""
+    if getattr(type(model), "train_step") is getattr(keras.Model, "train_step"):
+        return False
+    return _compat.sublayers_built(model)
+
+
 def build_state(model, built, element_spec):
     """Create the model's, metrics' and optimizer's variables from the data's shapes.
 
@@ -183,7 +193,8 @@ def build_state(model, built, element_spec):
     with _explained(built):  # outside the `try`: its advice is not about the data
         try:
             with hold:
-                _compat.symbolic_build(model, element_spec)
+                if not _own_step_with_parts_built(model):
+                    _compat.symbolic_build(model, element_spec)
         except (ValueError, TypeError) as e:
             raise ValueError(
                 "The model cannot run on the batches the dataset yields. Received: "
