@@ -448,7 +448,7 @@ def build_mixed():
 # -- 15-16. Keras callbacks ---------------------------------------------------------------
 
 def early_stop_callbacks(directory):
-    return [keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=0.05,
+    return [keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, min_delta=0.05,
                                           restore_best_weights=True),
             keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0,
                                               min_delta=0.5)]
@@ -564,8 +564,8 @@ def table(report):
             if r is None:
                 cells.append("not run")
             elif r.get("keras_error"):
-                cells.append(f"trains (final loss {r['final_loss']:.4f}); `model.fit` fails "
-                             f"here: {r['keras_error'][:90]}")
+                cells.append(f"kerastrain trains (final loss {r['final_loss']:.4f}); `model.fit` "
+                             f"fails: {r['keras_error'].split('. ')[0][:110]}")
             elif r.get("rel") is not None and r["rel"] <= 1e-5:
                 cells.append(f"equal: max rel. diff {r['rel']:.1e}, {r['epochs']} epochs")
             else:
@@ -576,7 +576,11 @@ def table(report):
         elif ps.get("refused"):
             cells.append("refused with a clear error (own `train_step`)")
         else:
-            cells.append(f"trains: final loss {ps['final_loss']:.3f} (range {ex.ps_loss})")
+            low, high = ex.ps_loss
+            predicted = (f"; `predict` = `model.predict` (rel. diff {ps['predict_rel']:.1e})"
+                         if "predict_rel" in ps else "")
+            cells.append(f"trains: final loss {ps['final_loss']:.3f} after {ps['epochs']} epochs "
+                         f"(range {low}-{high}){predicted}")
         rows.append(f"| `{name}` | {ex.what} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
