@@ -17,6 +17,8 @@ Where the batches run:
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from kerastrain import data as data_lib
@@ -121,6 +123,21 @@ class Predictor:
                         outputs)
             self._step = tf.function(one, reduce_retracing=True)
         return self._step
+
+    def run(self, batches, steps, callback_list):
+        """Predict up to `steps` of `batches` with `callback_list`'s `on_predict_*` hooks;
+        the outputs joined (`concatenate`). `model.stop_predicting` stops after a batch."""
+        step, outputs = self.step(), []
+        self.model.stop_predicting = False
+        callback_list.on_predict_begin()
+        for i, batch in enumerate(itertools.islice(batches, steps)):
+            callback_list.on_predict_batch_begin(i)
+            outputs.append(to_numpy(step(batch)))
+            callback_list.on_predict_batch_end(i, {"outputs": outputs[-1]})
+            if self.model.stop_predicting:
+                break
+        callback_list.on_predict_end()
+        return concatenate(outputs)
 
     def ensure_built(self, element_spec):
         """Build a model whose variables do not exist yet, from zeros shaped like a batch,

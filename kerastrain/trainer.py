@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import sys
 
@@ -504,7 +503,8 @@ class Trainer:
             callbacks: Keras callbacks; batch hooks run once per compiled loop
                 (every step when a user callback has them and steps_per_loop="auto").
             **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
-                `validation_split`, `shuffle`, meaning what they mean in `model.fit`
+                `validation_split`, `shuffle`, `validation_batch_size`, meaning what
+                they mean in `model.fit`
                 (`kerastrain.fit_args`).
 
         Raises:
@@ -713,18 +713,8 @@ class Trainer:
         cbs = callbacks_lib.callback_list(callbacks, model=self._model, history=False,
                                           verbose=self._resolve_verbose(verbose), epochs=1,
                                           steps=known)
-        step, outputs = predictor.step(), []
-        self._model.stop_predicting = False
-        cbs.on_predict_begin()
         with self._cluster_errors_explained():
-            for i, batch in enumerate(itertools.islice(batches, steps)):
-                cbs.on_predict_batch_begin(i)
-                outputs.append(predicting.to_numpy(step(batch)))
-                cbs.on_predict_batch_end(i, {"outputs": outputs[-1]})
-                if self._model.stop_predicting:
-                    break
-        cbs.on_predict_end()
-        return predicting.concatenate(outputs)
+            return predictor.run(batches, steps, cbs)
 
     def _evaluate_input(self, eval_input, steps):
         if steps is None and eval_input.cardinality == data_lib.INFINITE:
