@@ -1,7 +1,7 @@
 """Subprocess: every gallery example under one local in-process ps cluster (2 workers, 1 ps).
 
 Usage: python tests/_gallery_ps.py OUT.json. Writes, per example, the history and final loss,
-or the error that refused it; for two examples, `Trainer.predict` against `model.predict`
+or the error that refused it; for three examples, `Trainer.predict` against `model.predict`
 of a local copy holding the trained weights.
 """
 
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import kerastrain  # noqa: E402,F401  (before any TensorFlow op: the strategy comes first)
 
 PS = {"name": "ps", "num_workers": 2, "num_ps": 1}
-PREDICT = ("mlp", "multi_io")
+PREDICT = ("mlp", "multi_io", "lookup")
 
 
 def predict_difference(example, trainer):
@@ -25,10 +25,12 @@ def predict_difference(example, trainer):
     import numpy as np
     import tensorflow as tf
     x = example.data()["x"]
-    ours = trainer.predict(x, batch_size=10)  # 64 examples: a last batch of 4
+    numpy = isinstance(x, (np.ndarray, dict))
+    batch = {"batch_size": 10} if numpy else {}  # 64 examples: a last batch of 4
+    ours = trainer.predict(x, **batch)
     reference = example.build()
     reference.set_weights(trainer.model.get_weights())
-    theirs = reference.predict(x, batch_size=10, verbose=0)
+    theirs = reference.predict(x if numpy else example.data()["x"], verbose=0, **batch)
     diffs = tf.nest.map_structure(
         lambda a, b: float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
         if a.shape == b.shape else float("inf"), ours, theirs)
