@@ -698,8 +698,9 @@ class Trainer:
         whose targets Keras's `predict_step` ignores), or a `dataset_fn(ctx)`;
         `steps` batches at most; callbacks get `on_predict_*` with each batch's
         outputs, and `model.stop_predicting` stops. A model's own `predict_step`
-        runs. Under multi-worker mirrored and parameter servers this task predicts
-        all of `x` itself, reading the trained variables (`kerastrain.predicting`).
+        runs. Under multi-worker mirrored, parameter servers and central storage this
+        task predicts all of `x` itself, reading the trained variables
+        (`kerastrain.predicting`).
 
         Example:
             >>> probabilities = trainer.predict(x_test, batch_size=256)

@@ -36,7 +36,8 @@ def _close(ours, theirs):
                           ours, theirs)
 
 
-@pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED, {**MIRRORED, "name": "central_storage"}],
+                         ids=["one_device", "mirrored", "central_storage"])
 def test_predict_returns_numpy_outputs_in_input_order_as_model_predict(strategy):
     """Dict inputs and outputs; 37 examples in batches of 8 and of 6, and a dataset with a
     last batch of 1 example for 2 replicas: none lost, none duplicated, in order."""
@@ -54,6 +55,11 @@ def test_predict_returns_numpy_outputs_in_input_order_as_model_predict(strategy)
     _close(trainer.predict(lambda: ds.map(lambda x, y: x)), theirs)
     # `steps` batches at most: the first 24 examples.
     _close(trainer.predict(ds, steps=2), tf.nest.map_structure(lambda a: a[:24], theirs))
+    # Per-replica batches from a dataset_fn(ctx): TensorFlow hands them to the replicas in
+    # turn and the outputs come back step by step, replica by replica: the input order again,
+    # a last step with 1 example on one replica and none on the other included.
+    _close(trainer.predict(lambda ctx: tf.data.Dataset.from_tensor_slices(inputs()).batch(
+        ctx.get_per_replica_batch_size(12))), theirs)
 
 
 class Doubled(keras.Model):
