@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from kerastrain import _compat
 from kerastrain import _logging
 from kerastrain import actions as actions_lib
 from kerastrain import callbacks as callbacks_lib
@@ -21,6 +22,7 @@ from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
 from kerastrain import precision
+from kerastrain import predicting
 from kerastrain import preemption
 from kerastrain import recovery as recovery_lib
 from kerastrain import sharding
@@ -34,7 +36,7 @@ logger = logging.getLogger("kerastrain")
 _AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
 # model.fit's data arguments that `fit` takes by keyword (`kerastrain.fit_args`).
 _KERAS_FIT_DATA_ARGS = {"x", "sample_weight", "class_weight", "validation_data",
-                        "validation_split", "shuffle"}
+                        "validation_split", "shuffle", "validation_batch_size"}
 
 
 class Trainer:
@@ -152,6 +154,7 @@ class Trainer:
         # gets the trained weights whenever fit ends, so code written for model.fit works.
         self._user_model = model if detached is not None and model is not self._model else None
         self._step = None
+        self._predictor = None
         self._inputs = {}
         self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
         self._lock = self._outputs.claim(tidy=checkpoints.tidy)
@@ -400,6 +403,8 @@ class Trainer:
         return not checkpoints.export_is_current(self._outputs.path("export"), self.global_step)
 
     def _resolve_verbose(self, verbose):
+        if verbose not in (None, 0, 1, 2, "auto"):
+            raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
         verbose = self._verbose if verbose is None else verbose
         interactive = getattr(sys.stdout, "isatty", lambda: False)() or "ipykernel" in sys.modules
         if verbose == "auto":
@@ -514,7 +519,8 @@ class Trainer:
             callbacks: Keras callbacks; batch hooks run once per compiled loop
                 (every step when a user callback has them and steps_per_loop="auto").
             **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
-                `validation_split`, `shuffle`, meaning what they mean in `model.fit`
+                `validation_split`, `shuffle`, `validation_batch_size`, meaning what
+                they mean in `model.fit`
                 (`kerastrain.fit_args`).
 
         Raises:
@@ -527,7 +533,7 @@ class Trainer:
         train_input = self._input(data.train, "dataset_fn", "training", batch_size,
                                   shuffle=data.shuffle)
         validation = self._validation(data.validation, validation_steps, batch_size,
-                                      validation_freq)
+                                      validation_freq, data.validation_batch_size)
         self._ensure_built(train_input.element_spec)
         steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
@@ -622,14 +628,21 @@ class Trainer:
         return fit_args.resolve(data, y, validation_data=validation, argument=argument,
                                 **keras_args)
 
-    def _validation(self, validation_dataset_fn, validation_steps, batch_size, every):
+    def _validation(self, validation_dataset_fn, validation_steps, batch_size, every,
+                    validation_batch_size=None):
         """The `actions.Validation` of this data, every `every` epochs (None without data)."""
         if validation_dataset_fn is None:
             return None
         # `batch_size` is for NumPy data; a validation dataset batches itself.
-        numpy = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn") == "numpy"
+        form = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn")
+        if validation_batch_size is not None and form != "numpy":
+            raise ValueError(
+                "`validation_batch_size` applies to NumPy validation data (as in `model.fit`); a "
+                "validation dataset batches itself. Remove it or batch the dataset. Received: "
+                f"validation_batch_size={validation_batch_size!r} with validation data of form "
+                f"{form!r}")
         val_input = self._input(validation_dataset_fn, "validation_dataset_fn", "validation",
-                                batch_size if numpy else None)
+                                (validation_batch_size or batch_size) if form == "numpy" else None)
         self._eval_dataset_fn = validation_dataset_fn
         return actions_lib.Validation(lambda: self._evaluate_input(val_input, validation_steps),
                                       every=every)
@@ -660,24 +673,72 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------
 
-    def evaluate(self, dataset_fn=None, *, steps=None, batch_size=None):
+    def evaluate(self, dataset_fn=None, y=None, *, batch_size=None, steps=None,
+                 sample_weight=None, return_dict=True, verbose=0, callbacks=None, x=None):
         """Evaluate the model exactly over the data and return `{"loss": ..., ...}` floats.
 
-        `dataset_fn` defaults to the last `validation_dataset_fn` given to `fit`,
-        then to the training `dataset_fn`. Under parameter servers the
-        coordinator evaluates the whole dataset itself, reading variables from
-        the ps tasks, so every example counts exactly once.
+        Takes `model.evaluate`'s arguments: `dataset_fn` (or `x`) in any input form,
+        `y` and `sample_weight` beside NumPy `x`, `batch_size`, `steps`, `verbose`,
+        `callbacks` (`on_test_begin` / `on_test_end`; the batch hooks once, at the end:
+        evaluation runs in compiled chunks) and `return_dict` (default True here;
+        False gives Keras's list, or a scalar for the loss alone). `dataset_fn`
+        defaults to the last `validation_dataset_fn` given to `fit`, then to the
+        training `dataset_fn`. Under parameter servers the coordinator evaluates the
+        whole dataset itself, reading variables from the ps tasks, so every example
+        counts exactly once.
         """
-        for candidate in (dataset_fn, self._eval_dataset_fn, self._dataset_fn):
-            if candidate is not None:
-                dataset_fn = candidate
-                break
+        if x is not None and dataset_fn is not None:
+            raise ValueError("`x` and `dataset_fn` name the same thing: pass one. Received: both")
+        dataset_fn = next((c for c in (dataset_fn, x, self._eval_dataset_fn, self._dataset_fn)
+                           if c is not None), None)
         if dataset_fn is None:
             raise ValueError("No evaluation data: pass `dataset_fn`. Received: dataset_fn=None")
+        if not isinstance(return_dict, bool):
+            raise TypeError(f"`return_dict` must be True or False. Received: {return_dict!r}")
         check_int("steps", steps, minimum=1, optional=True)
+        if y is not None or sample_weight is not None or \
+                data_lib.array_leaves(dataset_fn) is not None:
+            dataset_fn = fit_args.resolve(dataset_fn, y, sample_weight=sample_weight).train
         eval_input = self._input(dataset_fn, "dataset_fn", "evaluation", batch_size)
         self._ensure_built(eval_input.element_spec)
-        return self._evaluate_input(eval_input, steps)
+        cbs = callbacks_lib.callback_list(
+            callbacks_lib.check_callbacks(callbacks), model=self._model, history=False,
+            verbose=self._resolve_verbose(verbose), epochs=1, steps=steps)
+        cbs.on_test_begin()
+        cbs.on_test_batch_begin(0)
+        logs = self._evaluate_input(eval_input, steps)
+        cbs.on_test_batch_end((steps or 1) - 1, logs)
+        cbs.on_test_end(logs)
+        return logs if return_dict else _compat.flatten_metrics_in_order(self._model, logs)
+
+    # -- prediction -----------------------------------------------------------
+
+    def predict(self, x, *, batch_size=None, steps=None, verbose=None, callbacks=None):
+        """The model's outputs for `x`, NumPy arrays nested like its outputs, in input order.
+
+        As `model.predict`: `x` is NumPy inputs (`batch_size` default 32), a dataset
+        or a function returning one (batches of `x`, or `(x, y[, sample_weight])`
+        whose targets Keras's `predict_step` ignores), or a `dataset_fn(ctx)`;
+        `steps` batches at most; callbacks get `on_predict_*` with each batch's
+        outputs, and `model.stop_predicting` stops. A model's own `predict_step`
+        runs. Under multi-worker mirrored, parameter servers and central storage this
+        task predicts all of `x` itself, reading the trained variables
+        (`kerastrain.predicting`).
+
+        Example:
+            >>> probabilities = trainer.predict(x_test, batch_size=256)
+        """
+        predicting.check_options(batch_size=batch_size, steps=steps)
+        callbacks = callbacks_lib.check_callbacks(callbacks)
+        predictor = self._predictor = self._predictor or predicting.Predictor(
+            self._built, self._model)
+        batches, known, spec = predictor.batches(x, batch_size=batch_size, steps=steps)
+        predictor.ensure_built(spec)
+        cbs = callbacks_lib.callback_list(callbacks, model=self._model, history=False,
+                                          verbose=self._resolve_verbose(verbose), epochs=1,
+                                          steps=known)
+        with self._cluster_errors_explained():
+            return predictor.run(batches, steps, cbs)
 
     def _evaluate_input(self, eval_input, steps):
         if steps is None and eval_input.cardinality == data_lib.INFINITE:
