@@ -20,6 +20,7 @@ _EXPORTS = {
     "MetricWriter": "kerastrain.summaries",
     "MultiWriter": "kerastrain.summaries",
     "Preempted": "kerastrain.preemption",
+    "ServiceOptions": "kerastrain.service",
     "TensorBoardOptions": "kerastrain.summaries",
     "TensorBoardWriter": "kerastrain.summaries",
     "Trainer": "kerastrain.trainer",
@@ -28,7 +29,8 @@ _EXPORTS = {
     "isolate_network": "kerastrain.network",
     "serve": "kerastrain.cluster",
 }
-_SUBMODULES = ("cluster", "config", "data", "examples", "optimizers", "recipes", "sharding",
+_SUBMODULES = ("cluster", "config", "data", "examples", "optimizers", "recipes", "service",
+               "sharding",
                "strategies")
 
 __all__ = sorted(_EXPORTS) + ["data", "__version__"]

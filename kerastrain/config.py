@@ -3,7 +3,7 @@
 A recipe is a mapping with six sections (see docs/recipes.md):
 
     model:       builder (import path), args, compile (optimizer, loss, metrics)
-    data:        train / validation builders, batch_size, shard
+    data:        train / validation builders, batch_size, shard, service
     strategy:    name plus options
     trainer:     epochs, steps_per_epoch, validation_steps, steps_per_loop, seed,
                  model_dir, verbose, jit_compile, mixed_precision, on_nonfinite,
@@ -153,6 +153,15 @@ def _number_over_one(value):
     return value
 
 
+def _service(value):
+    from kerastrain import service  # pure Python until a Trainer starts it
+    try:
+        options = service.ServiceOptions.coerce(value)
+    except (ValueError, TypeError) as e:
+        raise _Bad(f"null, 'local', 'grpc://host:port' or a mapping ({e})") from None
+    return None if options is None else dataclasses.asdict(options)
+
+
 def _mapping(value):
     if value is None:
         return {}
@@ -249,6 +258,9 @@ class DataConfig:
                                     check=_int(1, optional=True))
     shard: str = option("auto", "sharding across workers: auto, file, data or off",
                         check=_choice("auto", "file", "data", "off"))
+    service: Any = option(None, "tf.data service for the training data: null, local, "
+                                "grpc://host:port, or {dispatcher, workers, processing_mode}",
+                          check=_service)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -564,7 +576,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     return Recipe(
         model=ModelConfig(model["builder"], model["args"], compile_config),
         data=DataConfig(builder(data["train"]), builder(data["validation"]), data["batch_size"],
-                        data["shard"]),
+                        data["shard"], data["service"]),
         strategy=strategy,
         trainer=TrainerConfig(**(checked.get("trainer") or {
             k: spec.default for k, spec in sections["trainer"].section.items()})),

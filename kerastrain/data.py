@@ -187,16 +187,18 @@ class NumpyData:
             self._variables = tf.nest.map_structure(
                 lambda a: tf.Variable(a, trainable=False, name="numpy_data"), structure)
 
-    def dataset(self, whole_batches=False):
+    def dataset(self, whole_batches=False, constants=False):
         """The pipeline of global batches. `whole_batches`: when the batch size divides the
         examples, say so in the shapes (lets TensorFlow fold a step's shape arithmetic);
-        only where nothing shards the batches later (one worker)."""
+        only where nothing shards the batches later (one worker). `constants`: the arrays
+        in the graph instead of variables (for a tf.data service worker elsewhere)."""
         import tensorflow as tf
 
         ds = tf.data.Dataset.range(self.num_examples)
         if self.shuffle:
             ds = ds.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
-        variables = self._variables
+        variables = self._variables if not constants else tf.nest.map_structure(
+            lambda v: tf.constant(v.numpy()), self._variables)
         size = self.batch_size if whole_batches and self.num_examples % self.batch_size == 0 \
             else None
 
@@ -337,7 +339,7 @@ class DistributedInput:
     """
 
     def __init__(self, built, data, *, argument="dataset_fn", shard="auto", batch_size=None,
-                 seed=None, role="training", shuffle=True, input_options=True):
+                 seed=None, role="training", shuffle=True, input_options=True, service=None):
         import tensorflow as tf
 
         self.form = input_form(data, argument)
@@ -358,6 +360,8 @@ class DistributedInput:
         self._pipelines = pipelines
         self._distributed = None
         self._per_worker = None
+        # A `kerastrain.service.Service` reads training data only (validation stays local).
+        self._service = service if role == "training" else None
         if self.form == "numpy":
             if seed is None and for_training:
                 # Every worker must shuffle alike for data sharding to stay exact.
@@ -407,7 +411,29 @@ class DistributedInput:
         self.plan = sharding.decide(
             shard, form=self.form, pipelines=pipelines, source=source, parameter_servers=ps,
             global_batch=global_batch, replicas=strategy.num_replicas_in_sync)
+        if self._service is not None:
+            self.plan = self._service_plan(probes[0] if self.form == "context_fn" else probe)
         logger.info("%s data: %s", role, self.plan.sentence)
+
+    def _service_plan(self, probe):
+        """The plan when the tf.data service splits the data (no sharding by kerastrain)."""
+        import dataclasses
+        graph = sharding.PipelineGraph(probe).graph
+        self._service.check_splittable(graph, self._argument)
+        expected = self._numpy.num_examples if self.form == "numpy" else None
+        self._expected = expected
+        return dataclasses.replace(self.plan, policy="off", sentence=self._service.sentence(
+            parameter_servers=self._built.is_parameter_server, expected=expected))
+
+    def _service_source(self, ctx=None):
+        """The whole data as one pipeline, for the service to split."""
+        import tensorflow as tf
+        if self.form == "context_fn":
+            return self._checked(self._fn(ctx or tf.distribute.InputContext(
+                1, 0, self._built.strategy.num_replicas_in_sync)))
+        if self.form == "numpy":
+            return self._numpy.dataset(constants=True)
+        return self._checked(self._make())
 
     # -- what the runners iterate ---------------------------------------------------
 
@@ -429,7 +455,14 @@ class DistributedInput:
             # `InputOptions(experimental_fetch_to_device=True)` (passing it explicitly
             # breaks CentralStorageStrategy in TF 2.21): a GPU step does not wait for a
             # host-to-device copy.
-            if self.form == "context_fn":
+            if self._service is not None:
+                def through(ctx=None):
+                    return self._tuned(self._service.consumer_dataset(
+                        self._service_source(ctx), self._expected))
+                self._distributed = strategy.distribute_datasets_from_function(through) \
+                    if self.form == "context_fn" else \
+                    strategy.experimental_distribute_dataset(_with_policy(through(), "off"))
+            elif self.form == "context_fn":
                 self._distributed = strategy.distribute_datasets_from_function(
                     lambda ctx: self._tuned(self._checked(self._fn(ctx))))
             else:
@@ -465,7 +498,12 @@ class DistributedInput:
         """Per-worker iterators under parameter servers; repeated, so they never run dry."""
         if self._per_worker is None:
             strategy = self._built.strategy
-            if self.form == "dataset":
+            if self._service is not None:
+                through = self._service.per_worker_fn(self._service_source())
+
+                def make(index):
+                    return strategy.distribute_datasets_from_function(lambda ctx: through())
+            elif self.form == "dataset":
                 # A dataset object lives here; workers get it as a serialised graph.
                 graphs = [_compat.serialize_dataset(self._worker_dataset(i))
                           for i in range(self._pipelines)]

@@ -539,7 +539,7 @@ def build_trainer(recipe):
         optimizer=optimizer,
         loss=_keras_object(compile_config.loss, "loss"), metrics=metrics, verbose=t.verbose,
         jit_compile=t.jit_compile, tensorboard=recipe.tensorboard,
-        checkpoint=recipe.checkpoints, shard=recipe.data.shard,
+        checkpoint=recipe.checkpoints, shard=recipe.data.shard, data_service=recipe.data.service,
         mixed_precision=t.mixed_precision, tuning=recipe.tuning, on_nonfinite=t.on_nonfinite,
         max_recoveries=t.max_recoveries, spike_factor=t.spike_factor)
 

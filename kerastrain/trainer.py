@@ -25,6 +25,7 @@ from kerastrain import precision
 from kerastrain import predicting
 from kerastrain import preemption
 from kerastrain import recovery as recovery_lib
+from kerastrain import service as service_lib
 from kerastrain import sharding
 from kerastrain import strategies
 from kerastrain import summaries
@@ -92,6 +93,9 @@ class Trainer:
             bad loss raises `kerastrain.recovery.TooManyRecoveries`.
         spike_factor: with `"recover"`, also recover from a loop whose mean loss is
             over this many times the running median of the loops before (None: off).
+        data_service: read the training data through the tf.data service
+            (`kerastrain.service`): None (off), `"local"` (an in-process dispatcher and
+            workers), `"grpc://host:port"`, or a mapping of `ServiceOptions` fields.
 
     Example:
         >>> trainer = Trainer(build_model, dataset_fn, strategy="mirrored", seed=0)
@@ -103,7 +107,7 @@ class Trainer:
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
                  metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
                  checkpoint=True, shard="auto", mixed_precision=None, tuning=True,
-                 on_nonfinite="stop", max_recoveries=3, spike_factor=None):
+                 on_nonfinite="stop", max_recoveries=3, spike_factor=None, data_service=None):
         if dataset_fn is not None:
             data_lib.input_form(dataset_fn)
         self._shard = sharding.check_policy(shard)
@@ -113,6 +117,7 @@ class Trainer:
         self._nonfinite = dict(on_nonfinite=on_nonfinite, max_recoveries=max_recoveries,
                                spike_factor=spike_factor)
         recovery_lib.check_options(**self._nonfinite)
+        service_options = service_lib.ServiceOptions.coerce(data_service)
         self._tuning = tuning_lib.TuningOptions.coerce(tuning)
         self._loop_sizer = tuning_lib.LoopSizer(fallback=_AUTO_STEPS_PER_LOOP)
         # A URL stays as given; a local path becomes absolute; `s3://` without
@@ -130,6 +135,8 @@ class Trainer:
                 f"{self._built.name!r} a step holds cross-device or remote-variable operations "
                 "XLA cannot compile. Remove it. Received: jit_compile=True")
         recovery_lib.check_strategy(on_nonfinite, self._built)
+        service_lib.check_strategy(service_options, self._built)
+        self._service = service_options and service_lib.Service(service_options)
         self._jit_compile = jit_compile
         self._recovery = None  # this fit's `recovery.Recovery` (on_nonfinite="recover")
         self._tb_options = summaries.TensorBoardOptions.coerce(tensorboard)
@@ -231,6 +238,8 @@ class Trainer:
             self._writer = None
         if self._lock is not None:
             self._lock.release()
+        if self._service is not None:
+            self._service.close()
 
     def build(self, data, *, batch_size=None):
         """Create the model's, optimizer's and metrics' variables for batches of `data`.
@@ -261,12 +270,12 @@ class Trainer:
     # -- set-up helpers -------------------------------------------------------
 
     def _input(self, data, argument, role, batch_size=None, shuffle=True):
-        key = (id(data), argument, batch_size, shuffle)
+        key = (id(data), argument, batch_size, shuffle, self._service and role)
         if key not in self._inputs or self._inputs[key][0] is not data:
             self._inputs[key] = (data, data_lib.DistributedInput(
                 self._built, data, argument=argument, shard=self._shard,
                 batch_size=batch_size, seed=self._seed, role=role, shuffle=shuffle,
-                input_options=self._tuning.input_options))
+                input_options=self._tuning.input_options, service=self._service))
         return self._inputs[key][1]
 
     def _ensure_built(self, element_spec):
@@ -795,4 +804,5 @@ def _settings(trainer, *, seed, steps_per_loop, shard):
         "tensorboard": None if trainer._tb_options is None else dataclasses.asdict(
             trainer._tb_options),
         **trainer._nonfinite,
+        "data_service": trainer._service and dataclasses.asdict(trainer._service.options),
     }

@@ -1,0 +1,336 @@
+"""The tf.data service: the training pipeline runs on other processes, each example once a pass.
+
+`Trainer(..., data_service="local")` (recipe: `data: {service: local}`) starts an
+in-process dispatcher and workers on 127.0.0.1 ports; `{"dispatcher": "grpc://host:port"}`
+uses a running dispatcher (`python -m kerastrain.service dispatcher|worker`, or
+`kerastrain launch --service-workers N`). The training pipeline is then
+`dataset.apply(tf.data.experimental.service.distribute("distributed_epoch", ...))`:
+the dispatcher splits the pipeline's source (files, `range`, `from_tensor_slices`)
+among the service's workers, which run the rest of it (maps, batching), so a pass
+over the data produces every example exactly once, whichever consumer reads it.
+
+- One device / mirrored / central storage: one consumer; each pass is one job
+  (a new one per pass), so an epoch that reads to the end of the data trains
+  every example once. The number of examples that reached training in each pass
+  is checked at the pass's end; fewer than expected are reported (a service worker
+  lost mid-pass takes the splits it was processing with it).
+- Parameter servers: every ps worker reads the same per-pass jobs (`job_name`
+  "<prefix>/pass/<k>"), so between them they train each example of a pass once;
+  epochs are counted in steps, so a pass may straddle two epochs.
+- Multi-worker mirrored is refused (its workers must see the end of the data at the
+  same step, which a shared job does not promise).
+
+Validation and evaluation never go through the service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import threading
+import uuid
+
+logger = logging.getLogger("kerastrain")
+
+LOCAL = "local"
+MODES = ("distributed_epoch", "parallel_epochs")
+# Dataset sources the dispatcher can split (TensorFlow's split providers), by op name.
+SPLITTABLE_SOURCES = ("RangeDataset", "TensorSliceDataset", "TensorDataset", "TFRecordDataset",
+                      "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDatasetV2", "FixedLengthRecordDataset")
+_ADDRESS = re.compile(r"^(grpc://)?[\w.\-\[\]:]+:\d+$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServiceOptions:
+    """Where the tf.data service is, and how it splits the data.
+
+    Attributes:
+        dispatcher: "local" (an in-process dispatcher and `workers` workers on
+            127.0.0.1 ports, stopped at `Trainer.close` or exit), or the address of a
+            running dispatcher, "grpc://host:port".
+        workers: with "local", how many in-process workers (>= 1).
+        processing_mode: "distributed_epoch" (default: each example once per pass;
+            the pipeline must start from files, `range` or `from_tensor_slices`), or
+            "parallel_epochs" (every service worker reads all the data: each example
+            is trained once per worker per pass).
+    """
+
+    dispatcher: str = LOCAL
+    workers: int = 2
+    processing_mode: str = "distributed_epoch"
+
+    def __post_init__(self):
+        if not isinstance(self.dispatcher, str) or not (
+                self.dispatcher == LOCAL or _ADDRESS.match(self.dispatcher)):
+            raise ValueError(
+                "`data_service.dispatcher` must be 'local' (an in-process service on this "
+                "machine) or a dispatcher's address 'grpc://host:port'. "
+                f"Received: dispatcher={self.dispatcher!r}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError("`data_service.workers` must be an int >= 1 (in-process workers "
+                             f"of the 'local' service). Received: workers={self.workers!r}")
+        if self.processing_mode not in MODES:
+            raise ValueError(f"`data_service.processing_mode` must be one of {list(MODES)}. "
+                             f"Received: processing_mode={self.processing_mode!r}")
+
+    @property
+    def address(self) -> str | None:
+        """The dispatcher's "grpc://host:port", None for "local" (known once started)."""
+        if self.dispatcher == LOCAL:
+            return None
+        return self.dispatcher if self.dispatcher.startswith("grpc://") else \
+            "grpc://" + self.dispatcher
+
+    @classmethod
+    def coerce(cls, value):
+        """None (no service), "local", "grpc://host:port", a mapping of fields, or an instance."""
+        if value is None or value is False or isinstance(value, cls):
+            return value or None
+        if isinstance(value, str):
+            return cls(dispatcher=value)
+        if isinstance(value, dict):
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - names)
+            if unknown:
+                raise ValueError(f"Unknown `data_service` option(s) {unknown}; valid: "
+                                 f"{sorted(names)}. Received: data_service={value!r}")
+            return cls(**value)
+        raise TypeError("`data_service` must be None, 'local', 'grpc://host:port', or a mapping "
+                        "{'dispatcher': ..., 'workers': ..., 'processing_mode': ...}. "
+                        f"Received: data_service={value!r} of type {type(value).__name__}")
+
+
+def check_strategy(options, built):
+    """Refuse a strategy the service cannot keep exact (multi-worker mirrored)."""
+    if options is not None and built.is_multi_worker and not built.is_parameter_server:
+        raise ValueError(
+            "`data_service` works with one device, mirrored, central storage and ps; under "
+            "multi_worker_mirrored every worker must reach the end of the data at the same "
+            "step, which a shared tf.data service job does not promise. Train with "
+            f"strategy 'ps', or without the service. Received: strategy={built.name!r}")
+
+
+# -- the servers ------------------------------------------------------------------------------
+
+class LocalService:
+    """An in-process dispatcher and workers on 127.0.0.1 ports (they listen on every
+    interface: TensorFlow's data service servers bind `[::]`, with no option)."""
+
+    def __init__(self, workers):
+        import tensorflow as tf
+
+        from kerastrain import cluster
+        service = tf.data.experimental.service
+        self.dispatcher = service.DispatchServer(service.DispatcherConfig(port=cluster.free_port()))
+        self.port = int(self.dispatcher.target.rsplit(":", 1)[1])
+        self.address = f"grpc://127.0.0.1:{self.port}"
+        self.workers = [service.WorkerServer(service.WorkerConfig(
+            dispatcher_address=f"127.0.0.1:{self.port}", worker_address="127.0.0.1:%port%",
+            port=cluster.free_port())) for _ in range(workers)]
+        self.ports = [self.port] + [int(w._address.rsplit(":", 1)[1]) for w in self.workers]
+
+        from kerastrain import network
+        warning = network.exposure_line(self.ports, network.avoid_in_process(network.PRIVATE),
+                                        who="the local tf.data service's servers")
+        if warning:
+            logger.warning(warning)
+
+    def stop(self, timeout=10.0):
+        """Stop workers, then the dispatcher; a server that does not stop within `timeout`
+        s (a task blocked in Python code) is left to the end of the process."""
+        for server in self.workers + [self.dispatcher]:
+            thread = threading.Thread(target=server.stop, daemon=True)
+            thread.start()
+            thread.join(timeout)
+
+
+# -- the pipeline through the service ---------------------------------------------------------
+
+def unsplittable_sources(graph_def) -> list[str]:
+    """The source datasets of a pipeline's graph that the dispatcher cannot split."""
+    if graph_def is None:
+        return ["a pipeline TensorFlow cannot serialise (e.g. a py_function or generator)"]
+    nodes = {n.name: n for n in graph_def.node}
+    found = []
+    for node in graph_def.node:
+        if not node.op.endswith("Dataset") and "Dataset" not in node.op:
+            continue
+        inputs = [nodes.get(i.lstrip("^").split(":")[0]) for i in node.input]
+        if any(i is not None and "Dataset" in i.op for i in inputs):
+            continue  # a transformation of another dataset
+        if node.op not in SPLITTABLE_SOURCES:
+            found.append(node.op)
+    for function in graph_def.library.function:
+        if any(n.op == "GeneratorDataset" for n in function.node_def):
+            found.append("a Python generator")
+    return sorted(set(found))
+
+
+class Service:
+    """The service as one Trainer's training input uses it."""
+
+    def __init__(self, options: ServiceOptions):
+        self.options = options
+        self._local = LocalService(options.workers) if options.dispatcher == LOCAL else None
+        self.address = self._local.address if self._local else options.address
+        self._prefix = f"kerastrain-{uuid.uuid4().hex[:12]}"
+
+    def close(self):
+        """Stop an in-process service (`Trainer.close`)."""
+        if self._local is not None:
+            self._local.stop()
+            self._local = None
+
+    def where(self) -> str:
+        from kerastrain import network
+        if self._local is not None:
+            return (f"an in-process tf.data service (dispatcher and {self.options.workers} "
+                    f"worker(s) on ports {', '.join(map(str, self._local.ports))} of "
+                    f"{network.where()})")
+        return f"the tf.data service at {self.address}"
+
+    def check_splittable(self, graph_def, argument):
+        if self.options.processing_mode != "distributed_epoch":
+            return
+        bad = unsplittable_sources(graph_def)
+        if bad:
+            raise ValueError(
+                f"`data_service` with processing_mode='distributed_epoch' splits the pipeline at "
+                f"its source, and this one starts from {', '.join(bad)}, which TensorFlow "
+                "cannot split. Build it from files (kerastrain.data.files, TFRecordDataset), "
+                "`tf.data.Dataset.range` or `from_tensor_slices`; or pass data_service="
+                "{'processing_mode': 'parallel_epochs', ...} to have every service worker "
+                "read all of it (each example then trained once per worker per pass). "
+                f"Received: `{argument}` with sources {bad}")
+
+    def sentence(self, *, parameter_servers, expected) -> str:
+        """The one-line account of what holds."""
+        mode = self.options.processing_mode
+        if mode == "parallel_epochs":
+            n = "W" if self._local is None else str(self.options.workers)
+            what = (f"every service worker reads all the data: each example is trained {n} "
+                    "times per pass, in no fixed order")
+        elif parameter_servers:
+            what = ("every ps worker reads the same job per pass: each example is trained once "
+                    "per pass; epochs count steps, so a pass may straddle two epochs; examples "
+                    "a lost service worker was processing are lost (not counted under ps)")
+        else:
+            count = f"{expected} examples" if expected else "the first pass's examples"
+            what = (f"one job per pass: each example is trained once per pass (checked against "
+                    f"{count}; examples a lost service worker was processing are reported)")
+        return f"through {self.where()}, processing_mode='{mode}': {what}; batches are made " \
+               "on the service workers, so a pass may end with a partial batch per worker " \
+               "and the order differs from the pipeline's own (seeded shuffles included)"
+
+    # -- synchronous strategies: one consumer --------------------------------------------
+
+    def consumer_dataset(self, dataset, expected=None):
+        """`dataset` read through the service, a new job per pass, examples counted."""
+        import tensorflow as tf
+        distributed = dataset.apply(tf.data.experimental.service.distribute(
+            self.options.processing_mode, self.address))
+        return _PassAccount(expected).wrap(distributed)
+
+    # -- parameter servers: one shared job per pass ------------------------------------------
+
+    def per_worker_fn(self, dataset):
+        """A function building one ps worker's dataset: every pass's job, in turn."""
+        import tensorflow as tf
+        service = tf.data.experimental.service
+        # The split provider repeats too: pass k+1's splits follow pass k's, each once.
+        dataset_id = service.register_dataset(self.address, dataset.repeat())
+        spec, mode, address, name = (dataset.element_spec, self.options.processing_mode,
+                                     self.address, self._prefix + "/train")
+
+        def make():
+            return service.from_dataset_id(mode, address, dataset_id, spec, job_name=name)
+        return make
+
+
+class _PassAccount:
+    """Counts the examples of each pass that reach training; reports a pass that had fewer.
+
+    The check runs where the pass ends (a sentinel after the last batch, never emitted).
+    """
+
+    def __init__(self, expected):
+        self.expected = expected
+        self.passes = 0
+        self.lock = threading.Lock()
+
+    def wrap(self, dataset):
+        import tensorflow as tf
+        with tf.init_scope(), tf.device("/cpu:0"):
+            counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="service_examples")
+        spec = dataset.element_spec
+
+        def count(*batch):
+            first = tf.nest.flatten(batch)[0]
+            with tf.control_dependencies([counter.assign_add(
+                    tf.cast(tf.shape(first)[0], tf.int64))]):
+                return tuple(batch) if isinstance(spec, tuple) else batch[0]
+
+        def ended(_):
+            done = tf.py_function(self._pass_ended, [counter.read_value()], tf.int64)
+            with tf.control_dependencies([done, counter.assign(0)]):
+                return tf.nest.map_structure(
+                    lambda s: tf.zeros([0 if d is None else d for d in s.shape], s.dtype), spec)
+        sentinel = tf.data.Dataset.range(1).map(ended).filter(
+            lambda *_: tf.constant(False))
+        return dataset.map(count).concatenate(sentinel)
+
+    def _pass_ended(self, counted):
+        counted = int(counted)
+        with self.lock:
+            self.passes += 1
+            expected = self.expected
+            if expected is None:
+                self.expected = counted
+                return 0
+        if counted < expected:
+            logger.warning(
+                "tf.data service: pass %d of the training data: %d of %d examples reached "
+                "training; %d were lost (a service worker stopped while processing them: "
+                "distributed_epoch does not process its splits again)", self.passes, counted,
+                expected, expected - counted)
+        return 0
+
+
+# -- servers as processes: `python -m kerastrain.service dispatcher|worker` -----------------------
+
+def serve(role, *, port=0, dispatcher=None, host="127.0.0.1"):
+    """Run a dispatcher or a worker until killed (for `kerastrain launch` or by hand)."""
+    import tensorflow as tf
+    service = tf.data.experimental.service
+    if role == "dispatcher":
+        server = service.DispatchServer(service.DispatcherConfig(port=port))
+    elif role == "worker":
+        if not dispatcher:
+            raise ValueError("A worker needs `--dispatcher host:port`. Received: dispatcher=None")
+        server = service.WorkerServer(service.WorkerConfig(
+            dispatcher_address=dispatcher.removeprefix("grpc://"),
+            worker_address=f"{host}:%port%", port=port))
+    else:
+        raise ValueError(f"`role` must be 'dispatcher' or 'worker'. Received: role={role!r}")
+    print(f"kerastrain: tf.data service {role} serving on port {port or '(any)'} of every "
+          f"interface (TensorFlow binds [::]); pid {os.getpid()}", flush=True)
+    server.join()
+
+
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m kerastrain.service",
+                                     description="Run a tf.data service dispatcher or worker.")
+    parser.add_argument("role", choices=("dispatcher", "worker"))
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--dispatcher", help="host:port of the dispatcher (workers)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="how consumers reach this worker (its address's host)")
+    args = parser.parse_args(argv)
+    serve(args.role, port=args.port, dispatcher=args.dispatcher, host=args.host)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Subprocess entry for tf.data service tests: train through the service, count the ids trained.
+
+Usage: python tests/_service_worker.py JOB_JSON OUT_PATH
+
+A layer of the model adds a histogram of each training batch's ids to a non-trainable
+variable (TensorFlow's own `assign_add` on `.value`, aggregation "sum"), read at every
+epoch end: the difference is what that epoch trained on.
+"""
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+FEATURES = 3
+
+
+def build_model(n):
+    import keras
+    import tensorflow as tf
+
+    class CountIds(keras.layers.Layer):
+        def build(self, shape):
+            self.counts = self.add_weight(shape=(n,), initializer="zeros", trainable=False,
+                                          name="counts", aggregation="sum")
+
+        def call(self, x, training=None):
+            if training:
+                ids = tf.cast(x[:, 0], tf.int32)
+                self.counts.value.assign_add(
+                    tf.cast(tf.math.bincount(ids, minlength=n, maxlength=n), tf.float32))
+            return x[:, 1:]
+
+    def make():
+        inputs = keras.Input((1 + FEATURES,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(CountIds(name="count_ids")(inputs)))
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+    return make
+
+
+def arrays(n):
+    import numpy as np
+    rng = np.random.RandomState(0)
+    x = np.concatenate([np.arange(n, dtype="float32")[:, None],
+                        rng.randn(n, FEATURES).astype("float32")], axis=1)
+    return x, x[:, 1:2].copy()
+
+
+def train(job, trainer_options=None):
+    """Train as `job` says; returns (per-epoch id counts, global step)."""
+    import keras
+    import numpy as np
+
+    import kerastrain as kt
+
+    n, batch = job["n"], job["batch"]
+    trainer = kt.Trainer(build_model(n), strategy=job["strategy"], seed=0, verbose=0,
+                         steps_per_loop=job.get("steps_per_loop", 4),
+                         data_service=job["service"], **(trainer_options or {}))
+    layer = trainer.model.get_layer("count_ids")
+    before, per_epoch = [np.zeros(n)], []
+
+    def on_epoch_end(epoch, logs=None):
+        now = np.asarray(layer.counts.numpy(), np.float64)
+        per_epoch.append((now - before[0]).astype(int).tolist())
+        before[0] = now
+    callbacks = [keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)]
+    if job.get("sleep_per_loop"):
+        def slow(b, logs=None):
+            if job.get("marker") and b == 2:
+                open(job["marker"], "w").close()
+            time.sleep(job["sleep_per_loop"])
+        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=slow))
+    trainer.fit(arrays(n), batch_size=batch, epochs=job["epochs"], callbacks=callbacks,
+                steps_per_epoch=job.get("steps_per_epoch"))
+    step = trainer.global_step
+    trainer.close()
+    return per_epoch, step
+
+
+def main():
+    job = json.loads(sys.argv[1])
+    import kerastrain as kt
+    if job.get("cpu_devices"):
+        kt.configure_cpu_devices(job["cpu_devices"])
+    per_epoch, step = train(job)
+    with open(sys.argv[2], "w") as f:
+        json.dump({"per_epoch": per_epoch, "global_step": step}, f)
+
+
+if __name__ == "__main__":
+    main()

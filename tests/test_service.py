@@ -1,0 +1,162 @@
+"""The tf.data service (`data_service=`): ids counted inside the model, through the service.
+
+Mirrored runs in this process (two logical CPUs); parameter servers and a service of separate
+processes (one worker killed mid-epoch) run in subprocesses.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import _service_worker
+import helpers
+import kerastrain as kt
+from kerastrain import config, service
+
+N, BATCH = 512, 16
+
+
+@pytest.mark.parametrize("value, message", [
+    ("grpc://nowhere", "must be 'local' (an in-process service on this machine) or a "
+                       "dispatcher's address 'grpc://host:port'. "
+                       "Received: dispatcher='grpc://nowhere'"),
+    ({"workers": 0}, "must be an int >= 1 (in-process workers of the 'local' service). "
+                     "Received: workers=0"),
+    ({"processing_mode": "dynamic"}, "must be one of ['distributed_epoch', 'parallel_epochs']. "
+                                     "Received: processing_mode='dynamic'"),
+    ({"dispatcher": "local", "worker": 2}, "Unknown `data_service` option(s) ['worker']"),
+    (3, "Received: data_service=3 of type int"),
+])
+def test_bad_options_are_clear_errors(value, message):
+    with pytest.raises((ValueError, TypeError)) as e:
+        kt.Trainer(_service_worker.build_model(8), strategy="one_device", data_service=value)
+    assert message in str(e.value)
+
+
+def test_recipe_data_service_key_parses_and_is_checked():
+    tree = {"model": {"builder": "kerastrain.examples:build_mlp"},
+            "data": {"train": {"builder": "kerastrain.examples:synthetic_data"},
+                     "service": "local"}}
+    recipe = config.validate(tree, imports=False)
+    assert recipe.data.service == {"dispatcher": "local", "workers": 2,
+                                   "processing_mode": "distributed_epoch"}
+    assert config.validate({**tree, "data": {**tree["data"], "service": None}},
+                           imports=False).data.service is None
+    bad = {**tree, "data": {**tree["data"], "service": {"workers": -1}}}
+    with pytest.raises(config.RecipeError) as e:
+        config.validate(bad, imports=False)
+    assert "data.service: expected null, 'local', 'grpc://host:port' or a mapping" in str(e.value)
+    assert "Received: workers=-1" in str(e.value)
+    assert "service:" in config.template()
+
+
+def test_unsplittable_source_is_refused_with_what_to_do(caplog):
+    import tensorflow as tf
+
+    def generated():
+        def gen():
+            for i in range(64):
+                yield np.full([4], i, "float32"), np.zeros([1], "float32")
+        return tf.data.Dataset.from_generator(gen, output_signature=(
+            tf.TensorSpec([4], tf.float32), tf.TensorSpec([1], tf.float32))).batch(16)
+    trainer = kt.Trainer(_service_worker.build_model(64), strategy="one_device", verbose=0,
+                         data_service="local")
+    try:
+        with pytest.raises(ValueError) as e:
+            trainer.fit(generated)
+    finally:
+        trainer.close()
+    assert "starts from a Python generator, which TensorFlow cannot split" in str(e.value)
+    assert "'processing_mode': 'parallel_epochs'" in str(e.value)
+
+
+def test_mirrored_trains_every_id_exactly_once_per_epoch_through_a_local_service(caplog):
+    caplog.set_level("INFO", "kerastrain")
+    job = {"n": N, "batch": BATCH, "epochs": 3, "strategy": {"name": "mirrored", "cpu_devices": 2},
+           "service": "local"}
+    per_epoch, step = _service_worker.train(job)
+    for counts in per_epoch:
+        assert set(counts) == {1}, np.unique(counts, return_counts=True)
+    # Batches are made on the 2 service workers: 32 whole batches, and up to 2 partial ones.
+    assert 3 * 32 <= step <= 3 * 34
+    text = caplog.text
+    assert "training data: through an in-process tf.data service (dispatcher and 2 worker(s) " \
+        "on ports" in text
+    assert "processing_mode='distributed_epoch': one job per pass: each example is trained " \
+        "once per pass (checked against 512 examples" in text
+    assert "were lost" not in text
+
+
+@pytest.mark.multiprocess
+def test_ps_two_workers_share_each_pass_through_a_local_service(tmp_path):
+    """Two ps workers read one job: every id is trained once per pass. Epochs count steps
+    (32 here) while a pass has 32 to 34 batches, so a pass may straddle two epochs: over the
+    run, no id is trained twice more than another and none is missed."""
+    job = {"n": N, "batch": BATCH, "epochs": 4, "service": "local",
+           "strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}}
+    proc = helpers.run_python(["tests/_service_worker.py", json.dumps(job),
+                               str(tmp_path / "out.json")], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["global_step"] == 4 * 32
+    total = np.sum(result["per_epoch"], axis=0)
+    assert total.min() >= 3 and total.max() - total.min() <= 1, np.unique(total,
+                                                                           return_counts=True)
+    assert total.sum() <= 4 * 32 * BATCH  # whole batches, and a few partial ones
+    assert "every ps worker reads the same job per pass: each example is trained once per " \
+        "pass; epochs count steps, so a pass may straddle two epochs" in proc.stderr
+
+
+def _server(args):
+    return subprocess.Popen([sys.executable, "-m", "kerastrain.service", *args],
+                            cwd=helpers.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=helpers.REPO,
+                                     TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+@pytest.mark.multiprocess
+def test_a_service_worker_killed_mid_epoch_training_finishes_and_reports_the_lost_examples(
+        tmp_path):
+    """A dispatcher and 2 worker processes; worker 1 is killed (SIGKILL) in epoch 0 and, as a
+    supervisor would, restarted at its address. The splits it held are lost: training
+    finishes, and the warning's count equals the ids the model never trained."""
+    free = kt.cluster.free_port
+    port, ports = free(), [free(), free()]
+    servers = [_server(["dispatcher", "--port", str(port)])]
+    servers += [_server(["worker", "--dispatcher", f"127.0.0.1:{port}", "--port", str(p)])
+                for p in ports]
+    marker = tmp_path / "started"
+    job = {"n": 2048, "batch": 16, "epochs": 2, "steps_per_loop": 1, "sleep_per_loop": 0.02,
+           "marker": str(marker), "strategy": {"name": "mirrored", "cpu_devices": 2},
+           "cpu_devices": 2, "service": f"grpc://127.0.0.1:{port}"}
+    chief = subprocess.Popen(
+        [sys.executable, "tests/_service_worker.py", json.dumps(job), str(tmp_path / "out.json")],
+        cwd=helpers.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert chief.poll() is None and time.monotonic() < deadline, chief.stderr.read()
+            time.sleep(0.05)
+        servers[2].send_signal(signal.SIGKILL)
+        servers[2].wait()
+        servers[2] = _server(["worker", "--dispatcher", f"127.0.0.1:{port}", "--port",
+                              str(ports[1])])
+        stderr = chief.communicate(timeout=300)[1]
+    finally:
+        for p in servers + [chief]:
+            p.kill()
+    assert chief.returncode == 0, stderr[-5000:]
+    first, second = (np.asarray(c) for c in json.loads(
+        (tmp_path / "out.json").read_text())["per_epoch"])
+    missed = int((first == 0).sum())
+    assert set(first) <= {0, 1} and missed > 0
+    assert f"pass 1 of the training data: {2048 - missed} of 2048 examples reached training; " \
+        f"{missed} were lost (a service worker stopped while processing them" in stderr
+    assert set(second) == {1}  # the next pass is whole again
