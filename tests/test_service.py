@@ -96,8 +96,8 @@ def test_mirrored_trains_every_id_exactly_once_per_epoch_through_a_local_service
 @pytest.mark.multiprocess
 def test_ps_two_workers_share_each_pass_through_a_local_service(tmp_path):
     """Two ps workers read one job: every id is trained once per pass. Epochs count steps
-    (32 here) while a pass has 32 to 34 batches, so a pass may straddle two epochs: over the
-    run, no id is trained twice more than another and none is missed."""
+    (32 here) while a pass has 32 to 34 batches, so a pass may straddle two epochs: over 4
+    epochs every id is trained 4 times, bar the few batches in flight at the end."""
     job = {"n": N, "batch": BATCH, "epochs": 4, "service": "local",
            "strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}}
     proc = helpers.run_python(["tests/_service_worker.py", json.dumps(job),
@@ -106,8 +106,11 @@ def test_ps_two_workers_share_each_pass_through_a_local_service(tmp_path):
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["global_step"] == 4 * 32
     total = np.sum(result["per_epoch"], axis=0)
-    assert total.min() >= 3 and total.max() - total.min() <= 1, np.unique(total,
-                                                                           return_counts=True)
+    # Passes 1-3 whole, pass 4 all but the batches still in flight at the end (held by a ps
+    # worker's reader), which pass 5's first batches replaced: a few ids at 3 and 5.
+    values, counts = np.unique(total, return_counts=True)
+    assert set(values) <= {3, 4, 5}, (values, counts)
+    assert (total != 4).sum() <= 2 * 6 * BATCH, (values, counts)
     assert total.sum() <= 4 * 32 * BATCH  # whole batches, and a few partial ones
     assert "every ps worker reads the same job per pass: each example is trained once per " \
         "pass; epochs count steps, so a pass may straddle two epochs" in proc.stderr
