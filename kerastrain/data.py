@@ -29,6 +29,7 @@ import warnings
 import numpy as np
 
 from kerastrain import _compat, sharding, tuning
+from kerastrain import service as service_lib
 
 logger = logging.getLogger("kerastrain")
 
@@ -187,18 +188,21 @@ class NumpyData:
             self._variables = tf.nest.map_structure(
                 lambda a: tf.Variable(a, trainable=False, name="numpy_data"), structure)
 
-    def dataset(self, whole_batches=False, constants=False):
+    def constants(self):
+        """The arrays as constants (for a pipeline that runs in another process)."""
+        import tensorflow as tf
+        return tf.nest.map_structure(lambda v: tf.constant(v.numpy()), self._variables)
+
+    def dataset(self, whole_batches=False):
         """The pipeline of global batches. `whole_batches`: when the batch size divides the
         examples, say so in the shapes (lets TensorFlow fold a step's shape arithmetic);
-        only where nothing shards the batches later (one worker). `constants`: the arrays
-        in the graph instead of variables (for a tf.data service worker elsewhere)."""
+        only where nothing shards the batches later (one worker)."""
         import tensorflow as tf
 
         ds = tf.data.Dataset.range(self.num_examples)
         if self.shuffle:
             ds = ds.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
-        variables = self._variables if not constants else tf.nest.map_structure(
-            lambda v: tf.constant(v.numpy()), self._variables)
+        variables = self._variables
         size = self.batch_size if whole_batches and self.num_examples % self.batch_size == 0 \
             else None
 
@@ -425,14 +429,14 @@ class DistributedInput:
         return dataclasses.replace(self.plan, policy="off", sentence=self._service.sentence(
             parameter_servers=self._built.is_parameter_server, expected=expected))
 
-    def _service_source(self, ctx=None):
-        """The whole data as one pipeline, for the service to split."""
+    def _service_source(self, ctx=None, first_pass=0, passes=1):
+        """The whole data as one pipeline, for the service to split (NumPy: by batch)."""
         import tensorflow as tf
         if self.form == "context_fn":
             return self._checked(self._fn(ctx or tf.distribute.InputContext(
                 1, 0, self._built.strategy.num_replicas_in_sync)))
         if self.form == "numpy":
-            return self._numpy.dataset(constants=True)
+            return service_lib.numpy_batches(self._numpy, first_pass, passes)
         return self._checked(self._make())
 
     # -- what the runners iterate ---------------------------------------------------
@@ -456,12 +460,17 @@ class DistributedInput:
             # breaks CentralStorageStrategy in TF 2.21): a GPU step does not wait for a
             # host-to-device copy.
             if self._service is not None:
-                def through(ctx=None):
-                    return self._tuned(self._service.consumer_dataset(
-                        self._service_source(ctx), self._expected))
-                self._distributed = strategy.distribute_datasets_from_function(through) \
-                    if self.form == "context_fn" else \
-                    strategy.experimental_distribute_dataset(_with_policy(through(), "off"))
+                account = service_lib.PassAccount(self._expected)
+
+                def one_pass(k):
+                    def through(ctx=None):
+                        return self._tuned(self._service.consumer_dataset(
+                            self._service_source(ctx, first_pass=k), account))
+                    if self.form == "context_fn":
+                        return strategy.distribute_datasets_from_function(through)
+                    return strategy.experimental_distribute_dataset(
+                        _with_policy(through(), "off"))
+                self._distributed = service_lib.PerPass(one_pass)
             elif self.form == "context_fn":
                 self._distributed = strategy.distribute_datasets_from_function(
                     lambda ctx: self._tuned(self._checked(self._fn(ctx))))
@@ -499,7 +508,9 @@ class DistributedInput:
         if self._per_worker is None:
             strategy = self._built.strategy
             if self._service is not None:
-                through = self._service.per_worker_fn(self._service_source())
+                numpy = self.form == "numpy"  # its source counts passes itself
+                through = self._service.per_worker_fn(
+                    self._service_source(passes=2 ** 40 if numpy else 1), repeat=not numpy)
 
                 def make(index):
                     return strategy.distribute_datasets_from_function(lambda ctx: through())

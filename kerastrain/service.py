@@ -213,43 +213,89 @@ class Service:
             what = (f"every service worker reads all the data: each example is trained {n} "
                     "times per pass, in no fixed order")
         elif parameter_servers:
-            what = ("every ps worker reads the same job per pass: each example is trained once "
-                    "per pass; epochs count steps, so a pass may straddle two epochs; examples "
-                    "a lost service worker was processing are lost (not counted under ps)")
+            what = ("every ps worker reads one shared job: each example is trained once per "
+                    "pass; epochs count steps and each ps worker holds up to one batch ahead, "
+                    "so an epoch may end with a batch of the next pass in place of one of its "
+                    "own; examples a lost service worker was processing are lost (not counted "
+                    "under ps)")
         else:
             count = f"{expected} examples" if expected else "the first pass's examples"
             what = (f"one job per pass: each example is trained once per pass (checked against "
                     f"{count}; examples a lost service worker was processing are reported)")
-        return f"through {self.where()}, processing_mode='{mode}': {what}; batches are made " \
-               "on the service workers, so a pass may end with a partial batch per worker " \
-               "and the order differs from the pipeline's own (seeded shuffles included)"
+        batches = ("NumPy data is split by batch (a pass has the same batches as without the "
+                   "service)" if expected else "batches are made on the service workers from "
+                   "the splits they get, so a pass may end with a partial batch per worker")
+        return f"through {self.where()}, processing_mode='{mode}': {what}; {batches}; the " \
+               "order differs from the pipeline's own (seeded shuffles included)"
 
     # -- synchronous strategies: one consumer --------------------------------------------
 
-    def consumer_dataset(self, dataset, expected=None):
-        """`dataset` read through the service, a new job per pass, examples counted."""
+    def consumer_dataset(self, dataset, account):
+        """`dataset` read through the service (a new job each time it is iterated), its
+        examples counted by `account` (a `PassAccount`)."""
         import tensorflow as tf
         distributed = dataset.apply(tf.data.experimental.service.distribute(
             self.options.processing_mode, self.address))
-        return _PassAccount(expected).wrap(distributed)
+        return account.wrap(distributed)
 
-    # -- parameter servers: one shared job per pass ------------------------------------------
+    # -- parameter servers: one shared job for all passes ------------------------------------
 
-    def per_worker_fn(self, dataset):
-        """A function building one ps worker's dataset: every pass's job, in turn."""
+    def per_worker_fn(self, dataset, repeat=True):
+        """A function building one ps worker's dataset: the one job every worker reads."""
         import tensorflow as tf
         service = tf.data.experimental.service
         # The split provider repeats too: pass k+1's splits follow pass k's, each once.
-        dataset_id = service.register_dataset(self.address, dataset.repeat())
+        dataset_id = service.register_dataset(self.address,
+                                              dataset.repeat() if repeat else dataset)
         spec, mode, address, name = (dataset.element_spec, self.options.processing_mode,
                                      self.address, self._prefix + "/train")
 
         def make():
-            return service.from_dataset_id(mode, address, dataset_id, spec, job_name=name)
+            return service.from_dataset_id(mode, address, dataset_id, spec, job_name=name,
+                                           max_outstanding_requests=1)
         return make
 
 
-class _PassAccount:
+class PerPass:
+    """An iterable whose every `iter()` is the next pass, built by `make(pass_index)`
+    (what a synchronous driver iterates: a new job, and NumPy data reshuffled, per pass)."""
+
+    def __init__(self, make):
+        self._make = make
+        self.passes = 0
+
+    def __iter__(self):
+        self.passes += 1
+        return iter(self._make(self.passes - 1))
+
+
+def numpy_batches(numpy_data, first_pass=0, passes=1):
+    """NumPy data whose splits are whole batches (one split per batch, not per example).
+
+    The source is a range of (pass, batch) indices; a service worker gathers batch b of
+    pass k from the arrays (constants in the graph: 2 GB at most) in the order of a
+    permutation seeded by (seed, k), the same on every worker, new each pass. A pass has
+    ceil(n / batch_size) batches, the last one partial, as without the service.
+    """
+    import tensorflow as tf
+    n, size = numpy_data.num_examples, numpy_data.batch_size
+    per_pass = -(-n // size)
+    arrays = numpy_data.constants()
+    seed = tf.constant(numpy_data.seed or 0, tf.int64)
+
+    def gather(j):
+        k, b = j // per_pass, j % per_pass
+        order = tf.range(n, dtype=tf.int64)
+        if numpy_data.shuffle:
+            order = tf.random.experimental.stateless_shuffle(order, seed=tf.stack([seed, k]))
+        idx = order[b * size:tf.minimum((b + 1) * size, n)]
+        batch = tf.nest.map_structure(lambda v: tf.gather(v, idx), arrays)
+        return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
+    return tf.data.Dataset.range(first_pass * per_pass, (first_pass + passes) * per_pass).map(
+        gather)
+
+
+class PassAccount:
     """Counts the examples of each pass that reach training; reports a pass that had fewer.
 
     The check runs where the pass ends (a sentinel after the last batch, never emitted).
@@ -259,12 +305,15 @@ class _PassAccount:
         self.expected = expected
         self.passes = 0
         self.lock = threading.Lock()
+        self._counter = None
 
     def wrap(self, dataset):
         import tensorflow as tf
-        with tf.init_scope(), tf.device("/cpu:0"):
-            counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="service_examples")
-        spec = dataset.element_spec
+        if self._counter is None:
+            with tf.init_scope(), tf.device("/cpu:0"):
+                self._counter = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                            name="service_examples")
+        counter, spec = self._counter, dataset.element_spec
 
         def count(*batch):
             first = tf.nest.flatten(batch)[0]
