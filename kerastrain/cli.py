@@ -242,7 +242,7 @@ def _raw_tree(args) -> dict:
 
 
 def _run(args, train):
-    from kerastrain import config, network, recipes, strategies
+    from kerastrain import config, network, recipes, service, strategies
 
     if args.recipe is None:
         if getattr(args, "print_config", False):
@@ -255,9 +255,11 @@ def _run(args, train):
         # A local ps cluster: isolate before validation imports the recipe's modules, whose
         # NumPy starts threads, after which Linux cannot move the process.
         tree = _raw_tree(args)
-        network.isolate_for(tree, mode=strategies.local_cluster_network(tree.get("strategy")),
-                            opt_out=(
-            "the strategy option `network: host` (--set strategy.network=host)"))
+        cluster = strategies.local_cluster_network(tree.get("strategy"))
+        local_service = service.local_network((tree.get("data") or {}).get("service"))
+        network.isolate_for(tree, mode=cluster or local_service, opt_out=(
+            "the strategy option `network: host` (--set strategy.network=host)" if cluster else
+            "`data.service: {dispatcher: local, network: host}`"))
     imports = not getattr(args, "no_import", False)
     recipe, tree = recipes.load(args.recipe, args.set, imports=imports)
     text = recipes.dump(tree)

@@ -38,7 +38,8 @@ LOCAL = "local"
 MODES = ("distributed_epoch", "parallel_epochs")
 # Dataset sources the dispatcher can split (TensorFlow's split providers), by op name.
 SPLITTABLE_SOURCES = ("RangeDataset", "TensorSliceDataset", "TensorDataset", "TFRecordDataset",
-                      "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDatasetV2", "FixedLengthRecordDataset")
+                      "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
+                      "FixedLengthRecordDatasetV2")
 _ADDRESS = re.compile(r"^(grpc://)?[\w.\-\[\]:]+:\d+$")
 
 
@@ -55,11 +56,15 @@ class ServiceOptions:
             the pipeline must start from files, `range` or `from_tensor_slices`), or
             "parallel_epochs" (every service worker reads all the data: each example
             is trained once per worker per pass).
+        network: with "local", "private" (default: `kerastrain run` moves the process
+            into a private network namespace first, as for a local ps cluster) or
+            "host" (the servers stay reachable from the network; a warning says so).
     """
 
     dispatcher: str = LOCAL
     workers: int = 2
     processing_mode: str = "distributed_epoch"
+    network: str = "private"
 
     def __post_init__(self):
         if not isinstance(self.dispatcher, str) or not (
@@ -71,6 +76,9 @@ class ServiceOptions:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError("`data_service.workers` must be an int >= 1 (in-process workers "
                              f"of the 'local' service). Received: workers={self.workers!r}")
+        if self.network not in ("private", "host"):
+            raise ValueError("`data_service.network` must be 'private' or 'host'. "
+                             f"Received: network={self.network!r}")
         if self.processing_mode not in MODES:
             raise ValueError(f"`data_service.processing_mode` must be one of {list(MODES)}. "
                              f"Received: processing_mode={self.processing_mode!r}")
@@ -102,6 +110,16 @@ class ServiceOptions:
                         f"Received: data_service={value!r} of type {type(value).__name__}")
 
 
+def local_network(value) -> str | None:
+    """`network` of a recipe's `data.service` that starts a local service, else None
+    (for `kerastrain run`, before TensorFlow; a bad value gives None, validation says why)."""
+    try:
+        options = ServiceOptions.coerce(value)
+    except (ValueError, TypeError):
+        return None
+    return options.network if options is not None and options.dispatcher == LOCAL else None
+
+
 def check_strategy(options, built):
     """Refuse a strategy the service cannot keep exact (multi-worker mirrored)."""
     if options is not None and built.is_multi_worker and not built.is_parameter_server:
@@ -118,7 +136,7 @@ class LocalService:
     """An in-process dispatcher and workers on 127.0.0.1 ports (they listen on every
     interface: TensorFlow's data service servers bind `[::]`, with no option)."""
 
-    def __init__(self, workers):
+    def __init__(self, workers, network_mode="private"):
         import tensorflow as tf
 
         from kerastrain import cluster
@@ -132,8 +150,11 @@ class LocalService:
         self.ports = [self.port] + [int(w._address.rsplit(":", 1)[1]) for w in self.workers]
 
         from kerastrain import network
-        warning = network.exposure_line(self.ports, network.avoid_in_process(network.PRIVATE),
-                                        who="the local tf.data service's servers")
+        mode = network_mode
+        how = ("`data_service.network: host` asked for this" if mode == "host" else
+               "to avoid it, call kerastrain.isolate_network() first thing in the script, or "
+               "train with `kerastrain run` (it isolates a recipe with data.service: local)")
+        warning = network.exposure_line(self.ports, how, who="the local tf.data service's servers")
         if warning:
             logger.warning(warning)
 
@@ -173,7 +194,8 @@ class Service:
 
     def __init__(self, options: ServiceOptions):
         self.options = options
-        self._local = LocalService(options.workers) if options.dispatcher == LOCAL else None
+        self._local = (LocalService(options.workers, options.network)
+                       if options.dispatcher == LOCAL else None)
         self.address = self._local.address if self._local else options.address
         self._prefix = f"kerastrain-{uuid.uuid4().hex[:12]}"
 

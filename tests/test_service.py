@@ -45,7 +45,7 @@ def test_recipe_data_service_key_parses_and_is_checked():
                      "service": "local"}}
     recipe = config.validate(tree, imports=False)
     assert recipe.data.service == {"dispatcher": "local", "workers": 2,
-                                   "processing_mode": "distributed_epoch"}
+                                   "processing_mode": "distributed_epoch", "network": "private"}
     assert config.validate({**tree, "data": {**tree["data"], "service": None}},
                            imports=False).data.service is None
     bad = {**tree, "data": {**tree["data"], "service": {"workers": -1}}}
@@ -54,6 +54,20 @@ def test_recipe_data_service_key_parses_and_is_checked():
     assert "data.service: expected null, 'local', 'grpc://host:port' or a mapping" in str(e.value)
     assert "Received: workers=-1" in str(e.value)
     assert "service:" in config.template()
+
+
+def test_local_service_is_isolated_by_kerastrain_run_and_multi_worker_mirrored_is_refused():
+    # What `kerastrain run` reads before TensorFlow: a local service is kept private.
+    assert service.local_network("local") == "private"
+    assert service.local_network({"network": "host"}) == "host"
+    assert service.local_network("grpc://10.0.0.1:5050") is None
+    assert service.local_network(None) is None
+    built = type("Built", (), {"is_multi_worker": True, "is_parameter_server": False,
+                               "name": "multi_worker_mirrored"})()
+    with pytest.raises(ValueError) as e:
+        service.check_strategy(service.ServiceOptions(), built)
+    assert "Train with strategy 'ps', or without the service. Received: " \
+        "strategy='multi_worker_mirrored'" in str(e.value)
 
 
 def test_unsplittable_source_is_refused_with_what_to_do(caplog):
