@@ -88,6 +88,10 @@ def _parser():
                         help="a separate chief task (multi-worker mirrored)")
     launch.add_argument("--evaluator", action="store_true",
                         help="a side-car evaluator task that evaluates each new checkpoint")
+    launch.add_argument("--service-workers", type=int, default=0,
+                        help="also start a tf.data service dispatcher and this many workers "
+                             "(restarted if they die) and train through them "
+                             "(--set data.service=grpc://...)")
     launch.add_argument("--max-restarts", type=int, default=0,
                         help="restart the whole job this many times after a failure")
     launch.add_argument("--dry-run", action="store_true",
@@ -304,7 +308,8 @@ def _launch(args):
         launch.isolate(network, tree)
     recipes.load(args.recipe, args.set)  # every task would fail the same way: say it once
     spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator)
-    tasks = launch.tasks_for(spec, args.recipe, args.set)
+    service_tasks, sets = launch.service_tasks(args.service_workers, args.set)
+    tasks = service_tasks + launch.tasks_for(spec, args.recipe, sets)
     if args.dry_run:
         launch.dry_run(tasks)
         return 0

@@ -81,6 +81,23 @@ def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
     return tasks
 
 
+def service_tasks(workers: int, sets=()) -> tuple[list[Task], list]:
+    """A tf.data service dispatcher and `workers` workers on loopback ports (none for 0), and
+    the `--set` items that point the recipe's training data at it."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"`--service-workers` must be an int >= 0. Received: {workers!r}")
+    if not workers:
+        return [], list(sets)
+    port = free_port()
+    command = [sys.executable, "-m", "kerastrain.service"]
+    tasks = [Task("data_dispatcher", 0, "", command + ["dispatcher", "--port", str(port)])]
+    # Fixed ports: a worker restarted at its address lets the dispatcher's jobs end.
+    tasks += [Task("data_worker", i, "", command + [
+        "worker", "--dispatcher", f"127.0.0.1:{port}", "--port", str(free_port())])
+        for i in range(workers)]
+    return tasks, list(sets) + [f"data.service=grpc://127.0.0.1:{port}"]
+
+
 def recipe_network(tree: dict) -> str:
     """The recipe's `strategy.network` when it sets one, else "private" (`--network` wins)."""
     strategy = tree.get("strategy")
@@ -219,6 +236,13 @@ class Launcher:
         code = task.process.returncode
         if task.type == "evaluator":
             return None  # side-car: the job goes on without it
+        if task.type == "data_worker" and task.restarts < WORKER_RESTARTS:
+            # Back at its address, it lets the dispatcher's jobs end (its splits are lost).
+            task.restarts += 1
+            self.say(f"{task.name} exited with {_describe(code)}; restarting it "
+                     f"({task.restarts}/{WORKER_RESTARTS})")
+            self.start(task)
+            return None
         if code == 0 and not self.parameter_servers:
             return None  # a synchronous worker that finished: the chief will too
         if self.parameter_servers and task.type == "worker" and task.restarts < WORKER_RESTARTS:
@@ -246,7 +270,9 @@ class Launcher:
         deadline = time.monotonic() + GRACE_SECS
         while time.monotonic() < deadline:
             # The evaluator too: it evaluates the last checkpoint, then sees the chief gone.
-            if all(t.process.poll() is not None for t in self.tasks):
+            # tf.data service servers serve until stopped (just after this).
+            if all(t.process.poll() is not None for t in self.tasks
+                   if not t.type.startswith("data_")):
                 return
             time.sleep(self.poll_secs)
         self.say(f"{chief.name} finished; tasks still running after {GRACE_SECS:.0f} s are "

@@ -134,7 +134,7 @@ def check_strategy(options, built):
 
 class LocalService:
     """An in-process dispatcher and workers on 127.0.0.1 ports (they listen on every
-    interface: TensorFlow's data service servers bind `[::]`, with no option)."""
+    interface: TensorFlow's data service servers bind all of them, with no option)."""
 
     def __init__(self, workers, network_mode="private"):
         import tensorflow as tf
@@ -386,7 +386,7 @@ def serve(role, *, port=0, dispatcher=None, host="127.0.0.1"):
     else:
         raise ValueError(f"`role` must be 'dispatcher' or 'worker'. Received: role={role!r}")
     print(f"kerastrain: tf.data service {role} serving on port {port or '(any)'} of every "
-          f"interface (TensorFlow binds [::]); pid {os.getpid()}", flush=True)
+          f"interface (TensorFlow binds all of them; no option); pid {os.getpid()}", flush=True)
     server.join()
 
 

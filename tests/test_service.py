@@ -180,3 +180,16 @@ def test_a_service_worker_killed_mid_epoch_training_finishes_and_reports_the_los
     assert f"pass 1 of the training data: {2048 - missed} of 2048 examples reached training; " \
         f"{missed} were lost (a service worker stopped while processing them" in stderr
     assert set(second) == {1}  # the next pass is whole again
+
+
+def test_launch_starts_a_dispatcher_and_workers_and_points_the_recipe_at_them():
+    from kerastrain import launch
+    tasks, sets = launch.service_tasks(2, ["trainer.epochs=1"])
+    assert [t.name for t in tasks] == ["data_dispatcher:0", "data_worker:0", "data_worker:1"]
+    port = tasks[0].command[-1]
+    assert sets == ["trainer.epochs=1", f"data.service=grpc://127.0.0.1:{port}"]
+    assert all(t.command[-4:-2] == ["--dispatcher", f"127.0.0.1:{port}"] for t in tasks[1:])
+    assert launch.service_tasks(0, ["a=1"]) == ([], ["a=1"])
+    with pytest.raises(ValueError, match=r"`--service-workers` must be an int >= 0. "
+                                         r"Received: -1"):
+        launch.service_tasks(-1)
