@@ -260,7 +260,9 @@ def _run(args, train):
         # NumPy starts threads, after which Linux cannot move the process.
         tree = _raw_tree(args)
         cluster = strategies.local_cluster_network(tree.get("strategy"))
-        local_service = service.local_network((tree.get("data") or {}).get("service"))
+        data = tree.get("data")
+        local_service = service.local_network(data.get("service") if isinstance(data, dict)
+                                              else None)
         network.isolate_for(tree, mode=cluster or local_service, opt_out=(
             "the strategy option `network: host` (--set strategy.network=host)" if cluster else
             "`data.service: {dispatcher: local, network: host}`"))
