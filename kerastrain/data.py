@@ -16,6 +16,7 @@ workers, worker i reading shard i, repeated so no worker runs dry.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -24,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from kerastrain import _compat, sharding
+from kerastrain import _compat, sharding, visits
 
 logger = logging.getLogger("kerastrain")
 
@@ -157,16 +158,21 @@ class NumpyData:
             self._variables = tf.nest.map_structure(
                 lambda a: tf.Variable(a, trainable=False, name="numpy_data"), structure)
 
-    def dataset(self):
+    def indices(self, pipeline=0):
+        """The batches of example indices of one pass (shuffled: seeded, anew each pass)."""
         import tensorflow as tf
 
         ds = tf.data.Dataset.range(self.num_examples)
         if self.shuffle:
             ds = ds.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
-        variables = self._variables
-        ds = ds.batch(self.batch_size).map(
-            lambda idx: tf.nest.map_structure(lambda v: tf.gather(v, idx), variables))
-        return _threaded(ds, _check_threads("auto"))
+        return ds.batch(self.batch_size)
+
+    def gather(self, idx):
+        import tensorflow as tf
+        return tf.nest.map_structure(lambda v: tf.gather(v, idx), self._variables)
+
+    def dataset(self):
+        return _threaded(self.indices().map(self.gather), _check_threads("auto"))
 
 
 def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, reader="tfrecord",
@@ -339,6 +345,7 @@ class DistributedInput:
                 check_element_spec(probe, argument)
             sizes = [cardinality(p) for p in probes]
             self.cardinality = (sizes[0] if len(sizes) == 1 or min(sizes) < 0 else sum(sizes))
+            self._sizes = sizes
             self.element_spec = probes[0].element_spec
             source, global_batch = None, None
         else:
@@ -346,6 +353,7 @@ class DistributedInput:
             check_element_spec(probe, argument)
             self.element_spec = probe.element_spec
             self.cardinality = cardinality(probe)
+            self._sizes = [self.cardinality]
             pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
             source = pipeline.file_source() if pipelines > 1 or shard == "file" else None
             global_batch = (self._numpy.batch_size if self.form == "numpy"
@@ -362,7 +370,27 @@ class DistributedInput:
         self.plan = sharding.decide(
             shard, form=self.form, pipelines=pipelines, source=source, parameter_servers=ps,
             global_batch=global_batch, replicas=strategy.num_replicas_in_sync)
+        self._reader = None
+        self.exact = ps and min(self._sizes) > 0 and strategy.num_replicas_in_sync == 1
+        if ps and role == "training":
+            self.plan = dataclasses.replace(self.plan, sentence=self._ps_account())
         logger.info("%s data: %s", role, self.plan.sentence)
+
+    def _ps_account(self):
+        """What holds under parameter servers: exact visits, or why not."""
+        if self.exact:
+            if self.form == "context_fn":
+                what = (f"dataset_fn(ctx) is called once per input pipeline ({self._pipelines} in "
+                        "all); every worker reads every pipeline, taking their batches in turn")
+            else:
+                what = "every worker reads the whole data, in one device's order"
+            return (f"{what}, and trains the positions the coordinator gives each loop: every "
+                    "batch once per pass of the data (a shuffle in the pipeline must be seeded)")
+        why = ("the data is infinite" if INFINITE in self._sizes else
+               "its size is unknown" if UNKNOWN in self._sizes else
+               "a worker has more than one replica")
+        return (f"{self.plan.sentence}; each worker reads its own shard ({why}, so kerastrain "
+                "cannot assign positions): within an epoch examples may repeat or be skipped")
 
     # -- what the runners iterate ---------------------------------------------------
 
@@ -420,6 +448,35 @@ class DistributedInput:
                 self._per_worker = _compat.per_worker_iterator(
                     self._built.coordinator, strategy, make)
         return self._per_worker
+
+    def reader(self):
+        """The `visits.Reader` of exact visits under parameter servers (None: not exact)."""
+        if not self.exact:
+            return None
+        if self._reader is None:
+            finish = None
+            if self.form == "numpy":
+                make, finish = self._numpy.indices, self._numpy.gather
+            elif self.form == "context_fn":
+                import tensorflow as tf
+                replicas = self._built.strategy.num_replicas_in_sync
+
+                def make(j):
+                    return self._checked(self._fn(tf.distribute.InputContext(
+                        self._pipelines, j, replicas)))
+            elif self.form == "dataset":
+                graph = _compat.serialize_dataset(self._make())
+                spec = self.element_spec
+
+                def make(j):
+                    return _compat.deserialize_dataset(graph, spec)
+            else:
+                def make(j):
+                    return self._checked(self._make())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self._reader = visits.Reader(self._built.coordinator, self._sizes, make, finish)
+        return self._reader
 
     def local_dataset(self):
         """The whole dataset read on this task (coordinator-side evaluation under PS)."""

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import re
 from typing import Callable, Iterator
 
 import numpy as np
+
+logger = logging.getLogger("kerastrain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +125,14 @@ class SyncDriver:
 class PSDriver:
     """Schedules loops on parameter-server workers through a `ClusterCoordinator`.
 
-    Workers read repeated per-worker datasets, so there is no shared data
-    position to save: a resumed run continues with fresh data passes.
+    When the input allows it (`DistributedInput.reader()`: finite data of known
+    size), each loop carries the positions of the batches it trains
+    (`kerastrain.visits`), so every batch is trained once per pass whichever
+    worker runs which loop, and a loop retried after a worker failure trains the
+    same batches. The data position (`cursor`: global batches scheduled since
+    the first pass began) is checkpointed as (passes begun, batches into the
+    current pass), as `SyncDriver` does, and a resumed run continues from it.
+    Other inputs are read from repeated per-worker shards, with no position.
 
     At most `max_in_flight` loops are scheduled ahead: when more are queued, the
     oldest one's result is fetched (waiting for it), so a stop request is acted
@@ -136,68 +145,113 @@ class PSDriver:
         train_loop: the compiled training loop (runs exactly `num_steps` steps).
         coordinator: the `ClusterCoordinator`.
         global_step: kerastrain's step variable; set after each join to the steps
-            asked for (a loop a failed worker had begun is run again elsewhere, so
-            the variables may have taken a few extra updates, but checkpoints and
-            resumes count the steps asked for).
+            asked for. The loops count every step they run, so steps run beyond
+            those asked (a loop a failed worker had begun, run again elsewhere)
+            are counted and logged before that.
         stop_requested: `() -> bool`, checked before each loop is scheduled.
         join_at: `(step) -> bool`, whether the variables must hold exactly `step`
             (a mid-epoch checkpoint); None never asks.
         max_in_flight: loops scheduled ahead of the oldest unfinished one.
         on_lost: `(error) -> Exception` to raise when the cluster cannot be reached.
+        positions_loop: `(reader) -> fn(iterators, pipelines, positions)`, the
+            compiled loop of exact visits (`loops.Step.positions_loop`).
     """
 
     def __init__(self, train_loop, coordinator, global_step, *, stop_requested,
-                 join_at=None, max_in_flight=4, on_lost=None):
+                 join_at=None, max_in_flight=4, on_lost=None, positions_loop=None):
         self._loop = train_loop
+        self._positions_loop = positions_loop
         self._coordinator = coordinator
         self._global_step = global_step
         self._stop_requested = stop_requested
         self._join_at = join_at or (lambda step: False)
         self._max_in_flight = max_in_flight
         self._on_lost = on_lost or (lambda e: e)
-        self.passes = 0
-        self.offset = 0
+        self._per_pass = None
+        self.cursor = 0
+        self.repeated_steps = 0   # steps run twice (loops retried after a worker failed)
+        self.refetched = 0        # batches a retried loop read from a fresh copy of the data
+
+    @property
+    def passes(self):
+        """Passes over the data begun (as `SyncDriver.passes`)."""
+        if not self._per_pass:
+            return 0
+        return self.cursor // self._per_pass + (1 if self.cursor % self._per_pass else 0)
+
+    @property
+    def offset(self):
+        return self.cursor % self._per_pass if self._per_pass else 0
 
     def fast_forward(self, train_input, passes, offset):
-        pass
+        reader = train_input.reader()
+        if reader is None:
+            return
+        self._per_pass = reader.positions.per_pass
+        self.cursor = (passes - (1 if offset else 0)) * self._per_pass + offset
+        logger.info("data position restored: pass %d, batch %d of %d", self.cursor //
+                    self._per_pass + 1, self.cursor % self._per_pass, self._per_pass)
 
     def epoch_done(self, steps_per_epoch):
         pass
 
-    def _schedule(self, iterator, n):
-        import tensorflow as tf
+    def _schedule(self, fn, args):
         try:
-            return self._coordinator.schedule(self._loop, args=(iterator, tf.constant(n, tf.int32)))
+            return self._coordinator.schedule(fn, args=args)
         except cluster_errors() as e:
             raise self._on_lost(e) from None
 
     def _fetch(self, remote, in_sync=False):
         try:
-            part, ran = remote.fetch()
+            part, ran, *refetched = remote.fetch()
         except cluster_errors() as e:
             raise self._on_lost(e) from None
+        if refetched and int(refetched[0]):
+            self.refetched += int(refetched[0])
+            logger.warning("a loop run again after a worker failed read %d of its batches "
+                           "from a fresh copy of the data (the same batches)", int(refetched[0]))
         return LoopResult(np.asarray(part, np.float64), int(ran), in_sync)
 
     def _join(self, in_flight, step):
         """Wait for every scheduled loop; yield their results, the last one `in_sync`."""
         try:
             self._coordinator.join()
+            counted = int(self._global_step.numpy())
         except cluster_errors() as e:
             raise self._on_lost(e) from None
+        if counted > step:
+            # A worker failed while running loops; the coordinator ran them again
+            # elsewhere, and the steps the failed attempts had run were trained twice.
+            self.repeated_steps += counted - step
+            logger.warning(
+                "a worker failed with loops in flight; they ran again on other workers, so "
+                "%d step(s) (their batches) were trained twice (%d so far this run)",
+                counted - step, self.repeated_steps)
         self._global_step.assign(step)
         while in_flight:
             remote = in_flight.popleft()
             yield self._fetch(remote, in_sync=not in_flight)
 
+    def _next_args(self, train_input, reader, n):
+        import tensorflow as tf
+        if reader is None:
+            return self._loop, (train_input.per_worker_iterator(), tf.constant(n, tf.int32))
+        pipelines, positions = reader.positions.of(self.cursor, n)
+        self.cursor += n
+        return self._positions_loop(reader), (reader.iterators, tf.constant(pipelines),
+                                              tf.constant(positions))
+
     def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
                   boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
         """Schedule `steps_per_epoch` steps in loops cut at `boundary(step)`; yield results."""
-        iterator = train_input.per_worker_iterator()
+        reader = train_input.reader() if self._positions_loop is not None else None
+        if reader is not None:
+            self._per_pass = reader.positions.per_pass
         in_flight = collections.deque()
         done = 0
         while done < steps_per_epoch and not self._stop_requested():
             n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
-            in_flight.append(self._schedule(iterator, n))
+            in_flight.append(self._schedule(*self._next_args(train_input, reader, n)))
             done += n
             step += n
             if done < steps_per_epoch and self._join_at(step):

@@ -109,6 +109,7 @@ class Step:
         self._train = None
         self._eval = None
         self._eval_local = None
+        self._positions = {}
         # XLA fuses the forward pass, gradients and optimizer update of one step.
         self._train_replica = (tf.function(self._train_step, jit_compile=True)
                                if jit_compile else self._train_step)
@@ -247,6 +248,32 @@ class Step:
                 step_counter.assign_add(tf.cast(steps, step_counter.dtype))
             loop = self._until_end(self._run_train, after=count, stop_flag=self.stop_flag)
         return loop
+
+    def positions_loop(self, reader):
+        """Under parameter servers: `fn(iterators, pipelines, positions) -> (totals, steps,
+        refetched)`, one step per position, each batch read by `reader` (`kerastrain.visits`).
+        """
+        import tensorflow as tf
+
+        key = id(reader)
+        if key not in self._positions:
+            step_counter = self.global_step
+
+            @tf.function
+            def loop(iterators, pipelines, positions):
+                totals = tf.zeros([self.width], tf.float32)
+                refetched = tf.constant(0, tf.int32)
+                iterations = self.model.optimizer.iterations
+                num_steps = tf.size(positions)
+                for s in tf.range(num_steps):
+                    iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
+                    batch, again = reader.read(iterators, pipelines[s], positions[s])
+                    totals = self.accumulate(totals, self._run_train(batch))
+                    refetched += again
+                    step_counter.assign_add(1)
+                return totals, num_steps, refetched
+            self._positions = {key: (reader, loop)}  # one input trains at a time
+        return self._positions[key][1]
 
     def _until_end(self, run_one, after=None, stop_flag=None):
         """A compiled loop of up to `num_steps` batches that stops where the data ends."""

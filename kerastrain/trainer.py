@@ -403,11 +403,15 @@ class Trainer:
             element_spec=element_spec,
             train_logdir=self._tb_writer.train_dir if self._tb_writer is not None else None)
 
-    def _resolve_steps_per_loop(self, callbacks):
+    def _resolve_steps_per_loop(self, callbacks, steps_per_epoch):
         if self._steps_per_loop != "auto":
             return self._steps_per_loop
         if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
             return 1  # a user's batch hooks see every batch, as under model.fit
+        workers = self._built.num_workers
+        if self._built.is_parameter_server and steps_per_epoch and workers > 1:
+            # One loop at most one worker's share, or one worker may take the epoch.
+            return min(_AUTO_STEPS_PER_LOOP, -(-steps_per_epoch // workers))
         return _AUTO_STEPS_PER_LOOP
 
     def _driver(self, stop_requested):
@@ -420,7 +424,8 @@ class Trainer:
             step.train_loop(), self._built.coordinator, self._global_step,
             stop_requested=stop_requested,
             join_at=None if ckpt is None else (lambda s: ckpt.due(s, epoch_end=False)),
-            max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster)
+            max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster,
+            positions_loop=step.positions_loop)
 
     def _actions(self, driver, *, watch, agree, monitor, callback_list, validation,
                  steps_per_epoch, batch_logs):
@@ -498,7 +503,7 @@ class Trainer:
                                    steps_per_epoch, batch_logs=bool(callbacks) or verbose != 0)
             progress = self._train_epochs(
                 driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
-                self._resolve_steps_per_loop(callbacks), resumed, cbs)
+                self._resolve_steps_per_loop(callbacks, steps_per_epoch), resumed, cbs)
         if listed[0].preempted is not None:
             raise listed[0].preempted  # after the handlers above have let go of SIGTERM
         cbs.on_train_end(progress.logs or {})

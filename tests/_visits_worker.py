@@ -1,0 +1,103 @@
+"""Subprocess entry for visitation tests: count how often each example id is trained on.
+
+Usage: python tests/_visits_worker.py JOB_JSON OUT_PREFIX
+
+The model carries a layer that adds a histogram of each training batch's ids to a
+non-trainable variable (TensorFlow's own `assign_add` on `.value`, so the add
+happens once, where the variable lives, whichever worker runs the step). A callback
+reads it at every epoch end; the difference is what that epoch trained on.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+FEATURES = 3
+
+
+def build_model(n):
+    import keras
+    import tensorflow as tf
+
+    class CountIds(keras.layers.Layer):
+        def build(self, shape):
+            self.counts = self.add_weight(shape=(n,), initializer="zeros", trainable=False,
+                                          name="counts")
+
+        def call(self, x, training=None):
+            if training:
+                ids = tf.cast(x[:, 0], tf.int32)
+                self.counts.value.assign_add(
+                    tf.cast(tf.math.bincount(ids, minlength=n, maxlength=n), tf.float32))
+            return x[:, 1:]
+
+    def make():
+        inputs = keras.Input((1 + FEATURES,))
+        hidden = CountIds(name="count_ids")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+    return make
+
+
+def arrays(n):
+    import numpy as np
+    rng = np.random.RandomState(0)
+    x = np.concatenate([np.arange(n, dtype="float32")[:, None],
+                        rng.randn(n, FEATURES).astype("float32")], axis=1)
+    return x, x[:, 1:2].copy()
+
+
+def context_fn(n, batch):
+    """dataset_fn(ctx): pipeline i holds ids i, i+P, ..., shuffled (seeded), batched."""
+    def dataset_fn(ctx):
+        import tensorflow as tf
+        x, y = arrays(n)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(ctx.num_input_pipelines,
+                                                               ctx.input_pipeline_id)
+        return ds.shuffle(n, seed=1).batch(batch)
+    return dataset_fn
+
+
+def main():
+    job = json.loads(sys.argv[1])
+    out = sys.argv[2]
+    import keras
+    import numpy as np
+
+    import kerastrain as kt
+
+    n = job.get("n", 512)
+    results = []
+    for case in job["cases"]:
+        trainer = kt.Trainer(build_model(n), strategy={"name": "ps", "num_workers": 2,
+                                                       "num_ps": 1},
+                             seed=0, verbose=0, steps_per_loop=case["steps_per_loop"],
+                             model_dir=case.get("model_dir"))
+        layer = trainer.model.get_layer("count_ids")
+        before = [np.zeros(n)]
+        per_epoch = []
+
+        def on_epoch_end(epoch, logs=None):
+            now = np.asarray(layer.counts.numpy(), np.float64)
+            per_epoch.append((now - before[0]).astype(int).tolist())
+            before[0] = now
+        callback = keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)
+        batch = case.get("batch", 16)
+        if case["form"] == "numpy":
+            x, y = arrays(n)
+            trainer.fit(x, y, batch_size=batch, epochs=case["epochs"],
+                        steps_per_epoch=case["steps_per_epoch"], callbacks=[callback])
+        else:
+            trainer.fit(context_fn(n, batch), epochs=case["epochs"],
+                        steps_per_epoch=case["steps_per_epoch"], callbacks=[callback])
+        results.append({"case": case, "per_epoch": per_epoch, "global_step": trainer.global_step,
+                        "total": np.asarray(layer.counts.numpy()).astype(int).tolist()})
+    with open(out + ".json", "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
