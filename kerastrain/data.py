@@ -371,7 +371,11 @@ class DistributedInput:
             shard, form=self.form, pipelines=pipelines, source=source, parameter_servers=ps,
             global_batch=global_batch, replicas=strategy.num_replicas_in_sync)
         self._reader = None
-        self.exact = ps and min(self._sizes) > 0 and strategy.num_replicas_in_sync == 1
+        # Under parameter servers, loops name the batches they train (kerastrain.visits)
+        # unless a worker splits its batches over replicas, a pipeline is empty, or
+        # every worker is to read all the data (shard='off').
+        self.exact = (ps and strategy.num_replicas_in_sync == 1 and 0 not in self._sizes
+                      and (shard != "off" or self.form == "context_fn"))
         if ps and role == "training":
             self.plan = dataclasses.replace(self.plan, sentence=self._ps_account())
         logger.info("%s data: %s", role, self.plan.sentence)
@@ -384,13 +388,20 @@ class DistributedInput:
                         "all); every worker reads every pipeline, taking their batches in turn")
             else:
                 what = "every worker reads the whole data, in one device's order"
-            return (f"{what}, and trains the positions the coordinator gives each loop: every "
-                    "batch once per pass of the data (a shuffle in the pipeline must be seeded)")
-        why = ("the data is infinite" if INFINITE in self._sizes else
-               "its size is unknown" if UNKNOWN in self._sizes else
-               "a worker has more than one replica")
-        return (f"{self.plan.sentence}; each worker reads its own shard ({why}, so kerastrain "
-                "cannot assign positions): within an epoch examples may repeat or be skipped")
+            what += ", and trains the positions the coordinator gives each loop: every batch "
+            if INFINITE in self._sizes:
+                return what + ("of the data's (infinite) stream once, in order (a shuffle in the "
+                               "pipeline must be seeded)")
+            if UNKNOWN in self._sizes:
+                return what + ("once per pass of the data (its size is unknown: an epoch is "
+                               "`steps_per_epoch` batches of the repeated data; a shuffle in the "
+                               "pipeline must be seeded)")
+            return what + "once per pass of the data (a shuffle in the pipeline must be seeded)"
+        why = ("shard='off' asks every worker to read all of it" if self.plan.policy == "off"
+               else "a pipeline is empty" if 0 in self._sizes
+               else "each worker splits its batches over several replicas")
+        return (f"{self.plan.sentence}; each worker reads its own shard ({why}): within an epoch "
+                "examples may repeat or be skipped")
 
     # -- what the runners iterate ---------------------------------------------------
 
@@ -475,7 +486,8 @@ class DistributedInput:
                     return self._checked(self._make())
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                self._reader = visits.Reader(self._built.coordinator, self._sizes, make, finish)
+                sizes = [size if size > 0 else None for size in self._sizes]
+                self._reader = visits.Reader(self._built, sizes, make, finish)
         return self._reader
 
     def local_dataset(self):

@@ -153,12 +153,13 @@ class PSDriver:
             (a mid-epoch checkpoint); None never asks.
         max_in_flight: loops scheduled ahead of the oldest unfinished one.
         on_lost: `(error) -> Exception` to raise when the cluster cannot be reached.
-        positions_loop: `(reader) -> fn(iterators, pipelines, positions)`, the
+        positions_loop: `(reader) -> fn(iterators, worker, pipelines, positions)`, the
             compiled loop of exact visits (`loops.Step.positions_loop`).
+        width: the length of a loop's totals (`loops.Step.width`).
     """
 
     def __init__(self, train_loop, coordinator, global_step, *, stop_requested,
-                 join_at=None, max_in_flight=4, on_lost=None, positions_loop=None):
+                 join_at=None, max_in_flight=4, on_lost=None, positions_loop=None, width=2):
         self._loop = train_loop
         self._positions_loop = positions_loop
         self._coordinator = coordinator
@@ -168,29 +169,42 @@ class PSDriver:
         self._max_in_flight = max_in_flight
         self._on_lost = on_lost or (lambda e: e)
         self._per_pass = None
+        self._width = width
         self.cursor = 0
         self.repeated_steps = 0   # steps run twice (loops retried after a worker failed)
         self.refetched = 0        # batches a retried loop read from a fresh copy of the data
 
     @property
     def passes(self):
-        """Passes over the data begun (as `SyncDriver.passes`)."""
-        if not self._per_pass:
+        """Passes over the data begun (as `SyncDriver.passes`; 1 when its size is unknown)."""
+        if self._per_pass is None:
             return 0
+        if not self._per_pass:
+            return 1 if self.cursor else 0
         return self.cursor // self._per_pass + (1 if self.cursor % self._per_pass else 0)
 
     @property
     def offset(self):
-        return self.cursor % self._per_pass if self._per_pass else 0
+        """Batches into the current pass (all batches so far when its size is unknown)."""
+        if not self._per_pass:
+            return self.cursor if self._per_pass is not None else 0
+        return self.cursor % self._per_pass
+
+    def _use(self, reader):
+        self._per_pass = reader.positions.per_pass or 0
 
     def fast_forward(self, train_input, passes, offset):
         reader = train_input.reader()
         if reader is None:
             return
-        self._per_pass = reader.positions.per_pass
-        self.cursor = (passes - (1 if offset else 0)) * self._per_pass + offset
-        logger.info("data position restored: pass %d, batch %d of %d", self.cursor //
-                    self._per_pass + 1, self.cursor % self._per_pass, self._per_pass)
+        self._use(reader)
+        per_pass = self._per_pass
+        self.cursor = (passes - (1 if offset else 0)) * per_pass + offset if per_pass else offset
+        where = (f"pass {self.cursor // per_pass + 1}, batch {self.cursor % per_pass} of "
+                 f"{per_pass}" if per_pass else f"batch {self.cursor} of its stream")
+        logger.info("the data continues at %s: no batch of the epoch is skipped; batches the "
+                    "stopped run trained after this checkpoint are trained again (none after a "
+                    "SIGTERM, which saves once its loops in flight finish)", where)
 
     def epoch_done(self, steps_per_epoch):
         pass
@@ -201,11 +215,20 @@ class PSDriver:
         except cluster_errors() as e:
             raise self._on_lost(e) from None
 
-    def _fetch(self, remote, in_sync=False):
+    def _fetch(self, remote, steps, in_sync=False):
         try:
             part, ran, *refetched = remote.fetch()
         except cluster_errors() as e:
-            raise self._on_lost(e) from None
+            lost = _tasks(str(e))
+            if not lost or any(job == "ps" for job, _ in lost):
+                raise self._on_lost(e) from None
+            # The loop ran; its worker went away before the coordinator copied its
+            # results (they stay on the worker). Its steps trained and count; its sums
+            # are missing from the epoch's loss and metrics.
+            logger.warning("the results of a loop of %d step(s) were lost with %s after it "
+                           "trained; the epoch's loss and metrics leave those steps out",
+                           steps, ", ".join(f"{job}:{i}" for job, i in lost if job == "worker"))
+            return LoopResult(np.zeros(self._width, np.float64), steps, in_sync)
         if refetched and int(refetched[0]):
             self.refetched += int(refetched[0])
             logger.warning("a loop run again after a worker failed read %d of its batches "
@@ -229,8 +252,8 @@ class PSDriver:
                 counted - step, self.repeated_steps)
         self._global_step.assign(step)
         while in_flight:
-            remote = in_flight.popleft()
-            yield self._fetch(remote, in_sync=not in_flight)
+            remote, steps = in_flight.popleft()
+            yield self._fetch(remote, steps, in_sync=not in_flight)
 
     def _next_args(self, train_input, reader, n):
         import tensorflow as tf
@@ -238,26 +261,30 @@ class PSDriver:
             return self._loop, (train_input.per_worker_iterator(), tf.constant(n, tf.int32))
         pipelines, positions = reader.positions.of(self.cursor, n)
         self.cursor += n
-        return self._positions_loop(reader), (reader.iterators, tf.constant(pipelines),
-                                              tf.constant(positions))
+        return self._positions_loop(reader), (reader.iterators, reader.worker,
+                                              tf.constant(pipelines), tf.constant(positions))
 
     def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
                   boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
         """Schedule `steps_per_epoch` steps in loops cut at `boundary(step)`; yield results."""
         reader = train_input.reader() if self._positions_loop is not None else None
         if reader is not None:
-            self._per_pass = reader.positions.per_pass
+            self._use(reader)
         in_flight = collections.deque()
         done = 0
         while done < steps_per_epoch and not self._stop_requested():
             n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
-            in_flight.append(self._schedule(*self._next_args(train_input, reader, n)))
+            in_flight.append((self._schedule(*self._next_args(train_input, reader, n)), n))
             done += n
             step += n
             if done < steps_per_epoch and self._join_at(step):
                 yield from self._join(in_flight, step)
             while len(in_flight) > self._max_in_flight:
-                yield self._fetch(in_flight.popleft())
+                yield self._fetch(*in_flight.popleft())
+        if in_flight and done < steps_per_epoch:
+            logger.info("stop requested: %d loop(s) in flight (%d steps) finish first, so the "
+                        "variables hold every batch they read and none is trained again on "
+                        "resume", len(in_flight), sum(n for _, n in in_flight))
         yield from self._join(in_flight, step)
 
 
@@ -291,13 +318,17 @@ def cluster_errors():
             tf.errors.InternalError)
 
 
+def _tasks(text):
+    """The (job, index) of every task an error message names."""
+    return sorted(set(re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)))
+
+
 def lost_cluster(error, latest_checkpoint=None):
     """The error to raise when a parameter server is gone: which task, and what to do."""
     resume = (f"the latest checkpoint is {latest_checkpoint}; run the job again (or `kerastrain "
               "launch --max-restarts N`) to resume from it" if latest_checkpoint else
               "no checkpoint was written yet (set trainer.model_dir to keep progress)")
-    text = str(error)
-    tasks = sorted(set(re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)))
+    tasks = _tasks(str(error))
     lost = [f"{job}:{index}" for job, index in tasks if job == "ps"] or [
         f"{job}:{index}" for job, index in tasks]
     what = f"{', '.join(lost)} unreachable" if lost else "a task unreachable"

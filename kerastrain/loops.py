@@ -250,8 +250,9 @@ class Step:
         return loop
 
     def positions_loop(self, reader):
-        """Under parameter servers: `fn(iterators, pipelines, positions) -> (totals, steps,
-        refetched)`, one step per position, each batch read by `reader` (`kerastrain.visits`).
+        """Under parameter servers: `fn(iterators, worker, pipelines, positions) -> (totals,
+        steps, refetched)`, one step per position, each batch read by `reader`
+        (`kerastrain.visits`); `worker` yields the index of the worker running it.
         """
         import tensorflow as tf
 
@@ -260,17 +261,21 @@ class Step:
             step_counter = self.global_step
 
             @tf.function
-            def loop(iterators, pipelines, positions):
+            def loop(iterators, worker, pipelines, positions):
                 totals = tf.zeros([self.width], tf.float32)
                 refetched = tf.constant(0, tf.int32)
                 iterations = self.model.optimizer.iterations
                 num_steps = tf.size(positions)
+                worker = next(worker)
+                record = reader.start(worker)
                 for s in tf.range(num_steps):
                     iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
-                    batch, again = reader.read(iterators, pipelines[s], positions[s])
+                    batch, record, again = reader.read(iterators, pipelines[s], positions[s],
+                                                       record)
                     totals = self.accumulate(totals, self._run_train(batch))
                     refetched += again
                     step_counter.assign_add(1)
+                reader.end(worker, record)
                 return totals, num_steps, refetched
             self._positions = {key: (reader, loop)}  # one input trains at a time
         return self._positions[key][1]

@@ -425,7 +425,7 @@ class Trainer:
             stop_requested=stop_requested,
             join_at=None if ckpt is None else (lambda s: ckpt.due(s, epoch_end=False)),
             max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster,
-            positions_loop=step.positions_loop)
+            positions_loop=step.positions_loop, width=step.width)
 
     def _actions(self, driver, *, watch, agree, monitor, callback_list, validation,
                  steps_per_epoch, batch_logs):

@@ -32,10 +32,19 @@ class Positions:
     """Where the batches of a pass come from, and which batches a loop trains.
 
     Args:
-        sizes: batches per pass of each input pipeline (all > 0).
+        sizes: batches per pass of each input pipeline (all > 0), or None where
+            a size is unknown or infinite: the pipelines are then taken in turn,
+            batch k of every pipeline before batch k+1, along their repeated streams.
     """
 
     def __init__(self, sizes):
+        count = len(sizes)
+        if any(size is None for size in sizes):
+            self.sizes, self.per_pass = None, None
+            self._pipeline = np.arange(count, dtype=np.int32)
+            self._batch = np.zeros(count, np.int64)
+            self._period = np.ones(count, np.int64)
+            return
         self.sizes = np.asarray(sizes, np.int64)
         pipeline, batch = [], []
         for k in range(int(self.sizes.max())):
@@ -45,6 +54,7 @@ class Positions:
                     batch.append(k)
         self._pipeline = np.asarray(pipeline, np.int32)
         self._batch = np.asarray(batch, np.int64)
+        self._period = self.sizes
         self.per_pass = int(self.sizes.sum())
 
     def of(self, start, count):
@@ -53,16 +63,24 @@ class Positions:
         A position counts batches along the pipeline's repeated stream: pass p,
         batch b is `p * size + b`.
         """
-        passes, k = np.divmod(np.arange(start, start + count, dtype=np.int64), self.per_pass)
+        cycle = len(self._pipeline)
+        rounds, k = np.divmod(np.arange(start, start + count, dtype=np.int64), cycle)
         pipelines = self._pipeline[k]
-        return pipelines, passes * self.sizes[pipelines] + self._batch[k]
+        return pipelines, rounds * self._period[pipelines] + self._batch[k]
 
 
 class Reader:
     """Per-worker iterators over an input's pipelines, and how a loop reads a position.
 
+    Each worker's iterators only move forward. Where each stands is kept on a
+    parameter server (`read_positions[worker, pipeline]`, the next position it
+    yields), so a loop that asks for a position already passed (a retried loop)
+    reads it from a fresh copy without touching the iterator. The record is
+    never behind the iterator: a worker that restarts begins its iterators
+    again at 0 and reads forward from there.
+
     Args:
-        coordinator: the `ClusterCoordinator`.
+        built: the `strategies.BuiltStrategy` (parameter servers).
         sizes: batches per pass of each pipeline.
         make: `make(j) -> tf.data.Dataset`, pipeline j's batches for one pass
             (called on the workers, and inside loops for a retried batch).
@@ -70,39 +88,62 @@ class Reader:
             NumPy gather); None: the element is the batch.
     """
 
-    def __init__(self, coordinator, sizes, make, finish=None):
+    def __init__(self, built, sizes, make, finish=None):
+        import tensorflow as tf
+
+        from kerastrain import _compat
         self.positions = Positions(sizes)
         self._make = make
         self._finish = finish or (lambda element: element)
+        coordinator = built.coordinator
         self.iterators = tuple(
             iter(coordinator.create_per_worker_dataset(lambda j=j: self.stream(j)))
             for j in range(len(sizes)))
+        # Each worker's own index, read by its loops to find its row of `read_positions`.
+        self.worker = _compat.per_worker_iterator(
+            coordinator, built.strategy,
+            lambda index: tf.data.Dataset.from_tensors(tf.constant(index, tf.int32)).repeat())
+        with tf.device("/job:ps/replica:0/task:0/device:CPU:0"):
+            self.read_positions = tf.Variable(
+                tf.zeros([max(built.num_workers, 1), len(sizes)], tf.int64), trainable=False,
+                name="read_positions")
 
     def stream(self, j):
         return self._make(j).repeat().enumerate()
 
-    def _read_one(self, iterator, j, position):
-        """Batch `position` of pipeline j, and 1 if it came from a fresh copy."""
+    def _read_one(self, iterator, j, position, next_position):
+        """`(element, next position of the iterator, 1 if read from a fresh copy)`."""
         import tensorflow as tf
 
-        index, element = iterator.get_next()
-        index, element = tf.while_loop(lambda i, e: i < position,
-                                       lambda i, e: iterator.get_next(), (index, element))
+        def forward():
+            index, element = iterator.get_next()
+            index, element = tf.while_loop(lambda i, e: i < position,
+                                           lambda i, e: iterator.get_next(), (index, element))
+            return element, index + 1, tf.constant(0, tf.int32)
 
         def fresh():
-            return self.stream(j).skip(position).take(1).get_single_element()
-        behind = index > position
-        index, element = tf.cond(behind, fresh, lambda: (index, element))
-        return element, tf.cast(behind, tf.int32)
+            element = self.stream(j).skip(position).take(1).get_single_element()[1]
+            return element, next_position, tf.constant(1, tf.int32)
+        return tf.cond(position < next_position, fresh, forward)
 
-    def read(self, iterators, pipeline, position):
-        """Traced in a loop on a worker: `(batch, refetched)` at `position` of `pipeline`."""
+    def start(self, worker):
+        """Traced at a loop's start: this worker's record of where its iterators stand."""
+        return self.read_positions[worker]
+
+    def end(self, worker, record):
+        """Traced at a loop's end: keep the record for the worker's next loop."""
+        self.read_positions.scatter_nd_update([[worker]], [record])
+
+    def read(self, iterators, pipeline, position, record):
+        """Traced in a loop on a worker: `(batch, record, refetched)` at `position`."""
         import tensorflow as tf
 
+        def branch(j):
+            element, after, again = self._read_one(iterators[j], j, position, record[j])
+            return element, tf.tensor_scatter_nd_update(record, [[j]], [after]), again
         if len(iterators) == 1:
-            element, refetched = self._read_one(iterators[0], 0, position)
+            element, record, again = branch(0)
         else:
-            element, refetched = tf.switch_case(pipeline, [
-                lambda j=j: self._read_one(iterators[j], j, position)
-                for j in range(len(iterators))])
-        return self._finish(element), refetched
+            element, record, again = tf.switch_case(
+                pipeline, [lambda j=j: branch(j) for j in range(len(iterators))])
+        return self._finish(element), record, again

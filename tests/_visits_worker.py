@@ -61,6 +61,25 @@ def context_fn(n, batch):
     return dataset_fn
 
 
+def global_data(n, batch, form):
+    """Global batches (a seeded shuffle): a tf.data.Dataset, or a function returning one;
+    "unknown": of a size TensorFlow cannot tell (filtered)."""
+    def make():
+        import tensorflow as tf
+        x, y = arrays(n)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=2)
+        if form == "unknown":
+            ds = ds.filter(lambda a, b: True)
+        return ds.batch(batch)
+    return make() if form == "dataset" else make
+
+
+def infinite_fn(n, batch):
+    def dataset_fn(ctx):
+        return context_fn(n, batch)(ctx).repeat()
+    return dataset_fn
+
+
 def main():
     job = json.loads(sys.argv[1])
     out = sys.argv[2]
@@ -86,13 +105,24 @@ def main():
             before[0] = now
         callback = keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)
         batch = case.get("batch", 16)
-        if case["form"] == "numpy":
+        callbacks = [callback]
+        if case.get("started_marker"):
+            marker = case["started_marker"]
+            at = case.get("marker_epoch", 0)
+            callbacks.append(keras.callbacks.LambdaCallback(
+                on_epoch_begin=lambda epoch, logs=None: epoch == at and open(marker, "w").close()))
+        form = case["form"]
+        fit = dict(epochs=case["epochs"], steps_per_epoch=case["steps_per_epoch"],
+                   callbacks=callbacks)
+        if form == "numpy":
             x, y = arrays(n)
-            trainer.fit(x, y, batch_size=batch, epochs=case["epochs"],
-                        steps_per_epoch=case["steps_per_epoch"], callbacks=[callback])
+            trainer.fit(x, y, batch_size=batch, **fit)
+        elif form in ("dataset", "global_fn", "unknown"):
+            trainer.fit(global_data(n, batch, form), **fit)
+        elif form == "infinite":
+            trainer.fit(infinite_fn(n, batch), **fit)
         else:
-            trainer.fit(context_fn(n, batch), epochs=case["epochs"],
-                        steps_per_epoch=case["steps_per_epoch"], callbacks=[callback])
+            trainer.fit(context_fn(n, batch), **fit)
         results.append({"case": case, "per_epoch": per_epoch, "global_step": trainer.global_step,
                         "total": np.asarray(layer.counts.numpy()).astype(int).tolist()})
     with open(out + ".json", "w") as f:
