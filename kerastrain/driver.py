@@ -153,8 +153,8 @@ class PSDriver:
             (a mid-epoch checkpoint); None never asks.
         max_in_flight: loops scheduled ahead of the oldest unfinished one.
         on_lost: `(error) -> Exception` to raise when the cluster cannot be reached.
-        positions_loop: `(reader) -> fn(iterators, worker, pipelines, positions)`, the
-            compiled loop of exact visits (`loops.Step.positions_loop`).
+        positions_loop: `(reader, fresh=False) -> fn`, the compiled loops of exact
+            visits (`loops.Step.positions_loop`).
         width: the length of a loop's totals (`loops.Step.width`).
     """
 
@@ -172,7 +172,7 @@ class PSDriver:
         self._width = width
         self.cursor = 0
         self.repeated_steps = 0   # steps run twice (loops retried after a worker failed)
-        self.refetched = 0        # batches a retried loop read from a fresh copy of the data
+        self.refetched = 0        # batches retried loops read from a fresh copy of the data
 
     @property
     def passes(self):
@@ -215,9 +215,11 @@ class PSDriver:
         except cluster_errors() as e:
             raise self._on_lost(e) from None
 
-    def _fetch(self, remote, steps, in_sync=False):
+    def _fetch(self, loop, in_sync=False):
+        """The result of a scheduled loop `(remote, steps, fresh args)`, waiting for it."""
+        remote, steps, fresh = loop
         try:
-            part, ran, *refetched = remote.fetch()
+            part, ran, *behind = remote.fetch()
         except cluster_errors() as e:
             lost = _tasks(str(e))
             if not lost or any(job == "ps" for job, _ in lost):
@@ -229,16 +231,24 @@ class PSDriver:
                            "trained; the epoch's loss and metrics leave those steps out",
                            steps, ", ".join(f"{job}:{i}" for job, i in lost if job == "worker"))
             return LoopResult(np.zeros(self._width, np.float64), steps, in_sync)
-        if refetched and int(refetched[0]):
-            self.refetched += int(refetched[0])
-            logger.warning("a loop run again after a worker failed read %d of its batches "
-                           "from a fresh copy of the data (the same batches)", int(refetched[0]))
+        if behind and int(behind[0]):
+            # Run again after a worker failed, on a worker already past its batches: it
+            # trained nothing. Read the same batches from a fresh copy of the data.
+            self.refetched += steps
+            logger.warning("a loop run again after a worker failed found its new worker past "
+                           "its %d batch(es); they are read from a fresh copy of the data", steps)
+            return self._fetch((self._schedule(*fresh), steps, None), in_sync)
         return LoopResult(np.asarray(part, np.float64), int(ran), in_sync)
 
     def _join(self, in_flight, step):
         """Wait for every scheduled loop; yield their results, the last one `in_sync`."""
         try:
             self._coordinator.join()
+        except cluster_errors() as e:
+            raise self._on_lost(e) from None
+        results = [self._fetch(loop) for loop in in_flight]
+        in_flight.clear()
+        try:
             counted = int(self._global_step.numpy())
         except cluster_errors() as e:
             raise self._on_lost(e) from None
@@ -251,18 +261,22 @@ class PSDriver:
                 "%d step(s) (their batches) were trained twice (%d so far this run)",
                 counted - step, self.repeated_steps)
         self._global_step.assign(step)
-        while in_flight:
-            remote, steps = in_flight.popleft()
-            yield self._fetch(remote, steps, in_sync=not in_flight)
+        for k, result in enumerate(results):
+            yield dataclasses.replace(result, in_sync=k == len(results) - 1)
 
-    def _next_args(self, train_input, reader, n):
+    def _next_loop(self, train_input, reader, n):
+        """Schedule the next loop of n steps: `(remote, n, args of its fresh variant)`."""
         import tensorflow as tf
         if reader is None:
-            return self._loop, (train_input.per_worker_iterator(), tf.constant(n, tf.int32))
+            return self._schedule(self._loop, (train_input.per_worker_iterator(),
+                                               tf.constant(n, tf.int32))), n, None
         pipelines, positions = reader.positions.of(self.cursor, n)
         self.cursor += n
-        return self._positions_loop(reader), (reader.iterators, reader.worker,
-                                              tf.constant(pipelines), tf.constant(positions))
+        where = (tf.constant(pipelines), tf.constant(positions),
+                 tf.constant(reader.positions.firsts(pipelines, positions)))
+        remote = self._schedule(self._positions_loop(reader),
+                                (reader.iterators, reader.worker) + where)
+        return remote, n, (self._positions_loop(reader, fresh=True), where)
 
     def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
                   boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
@@ -274,17 +288,17 @@ class PSDriver:
         done = 0
         while done < steps_per_epoch and not self._stop_requested():
             n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
-            in_flight.append((self._schedule(*self._next_args(train_input, reader, n)), n))
+            in_flight.append(self._next_loop(train_input, reader, n))
             done += n
             step += n
             if done < steps_per_epoch and self._join_at(step):
                 yield from self._join(in_flight, step)
             while len(in_flight) > self._max_in_flight:
-                yield self._fetch(*in_flight.popleft())
+                yield self._fetch(in_flight.popleft())
         if in_flight and done < steps_per_epoch:
             logger.info("stop requested: %d loop(s) in flight (%d steps) finish first, so the "
                         "variables hold every batch they read and none is trained again on "
-                        "resume", len(in_flight), sum(n for _, n in in_flight))
+                        "resume", len(in_flight), sum(loop[1] for loop in in_flight))
         yield from self._join(in_flight, step)
 
 

@@ -249,36 +249,54 @@ class Step:
             loop = self._until_end(self._run_train, after=count, stop_flag=self.stop_flag)
         return loop
 
-    def positions_loop(self, reader):
-        """Under parameter servers: `fn(iterators, worker, pipelines, positions) -> (totals,
-        steps, refetched)`, one step per position, each batch read by `reader`
-        (`kerastrain.visits`); `worker` yields the index of the worker running it.
+    def positions_loop(self, reader, fresh=False):
+        """Under parameter servers, the loops of exact visits (`kerastrain.visits`): one step
+        per position, each batch read by `reader`.
+
+        `fn(iterators, worker, pipelines, positions, firsts) -> (totals, steps, behind)`
+        reads with the worker's own iterators (`worker` yields its index); it runs no
+        step and returns `behind=1` when that worker has read past `firsts`, the
+        first position it needs of each pipeline. `fresh=True` gives
+        `fn(pipelines, positions, firsts)`, which reads from new iterators.
         """
         import tensorflow as tf
 
-        key = id(reader)
-        if key not in self._positions:
-            step_counter = self.global_step
+        if self._positions.get("reader") is not reader:
+            self._positions = {"reader": reader}  # one input trains at a time
+        if fresh not in self._positions:
+            if fresh:
+                @tf.function
+                def loop(pipelines, positions, firsts):
+                    iterators = reader.fresh_iterators(firsts)
+                    totals, _ = self._positions_steps(reader, iterators, firsts, pipelines,
+                                                      positions, tf.size(positions))
+                    return totals, tf.size(positions), tf.constant(0, tf.int32)
+            else:
+                @tf.function
+                def loop(iterators, worker, pipelines, positions, firsts):
+                    worker = next(worker)
+                    record = reader.start(worker)
+                    behind = tf.reduce_any((firsts >= 0) & (firsts < record))
+                    steps = tf.where(behind, 0, tf.size(positions))
+                    totals, record = self._positions_steps(reader, iterators, record, pipelines,
+                                                           positions, steps)
+                    reader.end(worker, record)
+                    return totals, steps, tf.cast(behind, tf.int32)
+            self._positions[fresh] = loop
+        return self._positions[fresh]
 
-            @tf.function
-            def loop(iterators, worker, pipelines, positions):
-                totals = tf.zeros([self.width], tf.float32)
-                refetched = tf.constant(0, tf.int32)
-                iterations = self.model.optimizer.iterations
-                num_steps = tf.size(positions)
-                worker = next(worker)
-                record = reader.start(worker)
-                for s in tf.range(num_steps):
-                    iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
-                    batch, record, again = reader.read(iterators, pipelines[s], positions[s],
-                                                       record)
-                    totals = self.accumulate(totals, self._run_train(batch))
-                    refetched += again
-                    step_counter.assign_add(1)
-                reader.end(worker, record)
-                return totals, num_steps, refetched
-            self._positions = {key: (reader, loop)}  # one input trains at a time
-        return self._positions[key][1]
+    def _positions_steps(self, reader, iterators, record, pipelines, positions, num_steps):
+        import tensorflow as tf
+
+        step_counter = self.global_step
+        totals = tf.zeros([self.width], tf.float32)
+        iterations = self.model.optimizer.iterations
+        for s in tf.range(num_steps):
+            iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
+            batch, record = reader.read(iterators, pipelines[s], positions[s], record)
+            totals = self.accumulate(totals, self._run_train(batch))
+            step_counter.assign_add(1)
+        return totals, record
 
     def _until_end(self, run_one, after=None, stop_flag=None):
         """A compiled loop of up to `num_steps` batches that stops where the data ends."""

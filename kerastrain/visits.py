@@ -68,22 +68,33 @@ class Positions:
         pipelines = self._pipeline[k]
         return pipelines, rounds * self._period[pipelines] + self._batch[k]
 
+    def firsts(self, pipelines, positions):
+        """The first position a loop reads from each pipeline (-1: none)."""
+        firsts = np.full(len(self._period), -1, np.int64)
+        for j in range(len(firsts)):
+            mine = positions[pipelines == j]
+            if mine.size:
+                firsts[j] = mine.min()
+        return firsts
+
 
 class Reader:
-    """Per-worker iterators over an input's pipelines, and how a loop reads a position.
+    """Per-worker iterators over an input's pipelines, and how a loop reads its positions.
 
-    Each worker's iterators only move forward. Where each stands is kept on a
+    A worker's iterators only move forward. Where each stands is kept on a
     parameter server (`read_positions[worker, pipeline]`, the next position it
-    yields), so a loop that asks for a position already passed (a retried loop)
-    reads it from a fresh copy without touching the iterator. The record is
-    never behind the iterator: a worker that restarts begins its iterators
-    again at 0 and reads forward from there.
+    yields). A loop whose first positions are behind that record (a loop run
+    again after its first worker failed, on a worker that has read past them)
+    trains nothing and says so; the driver then runs it as a *fresh* loop, which
+    reads the same positions from new iterators (`skip(position)`). The record is
+    never behind the iterator: a worker that restarts begins its iterators again
+    at 0 and reads forward from there.
 
     Args:
         built: the `strategies.BuiltStrategy` (parameter servers).
-        sizes: batches per pass of each pipeline.
+        sizes: batches per pass of each pipeline (None: unknown or infinite).
         make: `make(j) -> tf.data.Dataset`, pipeline j's batches for one pass
-            (called on the workers, and inside loops for a retried batch).
+            (called on the workers, and in fresh loops).
         finish: `finish(element) -> batch`, run on the worker after the read (the
             NumPy gather); None: the element is the batch.
     """
@@ -95,6 +106,7 @@ class Reader:
         self.positions = Positions(sizes)
         self._make = make
         self._finish = finish or (lambda element: element)
+        self.count = len(sizes)
         coordinator = built.coordinator
         self.iterators = tuple(
             iter(coordinator.create_per_worker_dataset(lambda j=j: self.stream(j)))
@@ -111,39 +123,34 @@ class Reader:
     def stream(self, j):
         return self._make(j).repeat().enumerate()
 
-    def _read_one(self, iterator, j, position, next_position):
-        """`(element, next position of the iterator, 1 if read from a fresh copy)`."""
+    def fresh_iterators(self, firsts):
+        """Traced in a fresh loop: iterators standing at each pipeline's first position."""
         import tensorflow as tf
-
-        def forward():
-            index, element = iterator.get_next()
-            index, element = tf.while_loop(lambda i, e: i < position,
-                                           lambda i, e: iterator.get_next(), (index, element))
-            return element, index + 1, tf.constant(0, tf.int32)
-
-        def fresh():
-            element = self.stream(j).skip(position).take(1).get_single_element()[1]
-            return element, next_position, tf.constant(1, tf.int32)
-        return tf.cond(position < next_position, fresh, forward)
+        return tuple(iter(self.stream(j).skip(tf.maximum(firsts[j], 0)))
+                     for j in range(self.count))
 
     def start(self, worker):
-        """Traced at a loop's start: this worker's record of where its iterators stand."""
+        """This worker's record of where its iterators stand (traced at a loop's start)."""
         return self.read_positions[worker]
 
     def end(self, worker, record):
-        """Traced at a loop's end: keep the record for the worker's next loop."""
+        """Keep the record for the worker's next loop (traced at a loop's end)."""
         self.read_positions.scatter_nd_update([[worker]], [record])
 
     def read(self, iterators, pipeline, position, record):
-        """Traced in a loop on a worker: `(batch, record, refetched)` at `position`."""
+        """Traced in a loop: `(batch, record)`, reading forward to `position` of `pipeline`;
+        `record[j]` is the next position iterator j yields."""
         import tensorflow as tf
 
         def branch(j):
-            element, after, again = self._read_one(iterators[j], j, position, record[j])
-            return element, tf.tensor_scatter_nd_update(record, [[j]], [after]), again
-        if len(iterators) == 1:
-            element, record, again = branch(0)
+            iterator = iterators[j]
+            index, element = iterator.get_next()
+            index, element = tf.while_loop(lambda i, e: i < position,
+                                           lambda i, e: iterator.get_next(), (index, element))
+            return element, tf.tensor_scatter_nd_update(record, [[j]], [index + 1])
+        if self.count == 1:
+            element, record = branch(0)
         else:
-            element, record, again = tf.switch_case(
-                pipeline, [lambda j=j: branch(j) for j in range(len(iterators))])
-        return self._finish(element), record, again
+            element, record = tf.switch_case(pipeline,
+                                             [lambda j=j: branch(j) for j in range(self.count)])
+        return self._finish(element), record

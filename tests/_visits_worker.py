@@ -11,6 +11,7 @@ reads it at every epoch end; the difference is what that epoch trained on.
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -91,6 +92,7 @@ def main():
     n = job.get("n", 512)
     results = []
     for case in job["cases"]:
+        started = time.monotonic()
         trainer = kt.Trainer(build_model(n), strategy={"name": "ps", "num_workers": 2,
                                                        "num_ps": 1},
                              seed=0, verbose=0, steps_per_loop=case["steps_per_loop"],
@@ -124,6 +126,7 @@ def main():
         else:
             trainer.fit(context_fn(n, batch), **fit)
         results.append({"case": case, "per_epoch": per_epoch, "global_step": trainer.global_step,
+                        "seconds": round(time.monotonic() - started, 2),
                         "total": np.asarray(layer.counts.numpy()).astype(int).tolist()})
     with open(out + ".json", "w") as f:
         json.dump(results, f)

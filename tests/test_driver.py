@@ -145,7 +145,7 @@ def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restar
     counter = types.SimpleNamespace(assign=assigned.append, numpy=lambda: sum(
         len(p) for p in coordinator.positions) + counted["extra"])
     ps = driver.PSDriver(None, coordinator, counter, stop_requested=lambda: False,
-                         positions_loop=lambda r: "loop")
+                         positions_loop=lambda r, fresh=False: "loop")
     list(ps.run_epoch(data, 3, 2, 0, lambda step: None))
     assert coordinator.positions == [[0, 1], [2]]
     counted["extra"] = 2   # a worker failed; its loop ran again elsewhere: 2 steps twice
@@ -155,8 +155,33 @@ def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restar
     assert "2 step(s) (their batches) were trained twice" in caplog.text
     assert (ps.passes, ps.offset) == (2, 2)              # as a checkpoint keeps it
     again = driver.PSDriver(None, PositionsCoordinator(), counter, stop_requested=lambda: False,
-                            positions_loop=lambda r: "loop")
+                            positions_loop=lambda r, fresh=False: "loop")
     again.fast_forward(data, ps.passes, ps.offset)
     assert again.cursor == 6
     list(again.run_epoch(data, 2, 2, 6, lambda step: None))
     assert again._coordinator.positions == [[6, 7]]
+
+
+def test_a_retried_loop_behind_its_new_worker_runs_again_from_a_fresh_copy(caplog):
+    from kerastrain import visits
+    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None)
+    data = types.SimpleNamespace(reader=lambda: reader)
+    scheduled = []
+
+    class Coordinator(FakeCoordinator):
+        def schedule(self, fn, args):
+            scheduled.append((fn, [int(q) for q in args[-2]]))
+            # The first loop finds its worker past its batches: no step, behind=1.
+            behind = fn == "loop" and len(scheduled) == 1
+            n = len(scheduled[-1][1])
+            return types.SimpleNamespace(fetch=lambda: (np.ones(3), 0 if behind else n,
+                                                        int(behind)))
+
+    counter = types.SimpleNamespace(assign=lambda v: None, numpy=lambda: 4)
+    ps = driver.PSDriver(None, Coordinator(), counter, stop_requested=lambda: False,
+                         positions_loop=lambda r, fresh=False: "fresh" if fresh else "loop")
+    results = list(ps.run_epoch(data, 4, 2, 0, lambda step: None))
+    # The behind loop ran again, fresh, at the same positions; steps count once.
+    assert scheduled == [("loop", [0, 1]), ("loop", [2, 3]), ("fresh", [0, 1])]
+    assert [r.steps for r in results] == [2, 2] and ps.refetched == 2
+    assert "read from a fresh copy of the data" in caplog.text
