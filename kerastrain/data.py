@@ -373,9 +373,10 @@ class DistributedInput:
         self._reader = None
         # Under parameter servers, loops name the batches they train (kerastrain.visits)
         # unless a worker splits its batches over replicas, a pipeline is empty, or
-        # every worker is to read all the data (shard='off').
+        # shard='off' opts out (each worker reads its own pipeline, or all the data).
+        self._off = shard == "off"
         self.exact = (ps and strategy.num_replicas_in_sync == 1 and 0 not in self._sizes
-                      and (shard != "off" or self.form == "context_fn"))
+                      and not self._off)
         if ps and role == "training":
             self.plan = dataclasses.replace(self.plan, sentence=self._ps_account())
         logger.info("%s data: %s", role, self.plan.sentence)
@@ -397,8 +398,7 @@ class DistributedInput:
                                "`steps_per_epoch` batches of the repeated data; a shuffle in the "
                                "pipeline must be seeded)")
             return what + "once per pass of the data (a shuffle in the pipeline must be seeded)"
-        why = ("shard='off' asks every worker to read all of it" if self.plan.policy == "off"
-               else "a pipeline is empty" if 0 in self._sizes
+        why = ("shard='off' asked for it, exact visits off" if self._off else "a pipeline is empty" if 0 in self._sizes
                else "each worker splits its batches over several replicas")
         return (f"{self.plan.sentence}; each worker reads its own shard ({why}): within an epoch "
                 "examples may repeat or be skipped")

@@ -71,7 +71,9 @@ class Trainer:
         shard: how kerastrain shards global-batch data and NumPy input across
             workers: `"auto"` (by file when there are at least as many files as
             workers, else by data), `"file"`, `"data"` or `"off"`. A
-            `dataset_fn(ctx)` shards itself.
+            `dataset_fn(ctx)` shards itself. Under parameter servers training data is
+            not sharded: each loop trains the batches the coordinator names, every
+            batch once per pass; `"off"` opts out (each worker reads its own shard).
 
     Example:
         >>> trainer = Trainer(build_model, dataset_fn, strategy="mirrored", seed=0)

@@ -96,7 +96,7 @@ def main():
         trainer = kt.Trainer(build_model(n), strategy={"name": "ps", "num_workers": 2,
                                                        "num_ps": 1},
                              seed=0, verbose=0, steps_per_loop=case["steps_per_loop"],
-                             model_dir=case.get("model_dir"))
+                             model_dir=case.get("model_dir"), shard=case.get("shard", "auto"))
         layer = trainer.model.get_layer("count_ids")
         before = [np.zeros(n)]
         per_epoch = []
