@@ -113,6 +113,10 @@ def main():
             at = case.get("marker_epoch", 0)
             callbacks.append(keras.callbacks.LambdaCallback(
                 on_epoch_begin=lambda epoch, logs=None: epoch == at and open(marker, "w").close()))
+        if case.get("sleep_per_loop"):
+            # Batch hooks run once per compiled loop: a slower coordinator, a longer run.
+            callbacks.append(keras.callbacks.LambdaCallback(
+                on_train_batch_end=lambda b, logs=None: time.sleep(case["sleep_per_loop"])))
         form = case["form"]
         fit = dict(epochs=case["epochs"], steps_per_epoch=case["steps_per_epoch"],
                    callbacks=callbacks)

@@ -92,7 +92,7 @@ def test_sigterm_mid_epoch_then_resume_trains_every_example_of_the_epoch_once(tm
     marker = tmp_path / "started"
     case = {"form": "context_fn", "steps_per_loop": 4, "steps_per_epoch": 96, "epochs": 3,
             "batch": 4, "model_dir": str(tmp_path / "run"), "started_marker": str(marker),
-            "marker_epoch": 1}
+            "marker_epoch": 1, "sleep_per_loop": 0.05}
     job = json.dumps({"n": 128, "cases": [case]})   # 32 batches a pass: 3 passes an epoch
     args = [sys.executable, "tests/_visits_worker.py", job, str(tmp_path / "out")]
     env = dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
@@ -102,7 +102,7 @@ def test_sigterm_mid_epoch_then_resume_trains_every_example_of_the_epoch_once(tm
     while not marker.exists():
         assert first.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
-    time.sleep(random.uniform(0.1, 1.0))   # into the second epoch
+    time.sleep(random.uniform(0.1, 1.0))   # into the second epoch (24 loops of >= 0.05 s)
     first.send_signal(signal.SIGTERM)
     stderr = first.communicate(timeout=180)[1]
     assert first.returncode == 143, stderr[-3000:]
