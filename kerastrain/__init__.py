@@ -28,7 +28,8 @@ _EXPORTS = {
     "isolate_network": "kerastrain.network",
     "serve": "kerastrain.cluster",
 }
-_SUBMODULES = ("cluster", "config", "data", "examples", "recipes", "sharding", "strategies")
+_SUBMODULES = ("cluster", "config", "data", "examples", "optimizers", "recipes", "sharding",
+               "strategies")
 
 __all__ = sorted(_EXPORTS) + ["data", "__version__"]
 

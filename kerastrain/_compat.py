@@ -1,6 +1,8 @@
 """The only module that touches private Keras/TensorFlow APIs.
 
-Checked against TensorFlow 2.16-2.21 and Keras 3.3-3.15. Each helper says why
+Checked against TensorFlow 2.16-2.21 and Keras 3.10-3.15 (tools/check_versions.sh runs
+the smoke subset on the lowest; Keras 3.9 and older scale losses differently under
+tf.distribute, so they are refused at import). Each helper says why
 the private name is needed; when Keras grows a public equivalent, switch here.
 """
 
@@ -9,6 +11,30 @@ from __future__ import annotations
 import contextlib
 
 import keras
+
+LOWEST_KERAS = (3, 10)
+
+
+def _check_keras_version(version):
+    """Refuse a Keras older than kerastrain's tested lowest, whatever pip was told.
+
+    Before Keras 3.10 a `Loss` called in a replica context did not divide by the
+    number of replicas in the same way, so under mirrored the objective would be
+    silently wrong.
+    """
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    if tuple(parts) < LOWEST_KERAS:
+        raise ImportError(
+            f"kerastrain needs Keras >= {'.'.join(map(str, LOWEST_KERAS))}: older Keras 3 "
+            f"releases scale losses differently under tf.distribute, so training would be "
+            f"silently different. Received: keras {version}. Upgrade with "
+            f"`pip install -U 'keras>={'.'.join(map(str, LOWEST_KERAS))}'`.")
+
+
+_check_keras_version(keras.__version__)
 
 
 def compile_metrics(model):
@@ -331,3 +357,146 @@ def table_job(table):
         return None
     handle = getattr(table, "_resource_handle", None)
     return tf.DeviceSpec.from_string(getattr(handle, "device", "") or "").job
+
+
+def model_supports_jit(model):
+    """Keras's own test of whether every layer supports XLA (and op determinism is off):
+    `keras.src.trainers.trainer.model_supports_jit`, private in Keras 3.3-3.15; the
+    rule behind `jit_compile="auto"`."""
+    from keras.src.trainers.trainer import model_supports_jit as supports
+    return supports(model)
+
+
+def slices_then_batch(dataset):
+    """`(tensors, element_spec, batch_size, drop_remainder, prefetch_buffer, options)` when
+    `dataset` is exactly `from_tensor_slices(tensors).batch(b)[.prefetch(p)][.with_options()]`
+    of dense tensors, else None.
+
+    tf.data has no public way to read a pipeline's stages; the classes and fields read
+    here (`_TensorSliceDataset._tensors`, `_BatchDataset._batch_size/_drop_remainder`,
+    `_PrefetchDataset._buffer_size`, `_OptionsDataset._input_dataset`) are those of
+    TensorFlow 2.16-2.21. Anything else (a shuffle, a map, a parallel batch) gives None.
+    """
+    import tensorflow as tf
+    options = dataset.options()
+    while type(dataset).__name__ == "_OptionsDataset":
+        dataset = dataset._input_dataset
+    prefetch = None
+    if type(dataset).__name__ == "_PrefetchDataset":
+        prefetch = tf.get_static_value(dataset._buffer_size)
+        if prefetch is None:
+            return None
+        prefetch = int(prefetch)
+        dataset = dataset._input_dataset
+    if type(dataset).__name__ != "_BatchDataset":
+        return None
+    batch_size, drop = dataset._batch_size, dataset._drop_remainder
+    source = dataset._input_dataset
+    if type(source).__name__ != "_TensorSliceDataset":
+        return None
+    spec = source.element_spec
+    tensors = list(getattr(source, "_tensors", ()))
+    if not tensors or not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)) \
+            or len(tensors) != len(tf.nest.flatten(spec)):
+        return None
+    return tensors, spec, batch_size, drop, prefetch, options
+
+
+def iteration_counter(optimizer):
+    """The optimizer's own count of `apply` calls (a variable).
+
+    With `gradient_accumulation_steps`, Keras 3.15's public `optimizer.iterations`
+    is a tensor (this count // the steps), and schedules read `_iterations`, the
+    batches seen; kerastrain's accumulation keeps `_iterations` as Keras does.
+    """
+    return getattr(optimizer, "inner_optimizer", optimizer)._iterations
+
+
+@contextlib.contextmanager
+def learning_rate_at(optimizer, iteration):
+    """While tracing an update: a learning-rate schedule reads `iteration`.
+
+    Keras 3.15 evaluates a schedule at `_iterations` (`_get_current_learning_rate`);
+    when it accumulates, that is the index of the group's last batch, which
+    kerastrain's accumulating update gives here (Keras has no argument for it).
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    schedule = getattr(inner, "_learning_rate", None)
+    if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        yield
+        return
+    with instance_override(inner, "_get_current_learning_rate", lambda: schedule(iteration)):
+        yield
+
+# -- lazy (row-sparse) optimizers ---------------------------------------------------------
+
+class RowSparseWeightDecay:
+    """Mixin for a Keras optimizer: row gradients stay rows through decay and clipping.
+
+    Keras applies weight decay to every variable, whole, before the update
+    (`BaseOptimizer._backend_apply_gradients` -> `_apply_weight_decay`, which asks
+    `_use_weight_decay(variable)`); it has no public hook that sees the gradients.
+    For a variable whose gradient is `tf.IndexedSlices` this mixin says "no decay"
+    there, and the lazy update decays the touched rows itself (`decays_weights`).
+    With `gradient_accumulation_steps` Keras sums gradients into dense accumulators,
+    so every update is dense and decays as Keras does. `global_clipnorm` would make
+    row gradients dense (`_clip_gradients`); here it scales the rows' values.
+    Private names checked in Keras 3.10-3.15: `_backend_apply_gradients`,
+    `_use_weight_decay`, `_clip_gradients`, `_var_key`, `clip_by_global_norm`.
+    """
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        import tensorflow as tf
+        sparse = frozenset()
+        if not self.gradient_accumulation_steps:
+            sparse = frozenset(self._var_key(v) for g, v in zip(grads, trainable_variables)
+                               if isinstance(g, tf.IndexedSlices))
+        object.__setattr__(self, "_kerastrain_row_sparse", sparse)
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            object.__setattr__(self, "_kerastrain_row_sparse", frozenset())
+
+    def _use_weight_decay(self, variable):
+        if self._var_key(variable) in getattr(self, "_kerastrain_row_sparse", ()):
+            return False
+        return super()._use_weight_decay(variable)
+
+    def _clip_gradients(self, grads):
+        # Keras's `clip_by_global_norm` makes row gradients dense; this is the same
+        # formula on the rows' values (duplicates summed first, so their norm is the
+        # dense gradient's), and rows stay rows. Other clipping keeps rows already.
+        import tensorflow as tf
+        from keras.src.optimizers.base_optimizer import clip_by_global_norm
+        if (self.clipnorm and self.clipnorm > 0) or not (
+                self.global_clipnorm and self.global_clipnorm > 0) or not any(
+                isinstance(g, tf.IndexedSlices) for g in grads):
+            return super()._clip_gradients(grads)
+        grads = [unique_rows(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        clipped = clip_by_global_norm(values, self.global_clipnorm)
+        return [tf.IndexedSlices(c, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices)
+                else c for g, c in zip(grads, clipped)]
+
+
+def unique_rows(gradient, dtype=None):
+    """A `tf.IndexedSlices` with each row once, its gradients summed (cast to `dtype`)."""
+    import tensorflow as tf
+    rows, position = tf.unique(gradient.indices)
+    values = gradient.values if dtype is None else tf.cast(gradient.values, dtype)
+    values = tf.math.unsorted_segment_sum(values, position, tf.shape(rows)[0])
+    return tf.IndexedSlices(values, rows, gradient.dense_shape)
+
+
+def decays_weights(optimizer, variable) -> bool:
+    """Whether Keras would decay `variable` (weight_decay set, not excluded by the user)."""
+    if optimizer.weight_decay is None:
+        return False
+    return super(RowSparseWeightDecay, optimizer)._use_weight_decay(variable)
+
+
+def optimizer_slot(optimizer, kind, variable):
+    """The slot `kind` of `variable` ("momentums", "velocities", "velocity_hats",
+    "accumulators"): Keras's built-in optimizers keep each kind in a private list
+    (`Adam._momentums`...) indexed by `_get_variable_index` (Keras 3.10-3.15)."""
+    return getattr(optimizer, f"_{kind}")[optimizer._get_variable_index(variable)]

@@ -22,6 +22,7 @@ logger = logging.getLogger("kerastrain")
 DIVERGED = "diverged"      # the loss became NaN or infinite
 PREEMPTED = "preempted"    # SIGTERM: saved, then `fit` raises `Preempted`
 REQUESTED = "requested"    # a callback set `model.stop_training`
+RECOVERING = "recovering"  # a bad loss: the state went back (`kerastrain.recovery`); go on
 
 
 @dataclasses.dataclass
@@ -58,8 +59,16 @@ class Action:
     def steps_to_boundary(self, step: int) -> int | None:
         return None
 
+    def epoch_begin(self, progress: Progress) -> None:
+        """Called before an epoch's first loop (where `progress` resumes it)."""
+
     def __call__(self, progress: Progress) -> None:
         pass
+
+
+def epoch_begin(actions, progress: Progress) -> None:
+    for action in actions:
+        action.epoch_begin(progress)
 
 
 def steps_to_boundary(actions, step):
@@ -69,10 +78,10 @@ def steps_to_boundary(actions, step):
 
 
 def run(actions, progress: Progress) -> Progress:
-    """Call the actions in order. After a preemption none follows; after divergence only
-    those that report it (callbacks see the end of the epoch that diverged)."""
+    """Call the actions in order. After a preemption or a recovery none follows; after
+    divergence only those that report it (callbacks see the end of the epoch that diverged)."""
     for action in actions:
-        if progress.stop == PREEMPTED or (progress.stop == DIVERGED and not getattr(
+        if progress.stop in (PREEMPTED, RECOVERING) or (progress.stop == DIVERGED and not getattr(
                 action, "reports_divergence", False)):
             continue
         action(progress)

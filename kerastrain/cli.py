@@ -22,6 +22,7 @@ EXAMPLES = """examples:
   kerastrain quickstart --strategy ps --epochs 2 --steps-per-epoch 50
   kerastrain quickstart --model-dir runs/quick   # checkpoints, export; tensorboard --logdir runs/quick/logs
   kerastrain info                                # what "auto" would choose here
+  kerastrain bench --quick                       # the speed table on this machine (~3 min)
 """
 
 
@@ -116,7 +117,30 @@ def _parser():
     quick.add_argument("--model-dir", default=None,
                        help="keep checkpoints, TensorBoard logs and the export here; a rerun resumes")
     sub.add_parser("info", help="show devices, TF_CONFIG and the strategy 'auto' would choose")
+    bench = sub.add_parser(
+        "bench", help="run the speed table (bench/all.py in a repository checkout)",
+        description="Every input form and strategy against its bare baseline, one table "
+                    "(docs/performance.md). Needs the repository's bench/ directory.")
+    bench.add_argument("--quick", action="store_true", help="3 rounds per section (~3 min)")
+    bench.add_argument("--only", default=None, help="comma-separated sections")
+    bench.add_argument("--json", default=None, help="also write the rows here")
     return parser
+
+
+def _bench(args):
+    """Run bench/all.py from the checkout this package lives in."""
+    import os
+    import subprocess
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "bench", "all.py")
+    if not os.path.exists(script):
+        raise ValueError("`kerastrain bench` runs bench/all.py of a kerastrain repository "
+                         f"checkout, and there is none next to this package. Received: no "
+                         f"file {script}. Clone the repository and run it there.")
+    command = [sys.executable, script] + (["--quick"] if args.quick else []) + sum(
+        ([flag, value] for flag, value in (("--only", args.only), ("--json", args.json))
+         if value), [])
+    return subprocess.call(command)
 
 
 def _add_export(sub):
@@ -310,6 +334,8 @@ def main(argv=None) -> int:
             return _quickstart(args)
         if args.command == "info":
             return _info()
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "export":
             return _export(args)
         if args.command == "launch":

@@ -6,9 +6,11 @@ A recipe is a mapping with six sections (see docs/recipes.md):
     data:        train / validation builders, batch_size, shard
     strategy:    name plus options
     trainer:     epochs, steps_per_epoch, validation_steps, steps_per_loop, seed,
-                 model_dir, verbose, jit_compile
+                 model_dir, verbose, jit_compile, mixed_precision, on_nonfinite,
+                 max_recoveries, spike_factor
     checkpoints: CheckpointOptions fields, or false
     tensorboard: TensorBoardOptions fields, or false
+    tuning:      TuningOptions fields (speed choices kerastrain makes), or false
 
 `validate(tree, positions)` checks a loaded tree without importing TensorFlow and
 returns a `Recipe`, or raises `RecipeError` listing every problem with its dotted
@@ -29,6 +31,8 @@ from kerastrain._options import REQUIRED, default_of, option
 # (Checked by name here, so that a typo fails before TensorFlow is imported.)
 OPTIMIZERS = ("adadelta", "adafactor", "adagrad", "adam", "adamax", "adamw", "ftrl", "lamb",
               "lion", "muon", "nadam", "rmsprop", "sgd")
+# kerastrain's lazy (row-sparse) variants, kerastrain.optimizers (docs/optimizers.md).
+LAZY_OPTIMIZERS = ("lazy_adagrad", "lazy_adam", "lazy_adamw", "lazy_lion")
 SCHEDULES = {
     "exponential_decay": "ExponentialDecay", "cosine_decay": "CosineDecay",
     "cosine_decay_restarts": "CosineDecayRestarts",
@@ -103,6 +107,12 @@ def _choice(*choices, extra=None):
     return check
 
 
+def _jit(value):
+    if value is None or isinstance(value, bool) or value == "auto":
+        return value
+    raise _Bad("true, false, auto or null")
+
+
 def _bool(optional=False):
     def check(value):
         if value is None and optional:
@@ -131,6 +141,15 @@ def _model_dir(value):
         if advice:
             raise _Bad("a local path or a URL whose file system TensorFlow implements "
                        f"('{files.scheme(value)}://': {advice})")
+    return value
+
+
+def _number_over_one(value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 1 or \
+            value == float("inf"):
+        raise _Bad("a number > 1 or null")
     return value
 
 
@@ -197,7 +216,9 @@ class BuilderConfig:
 class CompileConfig:
     """Overrides of what the model builder compiled (None: keep the builder's)."""
     optimizer: Any = option(None, "'adam', or {name: adam, learning_rate: 0.001}; learning_rate "
-                                  "may be {schedule: cosine_decay, ...}", check=_as_given)
+                                  "may be {schedule: cosine_decay, ...}; lazy_adam, lazy_adamw, "
+                                  "lazy_adagrad, lazy_lion update only an embedding's touched "
+                                  "rows", check=_as_given)
     loss: Any = option(None, "a Keras loss name, or {name: ..., **kwargs}; null keeps the "
                              "builder's", check=_as_given)
     metrics: tuple | None = option(None, "a list of Keras metric names; null keeps the builder's",
@@ -246,8 +267,21 @@ class TrainerConfig:
                                    check=_model_dir)
     verbose: int | str = option("auto", "0 silent, 1 progress bar, 2 one line per epoch",
                                 check=_choice("auto", 0, 1, 2))
-    jit_compile: bool | None = option(None, "XLA for each step; null follows the model's "
-                                            "compile setting", check=_bool(optional=True))
+    jit_compile: bool | str | None = option(
+        None, "XLA for each step; null follows the model's compile setting; auto: on with a "
+              "GPU (Keras's rule), off under strategies that place variables",
+        check=_jit)
+    mixed_precision: str | None = option(
+        None, "null, mixed_float16 (with loss scaling) or mixed_bfloat16",
+        check=_choice(None, "mixed_float16", "mixed_bfloat16"))
+    on_nonfinite: str = option(
+        "stop", "a NaN/inf loss: stop, or recover (restore the last good checkpoint or epoch "
+                "start, skip the bad batch, go on)", check=_choice("stop", "recover"))
+    max_recoveries: int = option(3, "with recover: recoveries per run before it gives up",
+                                 check=_int(1))
+    spike_factor: float | None = option(
+        None, "with recover: also a loop loss over k x the running median (null: off)",
+        check=_number_over_one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,6 +294,7 @@ class Recipe:
     trainer: TrainerConfig = TrainerConfig()
     checkpoints: Any = True
     tensorboard: Any = True
+    tuning: Any = True
 
 
 # -- the schema, generated from the config objects ----------------------------------------
@@ -296,6 +331,7 @@ def schema() -> dict:
         "trainer": _section(TrainerConfig, "the training loop"),
         "checkpoints": Key(None, doc="CheckpointOptions fields, or false"),
         "tensorboard": Key(None, doc="TensorBoardOptions fields, or false"),
+        "tuning": Key(None, doc="TuningOptions fields, or false"),
     }
 
 
@@ -446,11 +482,13 @@ def _check_compile(checker, value):
                 (resolve if checker.imports else _import_path_unimported)(name)
             except _Bad as e:
                 checker.bad(path + ("name",), name, e.args[0])
-        elif not isinstance(name, str) or name.lower() not in OPTIMIZERS:
-            close = difflib.get_close_matches(str(name).lower(), OPTIMIZERS, n=1)
+        elif not isinstance(name, str) or name.lower() not in OPTIMIZERS + LAZY_OPTIMIZERS:
+            close = difflib.get_close_matches(str(name).lower(), OPTIMIZERS + LAZY_OPTIMIZERS,
+                                              n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             checker.bad(path + (("name",) if isinstance(optimizer, Mapping) else ()), name,
-                        f"a Keras optimizer name{hint}: {', '.join(OPTIMIZERS)}, or an import "
+                        f"a Keras optimizer name{hint}: {', '.join(OPTIMIZERS)}; a lazy one "
+                        f"(kerastrain.optimizers): {', '.join(LAZY_OPTIMIZERS)}; or an import "
                         "path 'package.module:Class'")
         lr = options.get("learning_rate")
         if isinstance(lr, Mapping):
@@ -492,6 +530,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     """
     from kerastrain.checkpoints import CheckpointOptions
     from kerastrain.summaries import TensorBoardOptions
+    from kerastrain.tuning import TuningOptions
 
     checker = _Checker(positions or {}, imports)
     sections = schema()
@@ -502,6 +541,11 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     strategy = _check_strategy(checker, tree.get("strategy"))
     checkpoints = _check_options(checker, "checkpoints", CheckpointOptions, tree.get("checkpoints"))
     tensorboard = _check_options(checker, "tensorboard", TensorBoardOptions, tree.get("tensorboard"))
+    tuning = _check_options(checker, "tuning", TuningOptions, tree.get("tuning"))
+    trainer = checked.get("trainer") or {}
+    if trainer.get("spike_factor") is not None and trainer.get("on_nonfinite") != "recover":
+        checker.add(("trainer", "spike_factor"), "acts only with trainer.on_nonfinite: recover; "
+                                                 "set it, or remove spike_factor")
     model = checked.get("model") or {}
     data = checked.get("data") or {}
     compile_config = _check_compile(checker, model.get("compile"))
@@ -524,7 +568,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
         strategy=strategy,
         trainer=TrainerConfig(**(checked.get("trainer") or {
             k: spec.default for k, spec in sections["trainer"].section.items()})),
-        checkpoints=checkpoints, tensorboard=tensorboard)
+        checkpoints=checkpoints, tensorboard=tensorboard, tuning=tuning)
 
 
 def import_paths(recipe: Recipe) -> dict:
@@ -606,6 +650,7 @@ def template() -> str:
     """
     from kerastrain.checkpoints import CheckpointOptions
     from kerastrain.summaries import TensorBoardOptions
+    from kerastrain.tuning import TuningOptions
 
     parts = [_HEADER]
     for name, cls in (("model", ModelConfig), ("data", DataConfig)):
@@ -613,7 +658,9 @@ def template() -> str:
     parts.append(_line(0, "strategy", "auto", "or {name: mirrored, cpu_devices: 2}, "
                                              "{name: ps, num_workers: 2}, ...") + "\n")
     parts.append("\n".join(["trainer:"] + _template_lines(TrainerConfig)) + "\n")
-    for name, cls in (("checkpoints", CheckpointOptions), ("tensorboard", TensorBoardOptions)):
-        head = _line(0, name, "", "or false (needs trainer.model_dir)")
+    for name, cls in (("checkpoints", CheckpointOptions), ("tensorboard", TensorBoardOptions),
+                      ("tuning", TuningOptions)):
+        head = _line(0, name, "", "or false" + ("" if name == "tuning" else
+                                               " (needs trainer.model_dir)"))
         parts.append("\n".join([head] + _template_lines(cls)) + "\n")
     return "\n".join(parts)

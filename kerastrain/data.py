@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from kerastrain import _compat, sharding, visits
+from kerastrain import _compat, sharding, tuning, visits
 
 logger = logging.getLogger("kerastrain")
 
@@ -93,8 +93,17 @@ def describe(spec):
     return str(tf.nest.map_structure(one, spec))
 
 
+def inputs_of(element):
+    """The inputs (x) of a batch or element spec, as Keras unpacks it: `(x, y[, sw])`,
+    `(x,)`, or anything else (a tensor, a dict) is x alone."""
+    if isinstance(element, (tuple, list)) and len(element) in (1, 2, 3):
+        return element[0]
+    return element
+
+
 def check_element_spec(dataset, argument="dataset_fn"):
-    """The dataset must yield `(x, y)` or `(x, y, sample_weight)` batches."""
+    """The dataset must yield `(x, y)`, `(x, y, sample_weight)` or x-only batches, as `model.fit`
+    takes them (x-only: the model's losses are its own, e.g. `add_loss` or `train_step`)."""
     import tensorflow as tf
 
     if not isinstance(dataset, tf.data.Dataset):
@@ -102,12 +111,13 @@ def check_element_spec(dataset, argument="dataset_fn"):
             f"`{argument}` must return a tf.data.Dataset. "
             f"Received: an object of type {type(dataset).__name__}")
     spec = dataset.element_spec
-    if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+    if isinstance(spec, (tuple, list)) and len(spec) not in (1, 2, 3):
         raise ValueError(
-            f"The dataset from `{argument}` must yield batches of (x, y) or "
-            f"(x, y, sample_weight). Received: element_spec={describe(spec)}. Map it to a "
-            "tuple, e.g. `ds.map(lambda d: (d['features'], d['label']))`.")
-    x = tf.nest.flatten(spec[0])
+            f"The dataset from `{argument}` must yield batches of (x, y), "
+            f"(x, y, sample_weight) or x alone. Received: element_spec={describe(spec)} "
+            f"(a tuple of {len(spec)}). Map it to one of those, e.g. "
+            "`ds.map(lambda *t: ((t[0], t[1]), t[2]))`.")
+    x = tf.nest.flatten(inputs_of(spec))
     if not x or any(not isinstance(s, tf.TensorSpec) or s.shape.rank == 0 for s in x):
         raise ValueError(
             f"The inputs (x) from `{argument}` must be batched tensors with a batch dimension. "
@@ -171,8 +181,18 @@ class NumpyData:
         import tensorflow as tf
         return tf.nest.map_structure(lambda v: tf.gather(v, idx), self._variables)
 
-    def dataset(self):
-        return _threaded(self.indices().map(self.gather), _check_threads("auto"))
+    def dataset(self, whole_batches=False):
+        """The pipeline of global batches. `whole_batches`: when the batch size divides the
+        examples, say so in the shapes (lets TensorFlow fold a step's shape arithmetic);
+        only where nothing shards the batches later (one worker)."""
+        size = self.batch_size if whole_batches and self.num_examples % self.batch_size == 0 \
+            else None
+
+        def gather(idx):
+            if size:
+                idx.set_shape([size])
+            return self.gather(idx)
+        return _threaded(self.indices().map(gather), _check_threads("auto"))
 
 
 def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, reader="tfrecord",
@@ -301,7 +321,7 @@ class DistributedInput:
     """
 
     def __init__(self, built, data, *, argument="dataset_fn", shard="auto", batch_size=None,
-                 seed=None, role="training", shuffle=True):
+                 seed=None, role="training", shuffle=True, input_options=True):
         import tensorflow as tf
 
         self.form = input_form(data, argument)
@@ -313,6 +333,8 @@ class DistributedInput:
                 f"{self.form!r}")
         self._built = built
         self._argument = argument
+        self._role = role
+        self._input_options = input_options  # `tuning.tuned` on what synchronous loops read
         for_training = role == "training" and shuffle  # NumPy training data is reshuffled
         strategy = built.strategy
         ps = built.is_parameter_server
@@ -326,7 +348,8 @@ class DistributedInput:
                 seed = 0 if built.is_multi_worker else random.randrange(2 ** 31)
             self._numpy = NumpyData(data, DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
                                     shuffle=for_training, seed=seed, argument=argument)
-            self._make = self._numpy.dataset
+            whole = input_options and not ps and pipelines == 1  # a `tuning` choice
+            self._make = lambda: self._numpy.dataset(whole_batches=whole)
         elif self.form == "dataset":
             if ps:
                 _check_usable_here(data, argument)
@@ -370,16 +393,20 @@ class DistributedInput:
         self.plan = sharding.decide(
             shard, form=self.form, pipelines=pipelines, source=source, parameter_servers=ps,
             global_batch=global_batch, replicas=strategy.num_replicas_in_sync)
+        self._decide_visits(shard, role)
+        logger.info("%s data: %s", role, self.plan.sentence)
+
+    def _decide_visits(self, shard, role):
+        """Under parameter servers, loops name the batches they train (kerastrain.visits)
+        unless a worker splits its batches over replicas, a pipeline is empty, or
+        shard='off' opts out (each worker reads its own pipeline, or all the data)."""
+        ps = self._built.is_parameter_server
         self._reader = None
-        # Under parameter servers, loops name the batches they train (kerastrain.visits)
-        # unless a worker splits its batches over replicas, a pipeline is empty, or
-        # shard='off' opts out (each worker reads its own pipeline, or all the data).
         self._off = shard == "off"
-        self.exact = (ps and strategy.num_replicas_in_sync == 1 and 0 not in self._sizes
-                      and not self._off)
+        self.exact = (ps and self._built.strategy.num_replicas_in_sync == 1
+                      and 0 not in self._sizes and not self._off)
         if ps and role == "training":
             self.plan = dataclasses.replace(self.plan, sentence=self._ps_account())
-        logger.info("%s data: %s", role, self.plan.sentence)
 
     def _ps_account(self):
         """What holds under parameter servers: exact visits, or why not."""
@@ -411,17 +438,36 @@ class DistributedInput:
             dataset = dataset.repeat()
         return dataset
 
-    def distributed(self):
-        """A distributed dataset for synchronous strategies (iterate it once per pass)."""
-        if self._distributed is None:
+    def distributed(self, fresh=False):
+        """A distributed dataset for synchronous strategies (iterate it once per pass).
+
+        `fresh`: build it again, as a new run would (a recovery reads the data again
+        from its first pass, and reshuffling follows how often the object was iterated).
+        """
+        if self._distributed is None or fresh:
             strategy = self._built.strategy
+            # Batches are prefetched onto each replica's device by TensorFlow's default
+            # `InputOptions(experimental_fetch_to_device=True)` (passing it explicitly
+            # breaks CentralStorageStrategy in TF 2.21): a GPU step does not wait for a
+            # host-to-device copy.
             if self.form == "context_fn":
                 self._distributed = strategy.distribute_datasets_from_function(
-                    lambda ctx: self._checked(self._fn(ctx)))
+                    lambda ctx: self._tuned(self._checked(self._fn(ctx))))
             else:
-                dataset = _with_policy(self._make(), self.plan.policy)
+                dataset = self._tuned(_with_policy(self._make(), self.plan.policy))
                 self._distributed = strategy.experimental_distribute_dataset(dataset)
         return self._distributed
+
+    def _tuned(self, dataset):
+        """`dataset` with kerastrain's tf.data options (`tuning.tuned`), logged once."""
+        if not self._input_options:
+            return dataset
+        dataset, sentence = tuning.tuned(dataset, on_gpu=self._built.on_gpu)
+        if not getattr(self, "_tuning_logged", False):
+            self._tuning_logged = True
+            logger.info("%s data: tf.data options: %s (switch off with "
+                        "tuning={'input_options': False})", self._role, sentence)
+        return dataset
 
     def _worker_dataset(self, index, repeat=True):
         """Worker `index`'s (repeated) shard, built eagerly here or traced for that worker."""
@@ -487,7 +533,8 @@ class DistributedInput:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 sizes = [size if size > 0 else None for size in self._sizes]
-                self._reader = visits.Reader(self._built, sizes, make, finish)
+                self._reader = visits.Reader(self._built, sizes, make, finish,
+                                             element_spec=self.element_spec)
         return self._reader
 
     def local_dataset(self):
@@ -521,10 +568,27 @@ def check_against_model(element_spec, model):
         expected = [len(t.shape) for t in tf.nest.flatten(inputs)] if inputs else None
     except (AttributeError, TypeError, ValueError):
         expected = None
-    got = [s.shape.rank for s in tf.nest.flatten(element_spec[0])]
+    _check_targets(element_spec, model)
+    got = [s.shape.rank for s in tf.nest.flatten(inputs_of(element_spec))]
     if expected and len(expected) == len(got) and all(
             g is not None and g == e - 1 for g, e in zip(got, expected)):
         raise ValueError(
             f"The inputs (x) have rank {got} but the model expects rank {expected} (with a batch "
             f"dimension). Received: element_spec={describe(element_spec)}. "
             "Did you forget `.batch(...)` in the dataset_fn?")
+
+
+def _check_targets(element_spec, model):
+    """x-only batches train a model whose losses are its own, not a compiled loss."""
+    import keras
+    x_only = inputs_of(element_spec) is element_spec or len(element_spec) == 1
+    if not x_only or getattr(model, "loss", None) is None:
+        return
+    if any(getattr(type(model), name) is not getattr(keras.Model, name)
+           for name in ("train_step", "compute_loss")):
+        return  # the model decides what its loss needs
+    raise ValueError(
+        "The batches hold inputs (x) only, but the model was compiled with a loss, which needs "
+        "targets (y). Yield (x, y) batches, or compile without `loss` when the model adds its "
+        f"own (`add_loss`). Received: element_spec={describe(element_spec)}, "
+        f"loss={model.loss!r}")

@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import logging
 import re
+import time
 from typing import Callable, Iterator
 
 import numpy as np
@@ -67,6 +68,12 @@ class SyncDriver:
         self._continue_pass = False
         self.passes = 0
         self.offset = 0
+        # Set by a recovery (`kerastrain.recovery`): a position to go back to before the
+        # next loop, batches never to train on, and a range to run one step per loop.
+        self._rewind_to = None
+        self.skips = set()        # {(pass, offset)}
+        self.probe = None         # (pass, first offset, end offset) or None
+        self.last_loop = None     # (pass, first offset, steps) of the latest loop
 
     def _new_iterator(self, train_input):
         self._iterator = iter(train_input.distributed())
@@ -90,9 +97,51 @@ class SyncDriver:
         if steps_per_epoch is None:
             self.offset = 0  # the pass ended with the epoch; the next epoch starts a new one
 
+    def seek(self, passes, offset):
+        """Before the next loop, stand again at the data position (passes, offset).
+
+        The data is rebuilt and read forward as a resumed run reads it, so the
+        batches after that position are the ones seen the first time.
+        """
+        self._rewind_to = (passes, offset)
+
+    def settle(self):
+        """Nothing runs between loops here (a parameter-server driver waits for its loops)."""
+
+    def _rewind(self, train_input):
+        passes, offset = self._rewind_to
+        self._rewind_to = None
+        self._iterator, self._continue_pass, self.passes, self.offset = None, False, 0, 0
+        train_input.distributed(fresh=True)  # a dataset object that was iterated 0 times
+        self.fast_forward(train_input, passes, offset)
+
+    def _skip_poisoned(self):
+        """Read and drop the batches at this position that a recovery marked."""
+        import tensorflow as tf
+        while (self.passes, self.offset) in self.skips:
+            if not int(self._skip(self._iterator, tf.constant(1, tf.int32))):
+                return
+            self.offset += 1
+
+    def _cut(self, n):
+        """`n`, cut so a loop ends before a marked batch and probes one step at a time."""
+        here = self.offset
+        ahead = [o - here for p, o in self.skips if p == self.passes and o > here]
+        if ahead:
+            n = min(n, min(ahead))
+        if self.probe is not None and self.probe[0] == self.passes:
+            if self.probe[1] <= here < self.probe[2]:
+                n = 1
+            elif here < self.probe[1]:
+                n = min(n, self.probe[1] - here)
+        return n
+
     def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
                   boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
         """Yield a result per compiled loop; loops stop `boundary(step)` steps ahead.
+
+        `steps_per_loop` is an int, or a `tuning.LoopSizer` that measures the first
+        loops and then says how long they should be.
 
         Stops at `steps_per_epoch` steps (starting more passes over the data as
         needed) or, when it is None, where the data ends. The caller may stop
@@ -100,20 +149,36 @@ class SyncDriver:
         """
         import tensorflow as tf
 
+        if self._rewind_to is not None:
+            self._rewind(train_input)
         if self._continue_pass:
             self._continue_pass = False
         elif steps_per_epoch is None or self._iterator is None:
             self._new_iterator(train_input)
         done = 0
         restarted = False
+        sizer = None if isinstance(steps_per_loop, int) else steps_per_loop
+        if sizer is not None:
+            sizer.calibrate(self._loop, self._iterator)
         while steps_per_epoch is None or done < steps_per_epoch:
-            n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
+            most = steps_per_loop if sizer is None else sizer.next_size()
+            n = loop_size(most, steps_per_epoch, done, boundary(step))
+            if self.skips or self.probe:
+                self._skip_poisoned()
+                n = self._cut(n)
+            started = time.perf_counter()
             part, ran = self._loop(self._iterator, tf.constant(n, tf.int32))
             ran = int(ran)
+            self.last_loop = (self.passes, self.offset, ran)
+            if sizer is not None:
+                sizer.observe(n, ran, time.perf_counter() - started)
             done += ran
             step += ran
             self.offset += ran
+            yielded = time.perf_counter()
             yield LoopResult(np.asarray(part, np.float64), ran)
+            if sizer is not None:
+                sizer.observe_gap(time.perf_counter() - yielded)  # the actions' time
             if ran < n:
                 if steps_per_epoch is None or (ran == 0 and restarted):
                     return  # the end of the data (or an empty dataset, which fit reports)
@@ -156,10 +221,13 @@ class PSDriver:
         positions_loop: `(reader, fresh=False) -> fn`, the compiled loops of exact
             visits (`loops.Step.positions_loop`).
         width: the length of a loop's totals (`loops.Step.width`).
+        accumulation: batches a step reads (gradient accumulation): `cursor`, `passes`
+            and `offset` count batches.
     """
 
     def __init__(self, train_loop, coordinator, global_step, *, stop_requested,
-                 join_at=None, max_in_flight=4, on_lost=None, positions_loop=None, width=2):
+                 join_at=None, max_in_flight=4, on_lost=None, positions_loop=None, width=2,
+                 accumulation=1):
         self._loop = train_loop
         self._positions_loop = positions_loop
         self._coordinator = coordinator
@@ -170,9 +238,12 @@ class PSDriver:
         self._on_lost = on_lost or (lambda e: e)
         self._per_pass = None
         self._width = width
+        self._batches = accumulation
         self.cursor = 0
         self.repeated_steps = 0   # steps run twice (loops retried after a worker failed)
         self.refetched = 0        # batches retried loops read from a fresh copy of the data
+        self.scheduled = 0        # batches the workers were asked to read, in all
+        self.last_loop = None     # loops are not replayed one step at a time (kerastrain.recovery)
 
     @property
     def passes(self):
@@ -209,6 +280,25 @@ class PSDriver:
     def epoch_done(self, steps_per_epoch):
         pass
 
+    def seek(self, passes, offset):
+        """Loops go on from the data position they reached: nothing to rewind (a recovery
+        skips the batches scheduled since its restore point)."""
+
+    @property
+    def replay_note(self):
+        """Why a recovery skips the batches since its restore point instead of replaying them."""
+        if self._per_pass is None:
+            return "parameter-server workers read their own data, with no position to go back to"
+        return ("parameter-server loops are not replayed: the data goes on from where it "
+                "stood, so those batches are not trained in this pass")
+
+    def settle(self):
+        """Wait for every scheduled loop (a recovery restores variables no loop may touch)."""
+        try:
+            self._coordinator.join()
+        except cluster_errors() as e:
+            raise self._on_lost(e) from None
+
     def _schedule(self, fn, args):
         try:
             return self._coordinator.schedule(fn, args=args)
@@ -234,9 +324,10 @@ class PSDriver:
         if behind and int(behind[0]):
             # Run again after a worker failed, on a worker already past its batches: it
             # trained nothing. Read the same batches from a fresh copy of the data.
-            self.refetched += steps
+            self.refetched += steps * self._batches
             logger.warning("a loop run again after a worker failed found its new worker past "
-                           "its %d batch(es); they are read from a fresh copy of the data", steps)
+                           "its %d batch(es); they are read from a fresh copy of the data",
+                           steps * self._batches)
             return self._fetch((self._schedule(*fresh), steps, None), in_sync)
         return LoopResult(np.asarray(part, np.float64), int(ran), in_sync)
 
@@ -270,8 +361,8 @@ class PSDriver:
         if reader is None:
             return self._schedule(self._loop, (train_input.per_worker_iterator(),
                                                tf.constant(n, tf.int32))), n, None
-        pipelines, positions = reader.positions.of(self.cursor, n)
-        self.cursor += n
+        pipelines, positions = reader.positions.of(self.cursor, n * self._batches)
+        self.cursor += n * self._batches
         where = (tf.constant(pipelines), tf.constant(positions),
                  tf.constant(reader.positions.firsts(pipelines, positions)))
         remote = self._schedule(self._positions_loop(reader),
@@ -289,6 +380,7 @@ class PSDriver:
         while done < steps_per_epoch and not self._stop_requested():
             n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
             in_flight.append(self._next_loop(train_input, reader, n))
+            self.scheduled += n * self._batches
             done += n
             step += n
             if done < steps_per_epoch and self._join_at(step):

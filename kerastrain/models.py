@@ -152,7 +152,7 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
             "what to minimise. Call `model.compile(optimizer=..., loss=...)` in your model "
             "function, or pass `Trainer(..., optimizer='adam', loss='mse')`. "
             f"Received: model {instance.name!r} with compiled={getattr(instance, 'compiled', False)}")
-    if instance.optimizer is not None:
+    if instance.optimizer is not None and own_step:
         _check_accumulation(instance.optimizer, built.name)
     return instance
 
@@ -170,6 +170,17 @@ def build_state(model, built, element_spec):
         ValueError: the model cannot run on batches of `element_spec`.
         TypeError: a layer cannot run with its partitioned variable.
     """
+    from kerastrain import accumulation, loops
+
+    optimizer = model.optimizer
+    if optimizer is None or loops.overrides(model, "train_step"):
+        return _build_state(model, built, element_spec)
+    # kerastrain's own step accumulates gradients itself: no Keras accumulators to build.
+    with accumulation.keras_accumulation_off(optimizer):
+        return _build_state(model, built, element_spec)
+
+
+def _build_state(model, built, element_spec):
     from kerastrain import data as data_lib
     from kerastrain import partitioning
 
@@ -189,30 +200,44 @@ def build_state(model, built, element_spec):
                 "The model cannot run on the batches the dataset yields. Received: "
                 f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
     partitioned = partitioning.Partitioning(model) if ps else None
-    if not partitioned:
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(model.trainable_variables)
-        return None
-    partitioned.check()
-    partitioned.install()
-    logger.info(partitioned.summary())
-    partitioned.build_optimizers(optimizer, model.trainable_variables)
-    return partitioned
+    if partitioned:
+        partitioned.check()
+        partitioned.install()
+        logger.info(partitioned.summary())
+        partitioned.build_optimizers(optimizer, model.trainable_variables)
+    elif optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    _read_rows_if_lazy(model, optimizer)
+    return partitioned or None
+
+
+def _read_rows_if_lazy(model, optimizer):
+    # A lazy optimizer writes rows in place; a whole-table read per step (Keras's
+    # Embedding) would then copy the table each step (kerastrain.optimizers.read_rows).
+    from kerastrain import optimizers
+    if optimizer is not None and optimizers.is_lazy(optimizer):
+        changed = optimizers.read_rows(model)
+        if changed:
+            logger.info("lazy optimizer %s: embedding layer(s) %s read only the rows they look "
+                        "up", type(optimizer).__name__, ", ".join(map(repr, changed)))
 
 
 def _check_accumulation(optimizer, strategy_name):
-    """Keras applies accumulated gradients inside a `cond`; tf.distribute strategies
-    synchronise there (`merge_call`), which TensorFlow does not support."""
+    """A model's own `train_step` calls `optimizer.apply`, where Keras applies accumulated
+    gradients inside a `cond`; tf.distribute strategies synchronise there (`merge_call`),
+    which TensorFlow does not support. (kerastrain's own step accumulates itself.)"""
     steps = getattr(optimizer, "gradient_accumulation_steps", None)
     if steps and strategy_name not in ("default", "one_device"):
         raise ValueError(
-            f"`gradient_accumulation_steps` works with the 'default' and 'one_device' "
-            f"strategies only: Keras applies the accumulated gradients inside a conditional, "
-            f"and under {strategy_name!r} TensorFlow cannot synchronise replicas there "
-            f"(\"merge_call called while defining a new graph\"). Multiply the global batch "
-            f"size by {steps} instead, which gives the same gradient, or train on one device. "
-            f"Received: {type(optimizer).__name__}(gradient_accumulation_steps={steps}) "
-            f"under {strategy_name!r}")
+            f"`gradient_accumulation_steps` with a model that overrides `train_step` works "
+            f"with the 'default' and 'one_device' strategies only: Keras applies the "
+            f"accumulated gradients inside a conditional in `optimizer.apply`, and under "
+            f"{strategy_name!r} TensorFlow cannot synchronise replicas there (\"merge_call "
+            f"called while defining a new graph\"). Multiply the global batch size by {steps} "
+            f"instead, which gives the same gradient, or let kerastrain's own step (which "
+            f"accumulates under every strategy) train the model: move the step's logic into "
+            f"`compute_loss`. Received: {type(optimizer).__name__}(gradient_accumulation_steps="
+            f"{steps}) under {strategy_name!r}")
 
 
 def _recompile(model, args, *, fresh):

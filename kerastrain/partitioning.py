@@ -278,8 +278,9 @@ class Partitioning:
 
 
 # Checked in tests against one device: a shard-by-shard update equals the whole one.
+# (kerastrain.optimizers' lazy ones update row by row: each shard's rows on its own ps.)
 _PER_ELEMENT_OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "Adadelta",
-                           "Lion", "Ftrl"}
+                           "Lion", "Ftrl", "LazyAdam", "LazyAdamW", "LazyAdagrad", "LazyLion"}
 # Their update of a variable depends on all of it (or on state beside its slots).
 _WHOLE_VARIABLE_OPTIMIZERS = {
     "Lamb": "its trust ratio uses the norm of the whole variable",

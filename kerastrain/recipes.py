@@ -465,7 +465,13 @@ def _optimizer(spec):
         lr = getattr(keras.optimizers.schedules, schedule)(**lr)
     if lr is not None:
         options["learning_rate"] = lr
-    cls = config_lib.resolve(name) if ":" in name else type(keras.optimizers.get(name.lower()))
+    if ":" in name:
+        cls = config_lib.resolve(name)
+    elif name.lower() in config_lib.LAZY_OPTIMIZERS:
+        from kerastrain import optimizers
+        cls = optimizers.LAZY_OPTIMIZERS[name.lower()]
+    else:
+        cls = type(keras.optimizers.get(name.lower()))
     return cls(**options)
 
 
@@ -533,7 +539,9 @@ def build_trainer(recipe):
         optimizer=optimizer,
         loss=_keras_object(compile_config.loss, "loss"), metrics=metrics, verbose=t.verbose,
         jit_compile=t.jit_compile, tensorboard=recipe.tensorboard,
-        checkpoint=recipe.checkpoints, shard=recipe.data.shard)
+        checkpoint=recipe.checkpoints, shard=recipe.data.shard,
+        mixed_precision=t.mixed_precision, tuning=recipe.tuning, on_nonfinite=t.on_nonfinite,
+        max_recoveries=t.max_recoveries, spike_factor=t.spike_factor)
 
 
 def run(recipe, resolved_text=None):

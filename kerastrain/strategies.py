@@ -37,6 +37,15 @@ class BuiltStrategy:
         return self.name == "multi_worker_mirrored"
 
     @property
+    def on_gpu(self) -> bool:
+        """Whether this task's replicas run on GPUs."""
+        try:
+            devices = self.strategy.extended.worker_devices
+        except (AttributeError, RuntimeError, NotImplementedError):
+            return False
+        return any("GPU" in str(d).upper() for d in devices)
+
+    @property
     def places_variables(self) -> bool:
         """Whether variables must be created inside the scope to be placed right."""
         return self.name not in ("default", "one_device")
@@ -210,7 +219,8 @@ def configure_cpu_devices(n: int) -> None:
             f"operation, or start a new Python process. Received: cpu_devices={n}")
 
 
-def _gpus():
+def gpus():
+    """This process's logical GPU devices."""
     import tensorflow as tf
     return tf.config.list_logical_devices("GPU")
 
@@ -218,9 +228,9 @@ def _gpus():
 def _local_devices():
     """All GPUs, else every logical CPU device."""
     import tensorflow as tf
-    gpus = _gpus()
-    if gpus:
-        return [d.name for d in gpus]
+    found = gpus()
+    if found:
+        return [d.name for d in found]
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
@@ -264,7 +274,7 @@ def _build_default(cpu_devices=None):
 @_register("one_device", device=_check_str)
 def _build_one_device(device=None, cpu_devices=None):
     import tensorflow as tf
-    device = device or ("/gpu:0" if _gpus() else "/cpu:0")
+    device = device or ("/gpu:0" if gpus() else "/cpu:0")
     return BuiltStrategy(tf.distribute.OneDeviceStrategy(device), "one_device", f"on {device}")
 
 
@@ -278,6 +288,30 @@ _CROSS_DEVICE_OPS = {
 _MIRRORED = {}  # (devices, cross_device_ops) -> the process's MirroredStrategy for them
 
 
+def choose_cross_device_ops(devices, nccl_available):
+    """The all-reduce for mirrored over `devices` when none is given: (name or None, why).
+
+    Two or more GPUs: NCCL where TensorFlow has it (Linux CUDA builds), else
+    hierarchical copy (GPU-to-GPU copies, which beat TensorFlow's fallback of reducing
+    everything on one device). One device, or CPUs: reduction to one device (TensorFlow's
+    choice for CPUs; NCCL needs GPUs).
+    """
+    gpus = [d for d in devices if "GPU" in d.upper()]
+    if len(gpus) < 2 or len(gpus) != len(devices):
+        return "reduction_to_one_device", (
+            f"reduction to one device ({len(devices)} device(s), {len(gpus)} GPU(s))")
+    if nccl_available:
+        return "nccl", f"NCCL all-reduce ({len(gpus)} GPUs)"
+    return "hierarchical_copy", f"hierarchical-copy all-reduce ({len(gpus)} GPUs, no NCCL)"
+
+
+def _nccl_available():
+    import platform
+
+    import tensorflow as tf
+    return platform.system() == "Linux" and bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
+
+
 @_register("mirrored", devices=_check_devices,
            cross_device_ops=_check_choice(*_CROSS_DEVICE_OPS))
 def _build_mirrored(devices=None, cross_device_ops=None, cpu_devices=None):
@@ -288,11 +322,15 @@ def _build_mirrored(devices=None, cross_device_ops=None, cpu_devices=None):
     # same devices reuses the first one's keys, and two models of different shapes then
     # fail with "Shape mismatch in the collective instance" (a notebook training two
     # models in turn). Variables and functions of several Trainers share it safely.
+    chosen = f"{cross_device_ops} all-reduce (requested)"
+    if cross_device_ops is None:
+        cross_device_ops, chosen = choose_cross_device_ops(devices, _nccl_available())
     key = (tuple(devices), cross_device_ops)
     if key not in _MIRRORED:
-        ops = _CROSS_DEVICE_OPS[cross_device_ops](tf) if cross_device_ops else None
+        ops = _CROSS_DEVICE_OPS[cross_device_ops](tf)
         _MIRRORED[key] = tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
-    return BuiltStrategy(_MIRRORED[key], "mirrored", f"{len(devices)} replicas on {devices}")
+    return BuiltStrategy(_MIRRORED[key], "mirrored",
+                         f"{len(devices)} replicas on {devices}, {chosen}")
 
 
 @_register("central_storage", compute_devices=_check_devices, parameter_device=_check_str)

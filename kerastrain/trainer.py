@@ -20,10 +20,13 @@ from kerastrain import fit_args
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
+from kerastrain import precision
 from kerastrain import preemption
+from kerastrain import recovery as recovery_lib
 from kerastrain import sharding
 from kerastrain import strategies
 from kerastrain import summaries
+from kerastrain import tuning as tuning_lib
 from kerastrain._options import check_int
 
 logger = logging.getLogger("kerastrain")
@@ -57,8 +60,15 @@ class Trainer:
             called inside the strategy's scope.
         verbose: 0, 1, 2 or `"auto"` as in `model.fit` (non-chief tasks: 0).
         jit_compile: compile each step with XLA. None follows the model's compile
-            setting, which Keras resolves to False on CPU-only machines; True is
+            setting, which Keras resolves to False on CPU-only machines; `"auto"`:
+            Keras's rule (on with a GPU and XLA-capable layers) and off under strategies
+            that place variables (`kerastrain.tuning.resolve_jit_compile`); True is
             allowed with the `default` and `one_device` strategies only.
+        mixed_precision: None, `"mixed_float16"` (with dynamic loss scaling) or
+            `"mixed_bfloat16"`: the Keras dtype policy the model is built under
+            (`kerastrain.precision`); needs a model function.
+        tuning: what kerastrain tunes for speed by itself without changing results
+            (`kerastrain.tuning.TuningOptions`): True (all), False (none), or a dict.
         tensorboard: with a `model_dir`, the chief writes TensorBoard logs to
             `model_dir/logs/{train,validation}`. True (defaults), False, a dict of
             `TensorBoardOptions` fields, or a `TensorBoardOptions`.
@@ -74,6 +84,14 @@ class Trainer:
             `dataset_fn(ctx)` shards itself. Under parameter servers training data is
             not sharded: each loop trains the batches the coordinator names, every
             batch once per pass; `"off"` opts out (each worker reads its own shard).
+        on_nonfinite: what a NaN or infinite loss does: `"stop"` ends training
+            (the default), `"recover"` restores the last good state (the newest
+            checkpoint, else the epoch start kept in memory), skips the batch that
+            caused it and goes on (`kerastrain.recovery`, docs/reliability.md).
+        max_recoveries: with `"recover"`, recoveries allowed in one `fit`; the next
+            bad loss raises `kerastrain.recovery.TooManyRecoveries`.
+        spike_factor: with `"recover"`, also recover from a loop whose mean loss is
+            over this many times the running median of the loops before (None: off).
 
     Example:
         >>> trainer = Trainer(build_model, dataset_fn, strategy="mirrored", seed=0)
@@ -84,12 +102,19 @@ class Trainer:
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
                  metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
-                 checkpoint=True, shard="auto"):
+                 checkpoint=True, shard="auto", mixed_precision=None, tuning=True,
+                 on_nonfinite="stop", max_recoveries=3, spike_factor=None):
         if dataset_fn is not None:
             data_lib.input_form(dataset_fn)
         self._shard = sharding.check_policy(shard)
         _check_init_options(steps_per_loop=steps_per_loop, verbose=verbose,
                             jit_compile=jit_compile, seed=seed, writers=writers)
+        self._precision = precision.check(mixed_precision)
+        self._nonfinite = dict(on_nonfinite=on_nonfinite, max_recoveries=max_recoveries,
+                               spike_factor=spike_factor)
+        recovery_lib.check_options(**self._nonfinite)
+        self._tuning = tuning_lib.TuningOptions.coerce(tuning)
+        self._loop_sizer = tuning_lib.LoopSizer(fallback=_AUTO_STEPS_PER_LOOP)
         # A URL stays as given; a local path becomes absolute; `s3://` without
         # tensorflow-io is refused here, not after an hour of training.
         self.model_dir = outputs_lib.normalize_model_dir(model_dir)
@@ -99,12 +124,14 @@ class Trainer:
         detached = models_lib.detach(model)
         # Checks names and options before TensorFlow does anything heavy.
         self._built = strategies.build_strategy(strategy, strategy_options)
-        if jit_compile and self._built.places_variables:
+        if jit_compile is True and self._built.places_variables:
             raise ValueError(
                 f"`jit_compile=True` works with the 'default' and 'one_device' strategies; under "
                 f"{self._built.name!r} a step holds cross-device or remote-variable operations "
                 "XLA cannot compile. Remove it. Received: jit_compile=True")
+        recovery_lib.check_strategy(on_nonfinite, self._built)
         self._jit_compile = jit_compile
+        self._recovery = None  # this fit's `recovery.Recovery` (on_nonfinite="recover")
         self._tb_options = summaries.TensorBoardOptions.coerce(tensorboard)
         self._extra_writers = list(writers or [])
         self._writer = None
@@ -135,8 +162,10 @@ class Trainer:
     def _make_state(self, model, **compile_overrides):
         """The model and the training state, created under the strategy's scope."""
         import tensorflow as tf
-        with self._built.strategy.scope():
+        with self._built.strategy.scope(), precision.policy(self._precision, model):
             self._model = models_lib.materialize(model, self._built, **compile_overrides)
+        precision.ensure_loss_scaling(self._model, self._precision)
+        with self._built.strategy.scope():
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -170,8 +199,21 @@ class Trainer:
         return int(self._global_step.numpy())
 
     @property
+    def steps_per_loop(self) -> int:
+        """Steps per compiled call: as given, or what "auto" resolved to (measured on the
+        first loops under synchronous strategies; 100 until then and elsewhere)."""
+        if self._steps_per_loop != "auto":
+            return self._steps_per_loop
+        return self._loop_sizer.size or _AUTO_STEPS_PER_LOOP
+
+    @property
     def is_chief(self) -> bool:
         return self._built.is_chief
+
+    @property
+    def recoveries(self) -> int:
+        """Recoveries from a bad loss in the last `fit` (`on_nonfinite="recover"`)."""
+        return 0 if self._recovery is None else self._recovery.count
 
     def write_text(self, name: str, text: str):
         """Write a text file into `model_dir` on the chief only (e.g. the resolved recipe).
@@ -222,7 +264,8 @@ class Trainer:
         if key not in self._inputs or self._inputs[key][0] is not data:
             self._inputs[key] = (data, data_lib.DistributedInput(
                 self._built, data, argument=argument, shard=self._shard,
-                batch_size=batch_size, seed=self._seed, role=role, shuffle=shuffle))
+                batch_size=batch_size, seed=self._seed, role=role, shuffle=shuffle,
+                input_options=self._tuning.input_options))
         return self._inputs[key][1]
 
     def _ensure_built(self, element_spec):
@@ -232,9 +275,10 @@ class Trainer:
         models_lib.check_resources_placed(self._model, self._built)
         with self.strategy.scope():
             partitioned = models_lib.build_state(self._model, self._built, element_spec)
-        jit = self._jit_compile
-        if jit is None:
-            jit = bool(getattr(self._model, "jit_compile", False)) and not self._built.places_variables
+        jit, why = tuning_lib.resolve_jit_compile(
+            self._jit_compile, self._model, places_variables=self._built.places_variables,
+            has_gpu=bool(strategies.gpus()))
+        logger.info("jit_compile: %s (%s)", jit, why)
         # Under multi-worker mirrored, workers must agree on where to stop (collectives
         # would hang otherwise), so no per-worker stop inside their loops.
         flag = None if self._built.is_multi_worker else self._stop_flag
@@ -350,17 +394,6 @@ class Trainer:
         return None
 
     def _export_missing(self):
-        """Whether the export is not that of this step (an earlier export failed, e.g. disk full).
-
-        Not under multi-worker mirrored: every worker must take part in an export,
-        and they would have to agree on reading the chief's files.
-        """
-        if not (self._ckpt_options and self._ckpt_options.export and self._outputs.enabled) \
-                or self._built.is_multi_worker or self.global_step == 0:
-            return False
-        return not checkpoints.export_is_current(self._outputs.path("export"), self.global_step)
-
-    def _export_missing(self):
         """Whether the chief's export is missing or not of this step (a run killed or out of
         disk while exporting): a rerun with nothing left to train writes it again."""
         if not (self._ckpt_options and self._ckpt_options.export and self._outputs.enabled) \
@@ -396,9 +429,12 @@ class Trainer:
     def _monitor(self, element_spec):
         """The chief's `summaries.Monitor` for one fit, started at the current step."""
         import yaml
-        settings = yaml.safe_dump(self._settings, sort_keys=False)
-        # The settings this run resolved to, next to what it wrote (chief only).
-        self._outputs.replace_text("config.yaml", settings)
+        settings = getattr(self, "_settings_text", None)
+        if settings is None:
+            # The settings this run resolved to, next to what it wrote (chief only); once
+            # per Trainer, not per fit (dumping and writing them was 1% of a short epoch).
+            settings = self._settings_text = yaml.safe_dump(self._settings, sort_keys=False)
+            self._outputs.replace_text("config.yaml", settings)
         writer = self._metric_writer()
         return summaries.model_monitor(
             self._model, writer, self._tb_options, step=self.global_step, settings=settings,
@@ -414,6 +450,11 @@ class Trainer:
         if self._built.is_parameter_server and steps_per_epoch and workers > 1:
             # One loop at most one worker's share, or one worker may take the epoch.
             return min(_AUTO_STEPS_PER_LOOP, -(-steps_per_epoch // workers))
+        if (self._tuning.measure_steps_per_loop and not self._built.is_parameter_server
+                and not self._built.is_multi_worker):
+            # Measured on the first loops (workers of multi-worker mirrored must agree
+            # on their loops, and a measurement each could differ).
+            return self._loop_sizer
         return _AUTO_STEPS_PER_LOOP
 
     def _driver(self, stop_requested):
@@ -427,18 +468,26 @@ class Trainer:
             stop_requested=stop_requested,
             join_at=None if ckpt is None else (lambda s: ckpt.due(s, epoch_end=False)),
             max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster,
-            positions_loop=step.positions_loop, width=step.width)
+            positions_loop=step.positions_loop, width=step.width,
+            accumulation=step.accumulation)
 
     def _actions(self, driver, *, watch, agree, monitor, callback_list, validation,
                  steps_per_epoch, batch_logs):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
         results = self._step.results
+        self._recovery = recovery_lib.action(
+            driver, **self._nonfinite, model=self._model, step=self._step,
+            global_step=self._global_step, checkpointer=self._checkpointer,
+            writer=monitor.writer if monitor.active else None)
 
         def save(p, epoch, batch, totals):
-            return self._save(driver, epoch, batch, totals, p.step)
+            path = self._save(driver, epoch, batch, totals, p.step)
+            if self._recovery is not None:
+                self._recovery.saved(path, p, epoch, batch, totals)
+            return path
 
         listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
-                  actions_lib.StopOnNonFinite(self._model)]
+                  self._recovery or actions_lib.StopOnNonFinite(self._model)]
         if validation is not None:
             listed.append(validation)
         if self.is_chief and monitor.active:  # other tasks write no summaries
@@ -527,16 +576,20 @@ class Trainer:
             p.totals = np.zeros(step.width, np.float64)
             if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
                 p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
-            remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
-            for result in driver.run_epoch(
-                    train_input, remaining, steps_per_loop, p.step,
-                    lambda step: actions_lib.steps_to_boundary(listed, step)):
-                p.last = result
-                p.totals = step.accumulate(p.totals, result.totals)
-                p.batch += result.steps
-                p.step += result.steps
-                if actions_lib.run(listed, p).stop:
-                    break
+            actions_lib.epoch_begin(listed, p)
+            p.stop = actions_lib.RECOVERING
+            while p.stop == actions_lib.RECOVERING:  # again from the restored state
+                p.stop = None
+                remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
+                for result in driver.run_epoch(
+                        train_input, remaining, steps_per_loop, p.step,
+                        lambda step: actions_lib.steps_to_boundary(listed, step)):
+                    p.last = result
+                    p.totals = step.accumulate(p.totals, result.totals)
+                    p.batch += result.steps
+                    p.step += result.steps
+                    if actions_lib.run(listed, p).stop:
+                        break
             if p.last is None and not p.stop:
                 # No loop ran: a stop came before the epoch's first (SIGTERM between epochs
                 # under ps, where nothing is scheduled then). The actions still see it.
@@ -604,10 +657,13 @@ class Trainer:
                     "of steps per epoch, and the size of this dataset is unknown (e.g. after "
                     "`filter`): pass `steps_per_epoch`. Received: steps_per_epoch=None")
             # Worker i reads shard i; one epoch is as many steps as the shards have
-            # batches together, whichever worker takes them.
+            # batches together, whichever worker takes them (k batches a step when
+            # the optimizer accumulates k).
+            k = self._step.accumulation
             logger.info("steps_per_epoch=None under parameter servers: one epoch is %d steps "
-                        "(the data's batches), spread over %d workers", n, self._built.num_workers)
-            return n
+                        "(the data's batches%s), spread over %d workers", -(-n // k),
+                        f" / {k} accumulated per step" if k > 1 else "", self._built.num_workers)
+            return -(-n // k)
         return None
 
     # -- evaluation -----------------------------------------------------------
@@ -659,8 +715,8 @@ def _check_init_options(*, steps_per_loop, verbose, jit_compile, seed, writers):
         check_int("steps_per_loop", steps_per_loop, minimum=1, also="'auto'")
     if verbose not in (0, 1, 2, "auto"):
         raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
-    if jit_compile not in (None, True, False):
-        raise ValueError("`jit_compile` must be None, True or False. "
+    if jit_compile not in (None, True, False, "auto"):
+        raise ValueError("`jit_compile` must be None, 'auto', True or False. "
                          f"Received: jit_compile={jit_compile!r}")
     check_int("seed", seed, optional=True)
     for w in writers or []:
@@ -677,11 +733,13 @@ def _settings(trainer, *, seed, steps_per_loop, shard):
         "strategy_options": built.options,
         "replicas": built.strategy.num_replicas_in_sync, "workers": built.num_workers,
         "seed": seed, "steps_per_loop": steps_per_loop, "model_dir": trainer.model_dir,
-        "shard": shard,
+        "shard": shard, "mixed_precision": trainer._precision,
+        "tuning": dataclasses.asdict(trainer._tuning),
         "model": trainer.model.name,
         "optimizer": type(trainer.model.optimizer).__name__,
         "checkpoint": None if trainer._ckpt_options is None else dataclasses.asdict(
             trainer._ckpt_options),
         "tensorboard": None if trainer._tb_options is None else dataclasses.asdict(
             trainer._tb_options),
+        **trainer._nonfinite,
     }

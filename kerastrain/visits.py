@@ -97,9 +97,11 @@ class Reader:
             (called on the workers, and in fresh loops).
         finish: `finish(element) -> batch`, run on the worker after the read (the
             NumPy gather); None: the element is the batch.
+        element_spec: the spec of a batch (a model's own step traces one to learn
+            its logs).
     """
 
-    def __init__(self, built, sizes, make, finish=None):
+    def __init__(self, built, sizes, make, finish=None, element_spec=None):
         import tensorflow as tf
 
         from kerastrain import _compat
@@ -107,6 +109,8 @@ class Reader:
         self._make = make
         self._finish = finish or (lambda element: element)
         self.count = len(sizes)
+        self.element_spec = element_spec
+        self._loops = {}
         coordinator = built.coordinator
         self.iterators = tuple(
             iter(coordinator.create_per_worker_dataset(lambda j=j: self.stream(j)))
@@ -154,3 +158,48 @@ class Reader:
             element, record = tf.switch_case(pipeline,
                                              [lambda j=j: branch(j) for j in range(self.count)])
         return self._finish(element), record
+
+    def loop(self, step, fresh=False):
+        """The compiled loop of `step` (a `loops.Step`) reading this input's positions.
+
+        `fn(iterators, worker, pipelines, positions, firsts) -> (totals, steps, behind)`
+        reads with the worker's own iterators (`worker` yields its index); a step
+        reads the batches at `step.accumulation` positions. It runs no step and
+        returns `behind=1` when that worker has read past `firsts`, the first
+        position it needs of each pipeline. `fresh=True` gives
+        `fn(pipelines, positions, firsts)`, which reads from new iterators.
+        """
+        import tensorflow as tf
+
+        if (step, fresh) in self._loops:
+            return self._loops[step, fresh]
+        width = step.width  # what the loop returns (a model's own step: its logs, known now)
+
+        def steps_of(iterators, record, pipelines, positions, num_steps):
+            def read(state):
+                i, record = state
+                batch, record = self.read(iterators, pipelines[i], positions[i], record)
+                return batch, (i + 1, record)
+            totals, (_, record) = step.worker_steps(read, (tf.constant(0, tf.int32), record),
+                                                    num_steps, width=width)
+            return totals, record
+
+        if fresh:
+            @tf.function
+            def loop(pipelines, positions, firsts):
+                steps = tf.size(positions) // step.accumulation
+                totals, _ = steps_of(self.fresh_iterators(firsts), firsts, pipelines, positions,
+                                     steps)
+                return totals, steps, tf.constant(0, tf.int32)
+        else:
+            @tf.function
+            def loop(iterators, worker, pipelines, positions, firsts):
+                worker = next(worker)
+                record = self.start(worker)
+                behind = tf.reduce_any((firsts >= 0) & (firsts < record))
+                steps = tf.where(behind, 0, tf.size(positions) // step.accumulation)
+                totals, record = steps_of(iterators, record, pipelines, positions, steps)
+                self.end(worker, record)
+                return totals, steps, tf.cast(behind, tf.int32)
+        self._loops[step, fresh] = loop
+        return loop

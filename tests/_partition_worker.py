@@ -180,6 +180,7 @@ def main():
     result["errors"] = errors
 
     # 5. Optimizers whose update is element by element: per shard equals whole, exactly.
+    from kerastrain import optimizers as lazy
     optimizers = {
         "SGD": lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
         "Adam": lambda: keras.optimizers.Adam(0.01, amsgrad=True, global_clipnorm=0.5),
@@ -190,6 +191,11 @@ def main():
         "Adadelta": lambda: keras.optimizers.Adadelta(1.0),
         "Lion": lambda: keras.optimizers.Lion(0.01),
         "Ftrl": lambda: keras.optimizers.Ftrl(0.1),
+        # Row by row (issue 17): each shard's touched rows, updated on its own ps.
+        "LazyAdam": lambda: lazy.LazyAdam(0.01, amsgrad=True, global_clipnorm=0.5),
+        "LazyAdamW": lambda: lazy.LazyAdamW(0.01, weight_decay=0.1),
+        "LazyAdagrad": lambda: lazy.LazyAdagrad(0.1),
+        "LazyLion": lambda: lazy.LazyLion(0.01),
     }
     result["optimizers"] = {}
     for name, optimizer in optimizers.items():

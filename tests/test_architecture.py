@@ -77,3 +77,19 @@ def test_writers_and_public_names_are_exported():
     for name in ("LoggingWriter", "CSVWriter", "MultiWriter", "MetricWriter", "TensorBoardWriter"):
         assert name in kerastrain.__all__
         assert getattr(kerastrain, name).__module__ == "kerastrain.summaries"
+
+
+def test_no_name_is_defined_twice_in_one_class_or_module():
+    """A second `def` of one name silently replaces the first (a merge left two once)."""
+    twice = []
+    for path, tree in modules():
+        for scope in [tree] + [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            seen = set()
+            for node in scope.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    decorated = any(getattr(d, "attr", None) in ("setter", "deleter", "register")
+                                    for d in node.decorator_list)
+                    if node.name in seen and not decorated:
+                        twice.append(f"{path.name}:{node.lineno} {node.name}")
+                    seen.add(node.name)
+    assert not twice, twice

@@ -7,7 +7,8 @@ import pytest
 
 import helpers
 
-DOCS = [Path(helpers.REPO) / "docs" / name for name in ("strategies.md", "data.md", "parameter_servers.md")]
+DOCS = [Path(helpers.REPO) / "docs" / name
+        for name in ("strategies.md", "data.md", "parameter_servers.md", "optimizers.md")]
 BLOCKS = [block for doc in DOCS
           for block in re.findall(r"```python\n(.+?)```", doc.read_text(), flags=re.S)]
 

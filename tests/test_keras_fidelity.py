@@ -245,7 +245,10 @@ def build_own_step(cls):
 @pytest.mark.parametrize("cls", [OwnStep, ComputeLossStep], ids=lambda c: c.__name__)
 def test_the_models_own_train_and_test_step_run_as_under_fit(cls, strategy):
     data = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
-    trainer = kt.Trainer(lambda: build_own_step(cls), data, strategy=strategy, verbose=0)
+    # 2 steps a loop over 4 batches: the third loop finds the data ended and runs no step
+    # (its empty logs used to replace the epoch's).
+    trainer = kt.Trainer(lambda: build_own_step(cls), data, strategy=strategy, verbose=0,
+                         steps_per_loop=2)
     ours = trainer.fit(epochs=3, validation_dataset_fn=data).history
     with trainer.strategy.scope():
         reference = build_own_step(cls)
@@ -260,11 +263,16 @@ def test_the_models_own_train_and_test_step_run_as_under_fit(cls, strategy):
                                rtol=1e-5)
 
 
-def test_a_models_own_train_step_under_parameter_servers_is_refused_with_what_to_do():
+def test_an_unbuilt_second_optimizer_under_parameter_servers_is_refused_with_what_to_do():
+    """A GAN's own optimizers must exist before workers run its step (they cannot create
+    variables); the model's own train_step itself runs under ps (test_own_step_ps.py)."""
     from kerastrain import loops
-    built = type("Built", (), {"is_parameter_server": True})()
-    with pytest.raises(ValueError, match=r"overrides `train_step`.*Received: strategy='ps'"):
-        loops.step_for(built, build_own_step(OwnStep), None)
+    model = build_own_step(OwnStep)
+    model.g_optimizer = keras.optimizers.Adam()
+    built = type("Built", (), {"is_parameter_server": True, "strategy": None})()
+    with pytest.raises(ValueError, match=r"optimizer `g_optimizer` \(Adam\) is not built.*"
+                                         r"self.g_optimizer.build\(.*Received: strategy='ps'"):
+        loops.step_for(built, model, None)
 
 
 # -- model.fit's arguments -----------------------------------------------------------------
@@ -381,7 +389,13 @@ def test_a_partial_last_batch_under_mirrored_with_batchnorm_and_embedding():
     MirroredStrategy. Weights after the partial batch differ by design: kerastrain's gradient
     is the global batch's mean (replicas weighted by their examples), Keras divides each
     replica's mean by the replica count, empty replicas included (with full batches both
-    are bit-identical)."""
+    are bit-identical).
+
+    The replica with the empty batch changes nothing: under Keras fit, BatchNormalization's
+    mean of nothing makes `gamma`'s gradient NaN (so `gamma` is NaN everywhere) and that
+    replica's own copy of the moving statistics NaN (measured, Keras 3.15.1); kerastrain
+    gives it zero gradients and puts its copy back, so the weights and evaluation stay
+    finite. (The moving statistics Keras reads are replica 0's copy: equal in both.)"""
     rng = np.random.RandomState(0)
     ids, y = rng.randint(0, 50, size=(257, 3)), rng.randn(257, 1).astype("float32")
 
@@ -403,3 +417,14 @@ def test_a_partial_last_batch_under_mirrored_with_batchnorm_and_embedding():
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
     embeddings = trainer.model.get_weights()[0]
     np.testing.assert_allclose(embeddings, reference.get_weights()[0], rtol=1e-5, atol=1e-6)
+    assert all(np.isfinite(w).all() for w in trainer.model.get_weights())
+    norm = [layer for layer in trainer.model.layers
+            if isinstance(layer, keras.layers.BatchNormalization)][0]
+    theirs_norm = [layer for layer in reference.layers
+                   if isinstance(layer, keras.layers.BatchNormalization)][0]
+    for ours_v, theirs_v in ((norm.moving_mean, theirs_norm.moving_mean),
+                             (norm.moving_variance, theirs_norm.moving_variance)):
+        copies = trainer.strategy.experimental_local_results(ours_v.value)
+        assert len(copies) == 2 and all(np.isfinite(c.numpy()).all() for c in copies)
+        np.testing.assert_allclose(ours_v.numpy(), theirs_v.numpy(), rtol=1e-5, atol=1e-7)
+    assert np.isfinite(trainer.evaluate(data)["loss"])

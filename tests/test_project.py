@@ -4,6 +4,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,3 +80,15 @@ def test_example_validation_data_is_the_same_task_on_new_examples():
     # The least-squares direction fitted on one set classifies the other well.
     w, *_ = np.linalg.lstsq(x0, y0[:, 0] - 0.5, rcond=None)
     assert ((x1 @ w > 0) == (y1[:, 0] > 0.5)).mean() > 0.9
+
+
+def test_a_keras_older_than_the_tested_lowest_is_refused_at_import():
+    from kerastrain import _compat
+    with pytest.raises(ImportError, match=r"Keras >= 3.10.*Received: keras 3.9.2.*pip install"):
+        _compat._check_keras_version("3.9.2")
+    _compat._check_keras_version("3.10.0")
+    _compat._check_keras_version("3.15.1.dev2025")
+    # pyproject promises no lower than what is checked at import and by tools/check_versions.sh.
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '"keras>=3.10,<4"' in text and "check_versions.sh 2.16.2 3.10.0" in text
+    assert (ROOT / "tools" / "check_versions.sh").stat().st_mode & 0o111

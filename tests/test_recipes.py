@@ -64,7 +64,7 @@ BROKEN = [
     ("key given twice", "trainer:\n  epochs: 1\n  epochs: 2\n", (), "trainer.epochs",
      "epochs: 2", "given twice"),
     ("YAML 1.1 boolean", "trainer:\n  jit_compile: no\n", (), "trainer.jit_compile",
-     "jit_compile", "expected true or false or null. Received: 'no'"),
+     "jit_compile", "expected true, false, auto or null. Received: 'no'"),
     ("builder argument typo", BASE.replace("num_examples: 256", "num_exampels: 256"), (),
      "data.train.args.num_exampels", "num_exampels",
      "kerastrain.examples:synthetic_data takes no argument 'num_exampels'. Did you mean "

@@ -33,36 +33,52 @@ def _run(job, out, timeout=600):
 def _problems(result):
     """What is wrong with one case's per-epoch id counts ([] when every id is exact)."""
     case, epochs = result["case"], np.asarray(result["per_epoch"])
-    spe = case["steps_per_epoch"]
-    label = f"{case['form']} steps_per_loop={case['steps_per_loop']} steps_per_epoch={spe}"
-    if spe < PER_PASS:
+    batches = case["steps_per_epoch"] * case.get("accumulation", 1)  # read per epoch
+    label = (f"{case['form']} steps_per_loop={case['steps_per_loop']} "
+             f"steps_per_epoch={case['steps_per_epoch']} {case.get('model', '')}")
+    if batches < PER_PASS:
         # Consecutive epochs take consecutive, disjoint parts of a pass.
-        per_pass = PER_PASS // spe
+        per_pass = PER_PASS // batches
         wrong = [e for e, counts in enumerate(epochs)
-                 if set(np.unique(counts)) - {0, 1} or counts.sum() != spe * BATCH]
+                 if set(np.unique(counts)) - {0, 1} or counts.sum() != batches * BATCH]
         passes = epochs[:len(epochs) // per_pass * per_pass].reshape(-1, per_pass, N).sum(1)
         wrong += [f"pass {p}" for p, counts in enumerate(passes) if (counts != 1).any()]
     else:
         wrong = [(e, int((counts == 0).sum()), int(counts.max())) for e, counts in
-                 enumerate(epochs) if (counts != spe // PER_PASS).any()]
+                 enumerate(epochs) if (counts != batches // PER_PASS).any()]
     return [f"{label}: epochs (index, never trained, most trained) {wrong}"] if wrong else []
 
 
+def _grid():
+    """steps_per_loop x steps_per_epoch, every pair once; NumPy and dataset_fn(ctx) each see
+    every loop length and every epoch length."""
+    forms = {("auto", 16): "numpy", ("auto", 32): "context_fn", ("auto", 256): "numpy",
+             (1, 16): "context_fn", (1, 32): "numpy", (1, 256): "context_fn",
+             (4, 16): "numpy", (4, 32): "context_fn", (4, 256): "numpy",
+             (16, 16): "context_fn", (16, 32): "numpy", (16, 256): "context_fn"}
+    return [{"form": form, "steps_per_loop": spl, "steps_per_epoch": spe,
+             "epochs": 1 if spe == 256 else 2} for (spl, spe), form in forms.items()]
+
+
 def test_every_example_once_per_pass_for_any_loop_and_epoch_length(tmp_path):
-    """2 workers, steps_per_loop auto/1/4/16, epochs of 16, 32 and 256 steps (half a pass,
-    one pass, eight passes), NumPy arrays and a dataset_fn(ctx); global-batch datasets at
-    two settings; the case that failed worst before this change (one loop taking the whole
-    epoch: half the ids twice, half never) is run three times."""
-    cases = [{"form": form, "steps_per_loop": spl, "steps_per_epoch": spe, "epochs": epochs}
-             for form in ("numpy", "context_fn") for spl in ("auto", 1, 4, 16)
-             for spe, epochs in ((16, 2), (32, 2), (256, 1))]
-    cases += [{"form": form, "steps_per_loop": spl, "steps_per_epoch": 32, "epochs": 2}
-              for form in ("dataset", "global_fn") for spl in ("auto", 1)]
+    """2 workers, steps_per_loop auto/1/4/16 x epochs of 16, 32 and 256 steps (half a pass,
+    one pass, eight passes), NumPy arrays and a dataset_fn(ctx); global-batch datasets; a
+    model with its own train_step; gradient accumulation; the case that failed worst before
+    exact visits (one loop taking the whole epoch: half the ids twice, half never) is run
+    three times. One process, one cluster, every case in turn."""
+    cases = _grid()
+    cases += [{"form": "context_fn", "steps_per_loop": "auto", "steps_per_epoch": 32,
+               "epochs": 2}] * 2
+    cases += [{"form": form, "steps_per_loop": "auto", "steps_per_epoch": 32, "epochs": 1}
+              for form in ("dataset", "global_fn")]
+    # A model's own train_step (ModelStep) and 2 batches per update read positions too.
+    cases += [{"form": "context_fn", "steps_per_loop": 4, "steps_per_epoch": 16, "epochs": 2,
+               "own_step": True, "model": "own train_step"},
+              {"form": "numpy", "steps_per_loop": "auto", "steps_per_epoch": 8, "epochs": 3,
+               "accumulation": 2, "model": "accumulation 2"}]
     # Data of unknown size and an infinite stream: consecutive batches of the stream.
     cases += [{"form": "unknown", "steps_per_loop": 4, "steps_per_epoch": 32, "epochs": 2},
               {"form": "infinite", "steps_per_loop": 4, "steps_per_epoch": 16, "epochs": 2}]
-    cases += [{"form": "context_fn", "steps_per_loop": "auto", "steps_per_epoch": 32,
-               "epochs": 2}] * 2
     # Opting out (shard="off"): each worker back on its own pipeline; only the log is checked.
     cases.append({"form": "context_fn", "steps_per_loop": 4, "steps_per_epoch": 16, "epochs": 1,
                   "shard": "off"})
@@ -82,6 +98,8 @@ def test_every_example_once_per_pass_for_any_loop_and_epoch_length(tmp_path):
     assert "shards its own data: kerastrain leaves sharding to it; each worker reads its own " \
         "shard (shard='off' asked for it, exact visits off): within an epoch examples may " \
         "repeat or be skipped" in log
+    print({f"{r['case']['form']}/{r['case']['steps_per_loop']}/{r['case']['steps_per_epoch']}":
+           r["seconds"] for r in results})
 
 
 def test_sigterm_mid_epoch_then_resume_trains_every_example_of_the_epoch_once(tmp_path):

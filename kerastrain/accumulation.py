@@ -1,0 +1,173 @@
+"""Gradient accumulation: one optimizer update from k batches, under every strategy.
+
+Keras 3 accumulates inside `optimizer.apply`, applying in a `cond` on its
+iteration count; tf.distribute strategies cannot synchronise replicas inside a
+`cond` ("merge_call called while defining a new graph"). kerastrain's own step
+does it instead: each step of its compiled loop reads up to k batches, each
+replica sums its gradients over them (weighted by the examples of each batch),
+and one `optimizer.apply` divides the sum by the examples of all k batches. So
+one step over k batches of B examples gives the update one batch of k x B gives,
+also when the data ends inside a group (that step uses the batches it got).
+
+What a step means: one update. `steps_per_epoch`, `global_step`, the checkpoints'
+positions and `optimizer.iterations` count updates; the optimizer's private
+batch counter and its learning-rate schedule count batches (k per update), as
+under Keras.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from kerastrain import _compat
+
+
+def tf_cast(value, dtype):
+    import tensorflow as tf
+    return tf.cast(value, dtype)
+
+
+def _accumulating(optimizer):
+    # A LossScaleOptimizer (mixed float16) wraps the optimizer that accumulates.
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def steps_of(optimizer) -> int:
+    """The optimizer's `gradient_accumulation_steps`, or 1 when it accumulates nothing."""
+    return int(getattr(_accumulating(optimizer), "gradient_accumulation_steps", None) or 1)
+
+
+@contextlib.contextmanager
+def keras_accumulation_off(optimizer):
+    """While tracing or building: Keras's own accumulation off (kerastrain does it), so
+    `apply` updates at once and `build` makes no accumulator variables."""
+    optimizer = _accumulating(optimizer)
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if not steps:
+        yield
+        return
+    optimizer.gradient_accumulation_steps = None
+    try:
+        yield
+    finally:
+        optimizer.gradient_accumulation_steps = steps
+
+
+class Accumulator:
+    """The compiled training loops of a `loops.Step` whose optimizer accumulates k batches.
+
+    Args:
+        step: the `loops.Step`; its `replica_gradients(data)` gives one replica's
+            gradients of one batch and the batch's packed totals, and its
+            `update_target()` the variables and optimizer an update applies to.
+        steps: k, the batches per update.
+    """
+
+    def __init__(self, step, steps, jit_compile=False):
+        import tensorflow as tf
+        self.step = step
+        self.steps = steps
+        self._present = None  # which variables get a gradient (known when traced)
+        # XLA fuses one batch's forward pass and gradients; the update runs apart.
+        self._run_micro = (tf.function(self._micro, jit_compile=True) if jit_compile
+                           else self._micro)
+
+    # -- per replica ---------------------------------------------------------------
+
+    def _micro(self, data):
+        """One replica's gradient sum over one batch (x the batch's global examples)."""
+        grads, global_n, packed = self.step.replica_gradients(data)
+        present = [g is not None for g in grads]
+        if self._present is None:
+            self._present = present
+        elif present != self._present:
+            raise ValueError("The model's gradients reach different variables from one batch "
+                             "to the next, so they cannot be accumulated.")
+        return [g * global_n for g in grads if g is not None], packed
+
+    def _apply(self, sums, examples, last):
+        variables, optimizer = self.step.update_target()
+        sums = iter(sums)
+        grads = [next(sums) / examples if on else None for on in self._present]
+        with keras_accumulation_off(optimizer), _compat.learning_rate_at(optimizer, last):
+            optimizer.apply(grads, variables)
+
+    # -- compiled loops ------------------------------------------------------------
+
+    def _first(self, data):
+        """Run the first batch of a group: (gradient sums, totals, examples)."""
+        strategy = self.step.strategy
+        sums, packed = strategy.run(self._run_micro, args=(data,))
+        part = self.step.reduce(packed)
+        return sums, part, part[1]
+
+    def _add(self, sums, data, totals, examples):
+        strategy = self.step.strategy
+        more, packed = strategy.run(self._run_micro, args=(data,))
+        sums = strategy.run(lambda a, b: [x + y for x, y in zip(a, b)], args=(sums, more))
+        part = self.step.reduce(packed)
+        return sums, self.step.accumulate(totals, part), examples + part[1]
+
+    def _update(self, sums, examples, before=None):
+        """Apply a group, seeing the iteration counts Keras would.
+
+        Keras counts batches in `_iterations`; at a group's last batch its schedule
+        reads that batch's index, and `optimizer.iterations` (Adam's bias correction)
+        reads the index // k. A group the data ends early counts as k batches too, so
+        `optimizer.iterations` stays the number of updates. `before`: the batches
+        before this group, when the counter cannot be trusted (parameter servers).
+        """
+        counter = _compat.iteration_counter(self.step.model.optimizer)
+        before = counter.value if before is None else tf_cast(before, counter.dtype)
+        last = before + self.steps - 1
+        counter.assign(last // self.steps)
+        self.step.strategy.run(self._apply, args=(sums, examples, last))
+        counter.assign(last + 1)
+
+    def sync_loop(self, go_on, after):
+        """`fn(iterator, num_steps) -> (totals, steps)` that stops where the data ends."""
+        import tensorflow as tf
+        k = self.steps
+
+        @tf.function
+        def loop(iterator, num_steps):
+            totals = tf.zeros([self.step.width], tf.float32)
+            steps = tf.constant(0, tf.int32)
+            while go_on(steps, num_steps):
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                sums, totals_add, examples = self._first(optional.get_value())
+                totals = self.step.accumulate(totals, totals_add)
+                batches = tf.constant(1, tf.int32)
+                while batches < k:
+                    optional = iterator.get_next_as_optional()
+                    if not optional.has_value():
+                        break
+                    sums, totals, examples = self._add(sums, optional.get_value(), totals,
+                                                       examples)
+                    batches += 1
+                self._update(sums, examples)
+                steps += 1
+            after(steps)
+            return totals, steps
+        return loop
+
+    def ps_steps(self, step_counter, read, state, num_steps):
+        """Traced on a worker: `num_steps` updates, each of k batches read by
+        `read(state) -> (batch, state)` (the data repeats). Returns (totals, state)."""
+        import tensorflow as tf
+        k = self.steps
+        totals = tf.zeros([self.step.width], tf.float32)
+        for _ in tf.range(num_steps):
+            batch, state = read(state)
+            sums, part, examples = self._first(batch)
+            totals = self.step.accumulate(totals, part)
+            for _ in tf.range(k - 1):
+                batch, state = read(state)
+                sums, totals, examples = self._add(sums, batch, totals, examples)
+            # Keras's counter loses increments under asynchronous training: the
+            # batches before this group come from the exact step.
+            self._update(sums, examples, before=step_counter.read_value() * k)
+            step_counter.assign_add(1)
+        return totals, state

@@ -1,0 +1,32 @@
+"""Subprocess entry for accumulation tests: train with k accumulated batches, save the weights.
+
+Usage: python tests/_accumulation_worker.py JOB_JSON OUT_PREFIX
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def main():
+    job = json.loads(sys.argv[1])
+    out = sys.argv[2]
+    import kerastrain as kt  # the strategy must be built before any TF op runs
+
+    import test_accumulation as cases
+
+    x, y = cases.data(job["n"])
+    trainer = kt.Trainer(cases.builder(job["k"]), strategy=job["strategy"], verbose=0,
+                         steps_per_loop=job.get("steps_per_loop", "auto"))
+    history = trainer.fit(x, y, batch_size=job["batch"], epochs=job["epochs"], shuffle=False)
+    result = {"history": history.history, "global_step": trainer.global_step,
+              "iterations": int(trainer.model.optimizer.iterations),
+              "weights": [w.tolist() for w in trainer.model.get_weights()]}
+    with open(out + ".json", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

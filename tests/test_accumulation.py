@@ -1,0 +1,164 @@
+"""Gradient accumulation (`gradient_accumulation_steps` on the optimizer) under every strategy.
+
+k batches of B examples make one update equal to one batch of k x B, and the iteration
+counts Keras keeps (the schedule's, Adam's) are Keras's. Multi-process strategies (multi-worker
+mirrored, parameter servers) are in `test_accumulation_cluster.py`.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import keras
+
+import helpers
+import kerastrain as kt
+
+MIRRORED = {"name": "mirrored", "cpu_devices": 2}
+
+
+def data(n, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(n, 8).astype("float32")
+    return x, (x[:, :1] > 0).astype("float32")
+
+
+def builder(steps, *, batchnorm=False, schedule=False):
+    def build():
+        keras.utils.set_random_seed(1)
+        layers = [keras.Input((8,)),
+                  keras.layers.Dense(16, activation="relu",
+                                     kernel_regularizer=keras.regularizers.L2(0.01))]
+        if batchnorm:
+            layers.append(keras.layers.BatchNormalization())
+        model = keras.Sequential(layers + [keras.layers.Dense(1)])
+        rate = (keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=3, decay_rate=0.5)
+                if schedule else 0.05)
+        model.compile(optimizer=keras.optimizers.Adam(rate, gradient_accumulation_steps=steps),
+                      loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+    return build
+
+
+def max_difference(a, b):
+    return max(float(np.abs(p - q).max()) for p, q in zip(a.get_weights(), b.get_weights()))
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED])
+def test_four_batches_of_64_make_the_update_of_one_batch_of_256(strategy):
+    """258 examples: each epoch is one update from 4 x 64 and one from the last 2 examples
+    (the data ends inside the group), as with batches of 256; the loop's length does not
+    matter (3 steps per loop cut groups of batches nowhere)."""
+    x, y = data(258)
+    accumulated = kt.Trainer(builder(4), strategy=strategy, verbose=0, steps_per_loop=3)
+    history = accumulated.fit(x, y, batch_size=64, epochs=2, shuffle=False).history
+    whole = kt.Trainer(builder(None), strategy=strategy, verbose=0)
+    reference = whole.fit(x, y, batch_size=256, epochs=2, shuffle=False).history
+    assert max_difference(accumulated.model, whole.model) < 1e-5
+    # A step is an update: 2 an epoch, and Keras's counter says the same.
+    assert accumulated.global_step == whole.global_step == 4
+    assert int(accumulated.model.optimizer.iterations) == 4
+    np.testing.assert_allclose(history["loss"], reference["loss"], rtol=1e-6)
+    assert history["accuracy"] == reference["accuracy"]
+
+
+@pytest.mark.parametrize("strategy, batchnorm", [("one_device", True), (MIRRORED, False)])
+def test_accumulation_equals_keras_fit_with_its_counts(strategy, batchnorm):
+    """Keras's own accumulation on one device (Adam, a decaying schedule) and kerastrain's
+    agree: weights, the schedule (read at each group's last batch), Adam's step (updates).
+    With BatchNormalization (statistics of each batch) on one device only: under mirrored
+    each replica normalises its half of a batch."""
+    x, y = data(512)
+    reference = builder(4, batchnorm=batchnorm, schedule=True)()
+    expected = reference.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0).history
+    trainer = kt.Trainer(builder(4, batchnorm=batchnorm, schedule=True), strategy=strategy,
+                         verbose=0)
+    history = trainer.fit(x, y, batch_size=64, epochs=2, shuffle=False).history
+    assert max_difference(trainer.model, reference) < 1e-5
+    np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+    optimizer = trainer.model.optimizer
+    assert int(optimizer.iterations) == int(reference.optimizer.iterations) == 4
+    assert int(optimizer._iterations.numpy()) == int(reference.optimizer._iterations.numpy()) == 16
+    # No Keras accumulators were built: kerastrain accumulates, Keras's would stay zero.
+    assert not getattr(optimizer, "_accumulated_gradients", None)
+
+
+def test_batch_statistics_make_accumulated_batches_differ_from_one_big_batch():
+    """BatchNormalization normalises each batch of 64 by its own statistics: 4 x 64 is not one
+    batch of 256 for such a model (in Keras neither), only for models without batch statistics."""
+    x, y = data(256)
+    small = kt.Trainer(builder(4, batchnorm=True), strategy="one_device", verbose=0)
+    small.fit(x, y, batch_size=64, epochs=1, shuffle=False)
+    big = kt.Trainer(builder(None, batchnorm=True), strategy="one_device", verbose=0)
+    big.fit(x, y, batch_size=256, epochs=1, shuffle=False)
+    assert max_difference(small.model, big.model) > 1e-4
+
+
+def test_resuming_mid_epoch_skips_whole_groups_of_batches(tmp_path):
+    """A checkpoint after 1 of 3 updates (4 batches each) resumes at batch 4: the resumed run
+    ends where an uninterrupted one does."""
+    x, y = data(384)
+
+    class StopAfterOneStep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.model.stop_training = True
+
+    first = kt.Trainer(builder(4), strategy=MIRRORED, verbose=0, steps_per_loop=1,
+                       model_dir=str(tmp_path / "run"), checkpoint={"every_steps": 1})
+    first.fit(x, y, batch_size=32, epochs=1, shuffle=False, callbacks=[StopAfterOneStep()])
+    assert first.global_step == 1
+    resumed = kt.Trainer(builder(4), strategy=MIRRORED, verbose=0,
+                         model_dir=str(tmp_path / "run"))
+    resumed.fit(x, y, batch_size=32, epochs=1, shuffle=False)
+    straight = kt.Trainer(builder(4), strategy=MIRRORED, verbose=0)
+    straight.fit(x, y, batch_size=32, epochs=1, shuffle=False)
+    assert resumed.global_step == straight.global_step == 3
+    assert max_difference(resumed.model, straight.model) < 1e-6
+
+
+def _reference(n, epochs):
+    """Weights and logs of one device trained on batches of 256, no accumulation."""
+    x, y = data(n)
+    trainer = kt.Trainer(builder(None), strategy="one_device", verbose=0)
+    history = trainer.fit(x, y, batch_size=256, epochs=epochs, shuffle=False).history
+    return trainer.model.get_weights(), history
+
+
+def _check(result, weights, history, steps):
+    assert result["global_step"] == result["iterations"] == steps
+    got = [np.asarray(w) for w in result["weights"]]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(got, weights)) < 1e-5
+    np.testing.assert_allclose(result["history"]["loss"], history["loss"], rtol=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_accumulation_under_multi_worker_mirrored_and_parameter_servers(tmp_path):
+    """4 x 64 equals one batch of 256 on 2 multi-worker mirrored workers (258 examples: a
+    partial group) and under parameter servers (one worker, so no asynchrony; 512 examples:
+    workers read repeated data, so every group is whole). Both clusters run at once."""
+    import subprocess
+    import sys
+    ps_job = {"strategy": {"name": "ps", "num_workers": 1, "num_ps": 1}, "n": 512, "k": 4,
+              "batch": 64, "epochs": 2, "steps_per_loop": 1}
+    env = dict(__import__("os").environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    ps = subprocess.Popen([sys.executable, "tests/_accumulation_worker.py", json.dumps(ps_job),
+                           str(tmp_path / "ps")], cwd=helpers.REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        mwm_job = {"strategy": "multi_worker_mirrored", "n": 258, "k": 4, "batch": 64,
+                   "epochs": 2}
+        codes, outputs = helpers.run_workers("tests/_accumulation_worker.py", mwm_job,
+                                             str(tmp_path / "w"))
+        ps_output = ps.communicate(timeout=300)[0]
+    finally:
+        ps.kill()
+    assert codes == [0, 0], "\n".join(o[-4000:] for o in outputs)
+    assert ps.returncode == 0, ps_output[-4000:]
+    weights, history = _reference(258, 2)
+    for i in range(2):
+        _check(json.loads((tmp_path / f"w{i}.json").read_text()), weights, history, 4)
+    weights, history = _reference(512, 2)
+    _check(json.loads((tmp_path / "ps.json").read_text()), weights, history, 4)

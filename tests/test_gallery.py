@@ -1,0 +1,92 @@
+"""The gallery (tests/gallery.py) trains under kerastrain as under `model.fit`.
+
+One device and MirroredStrategy (2 logical CPUs): every epoch's loss and metrics equal
+Keras `fit`'s within 1e-5 relative, Keras `fit` running under the Trainer's own strategy
+object (two MirroredStrategy objects in one process collide in TensorFlow's collective
+keys). Parameter servers: one subprocess with a local in-process cluster trains every
+example that may train there (finite loss within the example's range) and checks the
+refusals of those that may not.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import kerastrain as kt
+
+import gallery
+
+MIRRORED = {"name": "mirrored", "cpu_devices": 2}
+RTOL = 1e-5
+
+
+def max_relative_difference(ours, theirs):
+    worst = 0.0
+    for key in theirs:
+        a, b = np.asarray(ours[key], "float64"), np.asarray(theirs[key], "float64")
+        worst = max(worst, float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12))))
+    return worst
+
+
+def run_both(example, strategy, tmp_path):
+    """(kerastrain history, model.fit history), same seed, same batches."""
+    trainer = kt.Trainer(example.build, strategy=strategy, verbose=0, seed=0,
+                         **example.trainer_kwargs)
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "theirs").mkdir()
+    ours = trainer.fit(epochs=example.epochs, **example.fit_args(str(tmp_path / "ours")))
+    if example.keras_mirrored or strategy == "one_device":
+        with trainer.strategy.scope():
+            reference = gallery.build_reference(example)
+    else:  # Keras fails under MirroredStrategy: the single-device result is the reference
+        reference = gallery.build_reference(example)
+    theirs = reference.fit(epochs=example.epochs, verbose=0,
+                           **example.fit_args(str(tmp_path / "theirs")))
+    return ours.history, theirs.history
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
+@pytest.mark.parametrize("name", list(gallery.BY_NAME))
+def test_the_gallery_trains_as_under_model_fit(name, strategy, tmp_path):
+    example = gallery.BY_NAME[name]
+    ours, theirs = run_both(example, strategy, tmp_path)
+    assert set(ours) == set(theirs) - set(example.missing_keys), (sorted(ours), sorted(theirs))
+    theirs = {k: v for k, v in theirs.items() if k not in example.missing_keys}
+    difference = max_relative_difference(ours, theirs)
+    print(f"GALLERY {name} {strategy if isinstance(strategy, str) else 'mirrored'} "
+          f"max_rel_diff={difference:.3g}")
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=RTOL, err_msg=key)
+    if name == "callbacks":
+        for side in ("ours", "theirs"):
+            assert (tmp_path / side / "best.weights.h5").exists()
+        ours_csv = (tmp_path / "ours" / "log.csv").read_text().splitlines()
+        theirs_csv = (tmp_path / "theirs" / "log.csv").read_text().splitlines()
+        assert ours_csv[0].split(",") == theirs_csv[0].split(",")
+        assert len(ours_csv) == len(theirs_csv) == 4  # header + 3 epochs: EarlyStopping
+        # the rate logged at an epoch end is the one it trained with; then halved
+        assert ours["learning_rate"] == pytest.approx([0.05, 0.05, 0.025])
+
+
+@pytest.mark.multiprocess
+def test_the_gallery_under_parameter_servers(tmp_path):
+    import helpers
+    out = tmp_path / "ps.json"
+    proc = helpers.run_python(["tests/_gallery_ps_worker.py", str(out)], timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    report = json.loads(out.read_text())
+    assert set(report) == set(gallery.BY_NAME)
+    for name, outcome in report.items():
+        example = gallery.BY_NAME[name]
+        if example.ps is not None:
+            assert "error" in outcome, (name, outcome)
+            assert outcome["type"] == "ValueError", (name, outcome)
+            assert __import__("re").search(example.ps, outcome["error"]), (name, outcome)
+            assert "Received: strategy='ps'" in outcome["error"], outcome
+            continue
+        assert "error" not in outcome, (name, outcome)
+        low, high = example.ps_range
+        assert all(np.isfinite(outcome["loss"])), (name, outcome)
+        assert low <= outcome["loss"][-1] <= high, (name, outcome)

@@ -1,0 +1,238 @@
+"""Speed choices (kerastrain.tuning, precision, all-reduce): results unchanged, logged, switchable."""
+
+import logging
+
+import numpy as np
+import pytest
+from helpers import FEATURES, arrays, build_model
+
+import kerastrain as kt
+from kerastrain import config, strategies, tuning
+
+
+def readme_dataset_fn(ctx):
+    """The pipeline a Keras user writes (README): slices, batch, prefetch."""
+    import tensorflow as tf
+    x, y = arrays(640)  # 40 batches: the first two loops measure steps_per_loop
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        ctx.get_per_replica_batch_size(16)).prefetch(tf.data.AUTOTUNE)
+
+
+def _global_slices(x, y):
+    import tensorflow as tf
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+
+def _weights(trainer):
+    return [np.asarray(w) for w in trainer.model.get_weights()]
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_tuning_on_and_off_train_the_same_weights(strategy, two_cpus, caplog):
+    options = two_cpus if strategy == "mirrored" else {}
+    x, y = arrays(96, seed=3)
+    runs = {}
+    for tuned in (True, False):
+        with caplog.at_level(logging.INFO, logger="kerastrain"):
+            caplog.clear()
+            trainer = kt.Trainer(build_model, strategy=strategy, strategy_options=options,
+                                 seed=0, verbose=0, tuning=tuned)
+            first = trainer.fit(readme_dataset_fn, epochs=2).history["loss"]
+            second = trainer.fit((x, y), batch_size=16, epochs=3, initial_epoch=2)
+            # A global dataset of whole batches: split per replica by TensorFlow.
+            third = trainer.fit(lambda: _global_slices(x, y), epochs=4, initial_epoch=3)
+        runs[tuned] = (_weights(trainer), first + second.history["loss"] +
+                       third.history["loss"], caplog.text)
+    for a, b in zip(runs[True][0], runs[False][0]):
+        np.testing.assert_array_equal(a, b)
+    # Loop sizes differ (measured vs 100): losses are summed in other groups, in float32.
+    np.testing.assert_allclose(runs[True][1], runs[False][1], rtol=1e-6)
+    assert "tf.data options: from_tensor_slices(...).batch(...) read as whole-batch slices" \
+        in runs[True][2]
+    assert "steps_per_loop='auto':" in runs[True][2]
+    assert "tf.data options" not in runs[False][2]
+    assert "steps_per_loop='auto':" not in runs[False][2]
+
+
+def test_gathered_pipeline_yields_the_same_batches():
+    import tensorflow as tf
+    x = np.random.RandomState(0).rand(50, 3).astype("float32")
+    ids = np.arange(50)
+    for drop in (False, True):
+        ds = tf.data.Dataset.from_tensor_slices((x, {"id": ids})).batch(
+            8, drop_remainder=drop).prefetch(2)
+        rebuilt = tuning.gathered(ds)
+        assert rebuilt.element_spec == ds.element_spec
+        got, want = list(rebuilt), list(ds)
+        assert len(got) == len(want) == (6 if drop else 7)
+        for a, b in zip(got, want):
+            for u, v in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+                np.testing.assert_array_equal(u, v)
+    # No remainder: every batch is whole, and the shapes say so.
+    whole = tuning.gathered(tf.data.Dataset.from_tensor_slices(x[:48]).batch(8))
+    assert whole.element_spec.shape.as_list() == [8, 3] and len(list(whole)) == 6
+    # Anything but slices -> batch -> prefetch is left alone (a shuffle's order, a map's work).
+    assert tuning.gathered(tf.data.Dataset.from_tensor_slices(x).shuffle(5).batch(8)) is None
+    assert tuning.gathered(tf.data.Dataset.from_tensor_slices(x).map(tf.abs).batch(8)) is None
+
+
+def test_tuned_keeps_options_the_pipeline_sets():
+    import tensorflow as tf
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 3
+    options.autotune.enabled = True
+    ds = tf.data.Dataset.range(10).batch(2).with_options(options)
+    tuned, sentence = tuning.tuned(ds, cores=2)
+    assert tuned.options().threading.private_threadpool_size == 3
+    assert tuned.options().autotune.enabled is True
+    assert "own tf.data options" in sentence
+    tuned, sentence = tuning.tuned(tf.data.Dataset.range(10).batch(2), cores=16)
+    assert tuned.options().threading.private_threadpool_size == 8
+    assert tuned.options().autotune.cpu_budget == 8
+    assert tuned.options().autotune.enabled is None
+    assert list(tuned.as_numpy_iterator())[0].tolist() == [0, 1]
+
+
+def test_loop_sizer_rule_and_probes():
+    sizer = tuning.LoopSizer(fallback=100, probe=16, overhead=0.01, most=1000, seconds=2.0)
+    assert sizer.next_size() == 100  # not calibrated: the constant
+    sizer.fixed = 0.001
+    assert sizer.next_size() == 16
+    sizer.observe(16, 16, 0.5)  # the first probe creates kernels: not used
+    sizer.observe(16, 16, 0.001 + 16 * 0.0005)
+    sizer.observe_gap(0.0005)
+    # (1 ms call + 0.5 ms between loops) / (1% of 0.5 ms per step) = 300 steps.
+    assert sizer.size == 300 and sizer.next_size() == 300
+    assert sizer.decide(fixed=0.1, per_step=0.5) == 4        # at most 2 s per loop
+    assert sizer.decide(fixed=1.0, per_step=1e-6) == 1000    # at most `most`
+    assert sizer.decide(fixed=0.001, per_step=0.0) == 100    # unusable: the constant
+
+
+def test_jit_compile_auto_rule():
+    import keras
+    model = build_model()
+    resolve = tuning.resolve_jit_compile
+    assert resolve("auto", model, places_variables=False, has_gpu=False)[0] is False
+    assert resolve("auto", model, places_variables=True, has_gpu=True)[0] is False
+    assert resolve("auto", model, places_variables=False, has_gpu=True)[0] is True
+    assert resolve(True, model, places_variables=False, has_gpu=False) == (True, "requested")
+    model.jit_compile = False
+    assert resolve(None, model, places_variables=False, has_gpu=True)[0] is False
+
+    class NoXla(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.supports_jit = False
+
+        def call(self, x):
+            return x
+    odd = keras.Sequential([keras.Input((FEATURES,)), NoXla(), keras.layers.Dense(1)])
+    assert resolve("auto", odd, places_variables=False, has_gpu=True)[0] is False
+    with pytest.raises(ValueError, match="'auto', True or False. Received: jit_compile='yes'"):
+        kt.Trainer(build_model, jit_compile="yes")
+
+
+def test_all_reduce_chosen_by_device_count():
+    choose = strategies.choose_cross_device_ops
+    assert choose(["/gpu:0", "/gpu:1"], nccl_available=True)[0] == "nccl"
+    assert choose(["/gpu:0", "/gpu:1", "/gpu:2"], nccl_available=False)[0] == "hierarchical_copy"
+    assert choose(["/gpu:0"], nccl_available=True)[0] == "reduction_to_one_device"
+    assert choose(["/cpu:0", "/cpu:1"], nccl_available=True)[0] == "reduction_to_one_device"
+    assert choose(["/cpu:0", "/gpu:0"], nccl_available=True)[0] == "reduction_to_one_device"
+
+
+def test_mixed_bfloat16_trains(caplog):
+    x, y = arrays(96)
+    with caplog.at_level(logging.INFO, logger="kerastrain"):
+        trainer = kt.Trainer(build_model, seed=0, verbose=0, mixed_precision="mixed_bfloat16")
+        losses = trainer.fit((x, y), batch_size=16, epochs=4).history["loss"]
+    assert trainer.model.layers[0].compute_dtype == "bfloat16"
+    assert trainer.model.layers[0].kernel.dtype == "float32"
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    assert "mixed precision: mixed_bfloat16" in caplog.text
+    import keras
+    assert keras.mixed_precision.dtype_policy().name == "float32"  # put back
+
+
+def _float16_model(initial_scale):
+    import keras
+
+    def build():
+        model = build_model()
+        model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=initial_scale), loss="binary_crossentropy")
+        return model
+    return build
+
+
+def test_mixed_float16_scales_the_loss_and_skips_non_finite_steps():
+    x, y = arrays(96)
+    # A scale of 2**40 makes float16 gradients overflow: the step is skipped, the scale halved.
+    trainer = kt.Trainer(_float16_model(2.0 ** 40), seed=0, verbose=0,
+                         mixed_precision="mixed_float16", steps_per_loop=1)
+    before = _weights(trainer)
+    trainer.fit((x, y), batch_size=16, epochs=1, steps_per_epoch=2)
+    for a, b in zip(_weights(trainer), before):
+        np.testing.assert_array_equal(a, b)
+    assert float(trainer.model.optimizer.dynamic_scale) == 2.0 ** 38
+    assert trainer.global_step == 2
+    # A workable scale: the unscaled update is that of float32 SGD on the same batch, to
+    # float16 precision (a wrong unscaling would be off by the factor 2**10).
+    scaled = kt.Trainer(_float16_model(2.0 ** 10), seed=0, verbose=0,
+                        mixed_precision="mixed_float16", steps_per_loop=1)
+    plain = kt.Trainer(build_model, seed=0, verbose=0, optimizer=lambda: __import__(
+        "keras").optimizers.SGD(0.1), loss="binary_crossentropy", metrics=[])
+    plain.model.set_weights(scaled.model.get_weights())
+    start = _weights(scaled)
+    for t in (scaled, plain):
+        t.fit((x, y), batch_size=96, epochs=1, shuffle=False)
+    for a, b, s in zip(_weights(scaled), _weights(plain), start):
+        assert not np.array_equal(a, s)
+        np.testing.assert_allclose(a - s, b - s, atol=2e-3, rtol=0.05)
+    assert float(scaled.model.optimizer.dynamic_scale) == 2.0 ** 10
+
+
+def test_mixed_precision_errors():
+    with pytest.raises(ValueError, match="Received: mixed_precision='float16'"):
+        kt.Trainer(build_model, mixed_precision="float16")
+    with pytest.raises(ValueError, match="was given already built, with policy 'float32'"):
+        kt.Trainer(build_model(), mixed_precision="mixed_bfloat16")
+    with pytest.raises(ValueError, match="Unknown tuning option"):
+        kt.Trainer(build_model, tuning={"input_option": False})
+
+
+def test_recipe_takes_the_speed_options():
+    base = {"model": {"builder": "kerastrain.examples:build_mlp"},
+            "data": {"train": {"builder": "kerastrain.examples:synthetic_data"}}}
+    recipe = config.validate({**base, "trainer": {"jit_compile": "auto",
+                                                  "mixed_precision": "mixed_bfloat16"},
+                              "tuning": {"measure_steps_per_loop": False}}, imports=False)
+    assert recipe.trainer.jit_compile == "auto"
+    assert recipe.trainer.mixed_precision == "mixed_bfloat16"
+    assert recipe.tuning == {"measure_steps_per_loop": False}
+    with pytest.raises(config.RecipeError) as e:
+        config.validate({**base, "trainer": {"jit_compile": "yes", "mixed_precision": "fp16"},
+                         "tuning": {"input_options": "no"}}, imports=False)
+    text = str(e.value)
+    assert "trainer.jit_compile" in text and "trainer.mixed_precision" in text
+    assert "tuning.input_options" in text
+    assert "tuning:" in config.template()
+
+
+def test_compiled_metric_results_read_a_variable_returned_by_result():
+    import keras
+
+    class Count(keras.metrics.Metric):
+        def __init__(self, name="count", **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.total.assign_add(keras.ops.cast(keras.ops.shape(y_true)[0], "float32"))
+
+        def result(self):
+            return self.total  # the variable itself: read inside the stateless scope
+
+    trainer = kt.Trainer(build_model, seed=0, verbose=0, metrics=lambda: ["accuracy", Count()])
+    history = trainer.fit(arrays(96), batch_size=16, epochs=2).history
+    assert history["count"] == [96.0, 96.0]

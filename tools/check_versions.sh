@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Build a virtual environment with given TensorFlow and Keras versions and run the smoke subset
+# that backs the range promised in pyproject.toml: one_device vs model.fit, mirrored and
+# multi-worker mirrored parity, a parameter-server run, Keras fidelity (model losses, overrides,
+# instances under every strategy, partial batches) and checkpoint round trips.
+#
+#   tools/check_versions.sh 2.16.2 3.10.0          # the lowest versions pyproject.toml allows
+#   tools/check_versions.sh 2.21.0 3.15.1 /tmp/v   # venv directory (default /tmp/kerastrain-TF-KERAS)
+set -euo pipefail
+tf="${1:?usage: tools/check_versions.sh TF_VERSION KERAS_VERSION [VENV_DIR]}"
+keras="${2:?usage: tools/check_versions.sh TF_VERSION KERAS_VERSION [VENV_DIR]}"
+venv="${3:-/tmp/kerastrain-$tf-$keras}"
+cd "$(dirname "$0")/.."
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q "tensorflow==$tf" "keras==$keras" pytest scikit-learn pyyaml
+"$venv/bin/pip" install -q --no-deps -e .
+"$venv/bin/python" -c "import tensorflow as tf, keras; print('TensorFlow', tf.__version__, '/ Keras', keras.__version__)"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/test_parity.py \
+    tests/test_parameter_servers.py::test_ps_without_cluster_starts_local_in_process_cluster \
+    tests/test_keras_fidelity.py tests/test_checkpoints.py
