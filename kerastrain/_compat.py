@@ -500,3 +500,19 @@ def optimizer_slot(optimizer, kind, variable):
     "accumulators"): Keras's built-in optimizers keep each kind in a private list
     (`Adam._momentums`...) indexed by `_get_variable_index` (Keras 3.10-3.15)."""
     return getattr(optimizer, f"_{kind}")[optimizer._get_variable_index(variable)]
+
+def flatten_metrics_in_order(model, logs):
+    """`model.evaluate(..., return_dict=False)`'s list (or scalar) from a logs dict.
+
+    Keras orders the values by the model's metrics, its compiled metrics expanded,
+    in `Trainer._flatten_metrics_in_order` (checked on Keras 3.10-3.15).
+    """
+    return model._flatten_metrics_in_order(logs)
+
+
+def sublayers_built(model) -> bool:
+    """Whether every layer inside `model` (not the model itself) has its variables.
+
+    `Layer._flatten_layers` is Keras's own walk over nested layers (Keras 3.10-3.15).
+    """
+    return all(layer.built for layer in model._flatten_layers(include_self=False))

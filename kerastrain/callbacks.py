@@ -43,9 +43,9 @@ def check_callbacks(callbacks):
     return callbacks
 
 
-def callback_list(callbacks, *, model, verbose, epochs, steps):
+def callback_list(callbacks, *, model, verbose, epochs, steps, history=True):
     return keras.callbacks.CallbackList(
-        callbacks, add_history=True, add_progbar=verbose != 0, model=model,
+        callbacks, add_history=history, add_progbar=verbose != 0, model=model,
         verbose=verbose, epochs=epochs, steps=steps)
 
 

@@ -8,6 +8,10 @@ The four forms a user may pass wherever data is expected:
 3. A `tf.data.Dataset` of global batches.
 4. NumPy arrays `(x, y)` or `(x, y, sample_weight)` with a `batch_size`.
 
+Batches are read as Keras reads them (`split_batch`): `(x, y)`, `(x, y,
+sample_weight)`, or the inputs alone (`x` or `(x,)`), for a model whose loss
+needs no targets (`add_loss`, an endpoint layer, its own `train_step`).
+
 Forms 2-4 are distributed by kerastrain: sharded across workers by the policy
 in `kerastrain.sharding` and split into per-replica batches by TensorFlow.
 Under parameter servers every form becomes a per-worker dataset built on the
@@ -59,7 +63,7 @@ def input_form(data, argument="dataset_fn") -> str:
 
     if isinstance(data, tf.data.Dataset):
         return "dataset"
-    if isinstance(data, (tuple, list)) and len(data) in (2, 3) and array_leaves(data):
+    if isinstance(data, (tuple, list)) and len(data) in (1, 2, 3) and array_leaves(data):
         return "numpy"
     if isinstance(data, (tuple, list, dict)) or _is_array(data):
         raise TypeError(
@@ -99,6 +103,22 @@ def inputs_of(element):
     if isinstance(element, (tuple, list)) and len(element) in (1, 2, 3):
         return element[0]
     return element
+
+
+def split_batch(batch):
+    """`(x, y, sample_weight)` of a batch (or of its spec), as Keras's `fit` reads it.
+
+    A tuple or list of 2 or 3 items is `(x, y[, sample_weight])`, one of 1 item is
+    `(x,)`; anything else (a tensor, a dict) is `x` alone: y and sample_weight None.
+    """
+    if isinstance(batch, list):
+        batch = tuple(batch)
+    if not isinstance(batch, tuple):
+        return batch, None, None
+    if len(batch) in (1, 2, 3):
+        return (tuple(batch) + (None, None))[:3]
+    raise ValueError("A batch must be `x`, `(x,)`, `(x, y)` or `(x, y, sample_weight)`, as "
+                     f"in `model.fit`. Received: a tuple of {len(batch)} items")
 
 
 def check_element_spec(dataset, argument="dataset_fn"):
@@ -178,8 +198,12 @@ class NumpyData:
         return ds.batch(self.batch_size)
 
     def gather(self, idx):
+        """The batch of examples `idx`."""
         import tensorflow as tf
-        return tf.nest.map_structure(lambda v: tf.gather(v, idx), self._variables)
+        batch = tf.nest.map_structure(lambda v: tf.gather(v, idx), self._variables)
+        # `(x,)`, the inputs alone, yields x itself: what `model.fit(x)` hands a model's
+        # `train_step` (Keras packs a tuple or list of inputs as `((a, b),)`, kept so).
+        return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
 
     def dataset(self, whole_batches=False):
         """The pipeline of global batches. `whole_batches`: when the batch size divides the

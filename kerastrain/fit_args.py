@@ -27,10 +27,12 @@ class FitData:
     train: object
     validation: object = None
     shuffle: bool = True  # NumPy training arrays are reshuffled every epoch
+    validation_batch_size: int | None = None  # NumPy validation data; None: batch_size
 
 
 def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_data=None,
-            validation_split=None, shuffle=None, argument="dataset_fn") -> FitData:
+            validation_split=None, shuffle=None, validation_batch_size=None,
+            argument="dataset_fn") -> FitData:
     """`fit(x, y, ...)`'s data arguments as kerastrain input forms.
 
     `argument` is the name the user gave the data by (`dataset_fn` or `x`), for errors.
@@ -38,11 +40,15 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
     Raises:
         ValueError: an argument that does not apply to this form of input, or a bad value.
     """
+    if y is None and sample_weight is None and not isinstance(data, (tuple, list)) and \
+            data_lib.array_leaves(data) is not None:
+        data = (data,)  # fit(x): the inputs alone, for a model whose loss needs no targets
     if y is not None and data_lib.array_leaves(data) is not None:
         # fit(x, y): x is the model's inputs (an array, or a list/dict/tuple of them).
         data = (data, y) if sample_weight is None else (data, y, sample_weight)
         y = sample_weight = None
     form = data_lib.input_form(data, argument)
+    _check_scalars(shuffle=shuffle, validation_batch_size=validation_batch_size)
     if form != "numpy":
         for name, value in (("y", y), ("sample_weight", sample_weight),
                             ("validation_split", validation_split)):
@@ -60,13 +66,26 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
     if class_weight is not None:
         data = _with_class_weight(data, form, class_weight)
     validation = validation_data
+    if validation_split == 0.0 and not isinstance(validation_split, bool):
+        validation_split = None  # model.fit's default: nothing held out
     if validation_split is not None:
         _check_split(validation_split)
         train, held_out = _split(data, validation_split)
         data = train
         if validation is None:  # as in Keras, validation_data wins
             validation = held_out
-    return FitData(data, validation, shuffle=True if shuffle is None else bool(shuffle))
+    return FitData(data, validation, shuffle=True if shuffle is None else bool(shuffle),
+                   validation_batch_size=validation_batch_size)
+
+
+def _check_scalars(*, shuffle, validation_batch_size):
+    from kerastrain._options import check_int
+    if shuffle is not None and not isinstance(shuffle, (bool, int)):
+        raise ValueError(
+            "`shuffle` must be True or False: kerastrain reshuffles NumPy arrays example by "
+            "example each epoch; Keras's shuffle='batch' (for HDF5 arrays) has no meaning here. "
+            f"Pass True, or shuffle a dataset in its pipeline. Received: shuffle={shuffle!r}")
+    check_int("validation_batch_size", validation_batch_size, minimum=1, optional=True)
 
 
 def _arrays(data, y, sample_weight):
@@ -89,6 +108,9 @@ def _with_class_weight(data, form, class_weight):
             raise ValueError("You cannot give `class_weight` and `sample_weight` at the same "
                              "time (as in `model.fit`): fold the class weights into the sample "
                              "weights. Received: both")
+        if len(data) == 1:
+            raise ValueError("`class_weight` weighs examples by their class, read from the "
+                             "targets: pass `y`. Received: class_weight with x alone")
         x, y = data
         if isinstance(y, (dict, list, tuple)):
             raise ValueError("`class_weight` is only supported for models with a single output "

@@ -157,6 +157,16 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
     return instance
 
 
+def _own_step_with_parts_built(model) -> bool:
+    """A model with its own `train_step` whose layers are all built (keras.io's GAN: two
+    built sub-models, no `call`): nothing is left to build by calling it. `model.fit`
+    without a strategy defers building to the step's tracing (under any strategy it
+    fails the same way); here the optimizer is built below, in the scope."""
+    if getattr(type(model), "train_step") is getattr(keras.Model, "train_step"):
+        return False
+    return _compat.sublayers_built(model)
+
+
 def build_state(model, built, element_spec):
     """Create the model's, metrics' and optimizer's variables from the data's shapes.
 
@@ -199,6 +209,10 @@ def _build_state(model, built, element_spec):
             raise ValueError(
                 "The model cannot run on the batches the dataset yields. Received: "
                 f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
+        except RuntimeError:
+            # Keras could not call the model to build it (keras.io's GAN has no `call`).
+            if not _own_step_with_parts_built(model):
+                raise
     partitioned = partitioning.Partitioning(model) if ps else None
     if partitioned:
         partitioned.check()

@@ -455,9 +455,11 @@ def model_monitor(model, writer, options, *, step, settings, element_spec, train
 
 def _forward_graph(model, element_spec):
     import tensorflow as tf
+
+    from kerastrain import data as data_lib
     try:
         return tf.function(lambda x: model(x, training=False)).get_concrete_function(
-            element_spec[0]).graph
+            data_lib.split_batch(element_spec)[0]).graph
     except Exception as e:  # the graph is a nicety; never fail training for it
         logger.warning("could not trace the model's graph for TensorBoard: %s", e)
         return None

@@ -9,20 +9,22 @@ import sys
 
 import numpy as np
 
+from kerastrain import _compat
 from kerastrain import _logging
 from kerastrain import actions as actions_lib
 from kerastrain import callbacks as callbacks_lib
 from kerastrain import checkpoints
 from kerastrain import data as data_lib
 from kerastrain import driver as driver_lib
-from kerastrain import files
 from kerastrain import fit_args
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
 from kerastrain import outputs as outputs_lib
 from kerastrain import precision
+from kerastrain import predicting
 from kerastrain import preemption
 from kerastrain import recovery as recovery_lib
+from kerastrain import run_state
 from kerastrain import sharding
 from kerastrain import strategies
 from kerastrain import summaries
@@ -34,7 +36,7 @@ logger = logging.getLogger("kerastrain")
 _AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
 # model.fit's data arguments that `fit` takes by keyword (`kerastrain.fit_args`).
 _KERAS_FIT_DATA_ARGS = {"x", "sample_weight", "class_weight", "validation_data",
-                        "validation_split", "shuffle"}
+                        "validation_split", "shuffle", "validation_batch_size"}
 
 
 class Trainer:
@@ -137,8 +139,6 @@ class Trainer:
         self._writer = None
         self._tb_writer = None
         self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
-        self._checkpointer = None
-        self._restored = False
         self._seed = seed
         self._steps_per_loop = steps_per_loop
         self._verbose = verbose
@@ -148,14 +148,15 @@ class Trainer:
             import keras
             keras.utils.set_random_seed(seed)
         self._model_source = model  # a function can build the model again (export)
+        self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
         self._make_state(model, detached=detached, optimizer=optimizer, loss=loss,
                          metrics=metrics)
         # The user's own model object, when kerastrain trains a copy built in scope: it
         # gets the trained weights whenever fit ends, so code written for model.fit works.
         self._user_model = model if detached is not None and model is not self._model else None
         self._step = None
+        self._predictor = None
         self._inputs = {}
-        self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
         self._lock = self._outputs.claim(tidy=checkpoints.tidy)
         self._settings = _settings(self, seed=seed, steps_per_loop=steps_per_loop, shard=shard)
 
@@ -169,11 +170,10 @@ class Trainer:
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            # Where training stands, saved with every checkpoint: the epoch in
-            # progress, steps into it, and the data position (passes begun over the
-            # training data, batches into the current pass).
-            self._state = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
-                           for name in ("epoch", "step_in_epoch", "data_pass", "data_offset")}
+            # Where training stands, saved with every checkpoint (`run_state`).
+            self._run = run_state.RunState(
+                options=self._ckpt_options, model_dir=self.model_dir, outputs=self._outputs,
+                is_chief=self.is_chief, is_multi_worker=self._built.is_multi_worker)
         # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
         # step. A plain local variable: only this task's loop reads it.
         self._stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
@@ -284,19 +284,9 @@ class Trainer:
         flag = None if self._built.is_multi_worker else self._stop_flag
         self._step = loops_lib.step_for(self._built, self._model, self._global_step,
                                         jit_compile=jit, stop_flag=flag, partitioned=partitioned)
-        import tensorflow as tf
         with self.strategy.scope():
-            # Any length: a model's own train_step says how many logs it has on first use.
-            self._epoch_totals = tf.Variable(np.zeros(self._step.width), dtype=tf.float64,
-                                             shape=tf.TensorShape([None]),
-                                             trainable=False, name="epoch_totals")
-        options = self._ckpt_options
-        if options and (self.model_dir or options.restore not in ("latest", "none")):
-            directory = files.join(self.model_dir, "checkpoints") if self.model_dir else None
-            self._checkpointer = checkpoints.Checkpointer(
-                directory, options, is_chief=self.is_chief, model=self._model,
-                optimizer=self._model.optimizer, global_step=self._global_step,
-                epoch_totals=self._epoch_totals, **self._state)
+            self._run.attach(width=self._step.width, model=self._model,
+                             global_step=self._global_step)
 
     def _start_watching(self):
         """A fresh stop state for one fit, and the SIGTERM watch (not yet entered)."""
@@ -305,41 +295,10 @@ class Trainer:
         # Under multi-worker mirrored, TensorFlow's PreemptionCheckpointHandler owns SIGTERM.
         return preemption.SigtermWatch(self._stop_flag, install=not self._built.is_multi_worker)
 
-    def _maybe_restore(self, driver, train_input):
-        """On the first fit, restore the latest checkpoint and move the driver's data to
-        where it stood; return where training stood (None: nothing restored)."""
-        if self._restored or self._checkpointer is None:
-            return None
-        self._restored = True
-        path = self._checkpointer.restore()
-        if path is None:
-            return None
-        info = {k: int(v.numpy()) for k, v in self._state.items()}
-        info["totals"] = np.asarray(self._epoch_totals.numpy(), np.float64)
-        logger.info("resumed from %s: step %d, epoch %d%s", path, self.global_step,
-                    info["epoch"] + 1, f", {info['step_in_epoch']} steps into it"
-                    if info["step_in_epoch"] else " (at its start)")
-        driver.fast_forward(train_input, info["data_pass"], info["data_offset"])
-        return info
-
-    def _set_state(self, driver, epoch, batch, totals):
-        for name, value in (("epoch", epoch), ("step_in_epoch", batch),
-                            ("data_pass", driver.passes), ("data_offset", driver.offset)):
-            self._state[name].assign(value)
-        self._epoch_totals.assign(totals)
-
-    def _save(self, driver, epoch, batch, totals, step):
-        """Save training state at `step`; returns the checkpoint's path (None: not kept here)."""
-        if self._checkpointer is None:
-            return None
-        self._set_state(driver, epoch, batch, totals)
-        self._checkpointer.save(step)
-        return self._checkpointer.last_path
-
     @contextlib.contextmanager
     def _preemption_agreement(self):
         """Under multi-worker mirrored with checkpoints, yield `agree(step)`, else None."""
-        ckpt = self._checkpointer
+        ckpt = self._run.checkpointer
         if ckpt is None or not self._built.is_multi_worker or not self.model_dir:
             yield None
             return
@@ -371,37 +330,11 @@ class Trainer:
             raise self._lost_cluster(e) from None
 
     def _lost_cluster(self, error):
-        candidates = self._checkpointer.candidates() if (
-            self._checkpointer is not None and self._checkpointer.directory) else []
-        return driver_lib.lost_cluster(error, candidates[0] if candidates else None)
-
-    def _export(self):
-        """The chief exports to model_dir/export; other workers take part in a removed temp dir."""
-        if not (self._ckpt_options and self._ckpt_options.export and self.model_dir):
-            return None
-        if self.is_chief:
-            model = self._model
-            if self._step is not None and self._step.partitioned:
-                # One machine serves it: the same model with whole variables.
-                model = models_lib.unpartitioned_copy(self._model, self._model_source)
-            paths = checkpoints.export(model, self._outputs.path("export"),
-                                       step=self.global_step)
-            logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
-            return paths
-        if self._built.is_multi_worker:
-            with outputs_lib.scratch_dir() as scratch:
-                checkpoints.export(self._model, scratch)
-        return None
-
-    def _export_missing(self):
-        """Whether the chief's export is missing or not of this step (a run killed or out of
-        disk while exporting): a rerun with nothing left to train writes it again."""
-        if not (self._ckpt_options and self._ckpt_options.export and self._outputs.enabled) \
-                or self._built.is_multi_worker or self.global_step == 0:
-            return False
-        return not checkpoints.export_is_current(self._outputs.path("export"), self.global_step)
+        return driver_lib.lost_cluster(error, self._run.latest_checkpoint())
 
     def _resolve_verbose(self, verbose):
+        if verbose not in (None, 0, 1, 2, "auto"):
+            raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
         verbose = self._verbose if verbose is None else verbose
         interactive = getattr(sys.stdout, "isatty", lambda: False)() or "ipykernel" in sys.modules
         if verbose == "auto":
@@ -462,7 +395,7 @@ class Trainer:
         step = self._step
         if not self._built.is_parameter_server:
             return driver_lib.SyncDriver(step.train_loop(), step.skip_loop())
-        ckpt = self._checkpointer
+        ckpt = self._run.checkpointer
         return driver_lib.PSDriver(
             step.train_loop(), self._built.coordinator, self._global_step,
             stop_requested=stop_requested,
@@ -477,11 +410,11 @@ class Trainer:
         results = self._step.results
         self._recovery = recovery_lib.action(
             driver, **self._nonfinite, model=self._model, step=self._step,
-            global_step=self._global_step, checkpointer=self._checkpointer,
+            global_step=self._global_step, checkpointer=self._run.checkpointer,
             writer=monitor.writer if monitor.active else None)
 
         def save(p, epoch, batch, totals):
-            path = self._save(driver, epoch, batch, totals, p.step)
+            path = self._run.save(driver, epoch, batch, totals, p.step)
             if self._recovery is not None:
                 self._recovery.saved(path, p, epoch, batch, totals)
             return path
@@ -493,11 +426,12 @@ class Trainer:
         if self.is_chief and monitor.active:  # other tasks write no summaries
             listed.append(actions_lib.Summaries(
                 monitor, results, timed=not self._built.is_parameter_server))
-        if self._checkpointer is not None:  # every task saves; only the chief keeps files
-            listed.append(actions_lib.Checkpoints(self._checkpointer, save, steps_per_epoch))
+        if self._run.checkpointer is not None:  # every task saves; only the chief keeps files
+            listed.append(actions_lib.Checkpoints(self._run.checkpointer, save,
+                                                  steps_per_epoch))
         if agree is not None:
             listed.append(actions_lib.AgreeOnPreemption(
-                agree, lambda p: self._set_state(driver, p.epoch, p.batch, p.totals)))
+                agree, lambda p: self._run.set(driver, p.epoch, p.batch, p.totals)))
         listed.append(actions_lib.Callbacks(callback_list, self._model, results, batch_logs))
         return listed
 
@@ -522,7 +456,8 @@ class Trainer:
             callbacks: Keras callbacks; batch hooks run once per compiled loop
                 (every step when a user callback has them and steps_per_loop="auto").
             **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
-                `validation_split`, `shuffle`, meaning what they mean in `model.fit`
+                `validation_split`, `shuffle`, `validation_batch_size`, meaning what
+                they mean in `model.fit`
                 (`kerastrain.fit_args`).
 
         Raises:
@@ -535,7 +470,7 @@ class Trainer:
         train_input = self._input(data.train, "dataset_fn", "training", batch_size,
                                   shuffle=data.shuffle)
         validation = self._validation(data.validation, validation_steps, batch_size,
-                                      validation_freq)
+                                      validation_freq, data.validation_batch_size)
         self._ensure_built(train_input.element_spec)
         steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
@@ -543,7 +478,7 @@ class Trainer:
                                           epochs=epochs, steps=steps_per_epoch)
         watch = self._start_watching()
         driver = self._driver(lambda: watch.requested or self._model.stop_training)
-        resumed = self._maybe_restore(driver, train_input)
+        resumed = self._run.restore(driver, train_input, lambda: self.global_step)
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
         first_step, monitor = self.global_step, self._monitor(train_input.element_spec)
         cbs.on_train_begin()
@@ -558,10 +493,16 @@ class Trainer:
         if listed[0].preempted is not None:
             raise listed[0].preempted  # after the handlers above have let go of SIGTERM
         cbs.on_train_end(progress.logs or {})
-        if progress.stop != actions_lib.DIVERGED and (
-                self.global_step > first_step or self._export_missing()):
-            self._export()  # a resumed run with nothing to train keeps a current export
+        if progress.stop != actions_lib.DIVERGED:
+            self._export(trained=self.global_step > first_step)
         return callbacks_lib.history_of(cbs)
+
+    def _export(self, *, trained):
+        """Export after training, or when the export is missing or stale (a resumed run
+        with nothing left to train keeps a current export)."""
+        if trained or self._run.export_missing(self.global_step):
+            self._run.export(self._model, model_source=self._model_source, step=self.global_step,
+                             partitioned=self._step.partitioned)
 
     def _train_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,
                       steps_per_loop, resumed, callback_list):
@@ -630,14 +571,21 @@ class Trainer:
         return fit_args.resolve(data, y, validation_data=validation, argument=argument,
                                 **keras_args)
 
-    def _validation(self, validation_dataset_fn, validation_steps, batch_size, every):
+    def _validation(self, validation_dataset_fn, validation_steps, batch_size, every,
+                    validation_batch_size=None):
         """The `actions.Validation` of this data, every `every` epochs (None without data)."""
         if validation_dataset_fn is None:
             return None
         # `batch_size` is for NumPy data; a validation dataset batches itself.
-        numpy = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn") == "numpy"
+        form = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn")
+        if validation_batch_size is not None and form != "numpy":
+            raise ValueError(
+                "`validation_batch_size` applies to NumPy validation data (as in `model.fit`); a "
+                "validation dataset batches itself. Remove it or batch the dataset. Received: "
+                f"validation_batch_size={validation_batch_size!r} with validation data of form "
+                f"{form!r}")
         val_input = self._input(validation_dataset_fn, "validation_dataset_fn", "validation",
-                                batch_size if numpy else None)
+                                (validation_batch_size or batch_size) if form == "numpy" else None)
         self._eval_dataset_fn = validation_dataset_fn
         return actions_lib.Validation(lambda: self._evaluate_input(val_input, validation_steps),
                                       every=every)
@@ -668,24 +616,72 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------
 
-    def evaluate(self, dataset_fn=None, *, steps=None, batch_size=None):
+    def evaluate(self, dataset_fn=None, y=None, *, batch_size=None, steps=None,
+                 sample_weight=None, return_dict=True, verbose=0, callbacks=None, x=None):
         """Evaluate the model exactly over the data and return `{"loss": ..., ...}` floats.
 
-        `dataset_fn` defaults to the last `validation_dataset_fn` given to `fit`,
-        then to the training `dataset_fn`. Under parameter servers the
-        coordinator evaluates the whole dataset itself, reading variables from
-        the ps tasks, so every example counts exactly once.
+        Takes `model.evaluate`'s arguments: `dataset_fn` (or `x`) in any input form,
+        `y` and `sample_weight` beside NumPy `x`, `batch_size`, `steps`, `verbose`,
+        `callbacks` (`on_test_begin` / `on_test_end`; the batch hooks once, at the end:
+        evaluation runs in compiled chunks) and `return_dict` (default True here;
+        False gives Keras's list, or a scalar for the loss alone). `dataset_fn`
+        defaults to the last `validation_dataset_fn` given to `fit`, then to the
+        training `dataset_fn`. Under parameter servers the coordinator evaluates the
+        whole dataset itself, reading variables from the ps tasks, so every example
+        counts exactly once.
         """
-        for candidate in (dataset_fn, self._eval_dataset_fn, self._dataset_fn):
-            if candidate is not None:
-                dataset_fn = candidate
-                break
+        if x is not None and dataset_fn is not None:
+            raise ValueError("`x` and `dataset_fn` name the same thing: pass one. Received: both")
+        dataset_fn = next((c for c in (dataset_fn, x, self._eval_dataset_fn, self._dataset_fn)
+                           if c is not None), None)
         if dataset_fn is None:
             raise ValueError("No evaluation data: pass `dataset_fn`. Received: dataset_fn=None")
+        if not isinstance(return_dict, bool):
+            raise TypeError(f"`return_dict` must be True or False. Received: {return_dict!r}")
         check_int("steps", steps, minimum=1, optional=True)
+        if y is not None or sample_weight is not None or \
+                data_lib.array_leaves(dataset_fn) is not None:
+            dataset_fn = fit_args.resolve(dataset_fn, y, sample_weight=sample_weight).train
         eval_input = self._input(dataset_fn, "dataset_fn", "evaluation", batch_size)
         self._ensure_built(eval_input.element_spec)
-        return self._evaluate_input(eval_input, steps)
+        cbs = callbacks_lib.callback_list(
+            callbacks_lib.check_callbacks(callbacks), model=self._model, history=False,
+            verbose=self._resolve_verbose(verbose), epochs=1, steps=steps)
+        cbs.on_test_begin()
+        cbs.on_test_batch_begin(0)
+        logs = self._evaluate_input(eval_input, steps)
+        cbs.on_test_batch_end((steps or 1) - 1, logs)
+        cbs.on_test_end(logs)
+        return logs if return_dict else _compat.flatten_metrics_in_order(self._model, logs)
+
+    # -- prediction -----------------------------------------------------------
+
+    def predict(self, x, *, batch_size=None, steps=None, verbose=None, callbacks=None):
+        """The model's outputs for `x`, NumPy arrays nested like its outputs, in input order.
+
+        As `model.predict`: `x` is NumPy inputs (`batch_size` default 32), a dataset
+        or a function returning one (batches of `x`, or `(x, y[, sample_weight])`
+        whose targets Keras's `predict_step` ignores), or a `dataset_fn(ctx)`;
+        `steps` batches at most; callbacks get `on_predict_*` with each batch's
+        outputs, and `model.stop_predicting` stops. A model's own `predict_step`
+        runs. Under multi-worker mirrored, parameter servers and central storage this
+        task predicts all of `x` itself, reading the trained variables
+        (`kerastrain.predicting`).
+
+        Example:
+            >>> probabilities = trainer.predict(x_test, batch_size=256)
+        """
+        predicting.check_options(batch_size=batch_size, steps=steps)
+        callbacks = callbacks_lib.check_callbacks(callbacks)
+        predictor = self._predictor = self._predictor or predicting.Predictor(
+            self._built, self._model)
+        batches, known, spec = predictor.batches(x, batch_size=batch_size, steps=steps)
+        predictor.ensure_built(spec)
+        cbs = callbacks_lib.callback_list(callbacks, model=self._model, history=False,
+                                          verbose=self._resolve_verbose(verbose), epochs=1,
+                                          steps=known)
+        with self._cluster_errors_explained():
+            return predictor.run(batches, steps, cbs)
 
     def _evaluate_input(self, eval_input, steps):
         if steps is None and eval_input.cardinality == data_lib.INFINITE:

@@ -1,13 +1,34 @@
 """The gallery (tests/gallery.py) under parameter servers, in one local in-process cluster.
 
 Usage: python tests/_gallery_ps_worker.py OUT_JSON
-Writes {example: {"loss": [...]} or {"error": message, "type": class name}}.
+Writes {example: {"loss": [...]} or {"error": message, "type": class name}}; for the
+examples in PREDICT also "predict_rel": the largest relative difference of `Trainer.predict`
+(run by the coordinator, reading the ps) from `model.predict` of a local copy of the weights.
 """
 
 import json
 import os
 import sys
 import tempfile
+
+PREDICT = ("multi_io_dict", "string_lookup", "custom_layer_add_loss")
+
+
+def predict_difference(example, trainer, directory):
+    import numpy as np
+    import tensorflow as tf
+    x = example.fit_args(directory)["x"]
+    numpy = not isinstance(x, tf.data.Dataset)
+    batch = {"batch_size": 10} if numpy else {}  # 48 examples: a last batch of 8
+    ours = trainer.predict(x, **batch)
+    reference = example.build()
+    reference.set_weights(trainer.model.get_weights())
+    theirs = reference.predict(x if numpy else example.fit_args(directory)["x"], verbose=0,
+                               **batch)
+    diffs = tf.nest.map_structure(
+        lambda a, b: float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
+        if a.shape == b.shape else float("inf"), ours, theirs)
+    return max(tf.nest.flatten(diffs))
 
 
 def main():
@@ -25,6 +46,9 @@ def main():
                 history = trainer.fit(epochs=example.epochs, **example.fit_args(directory))
                 report[example.name] = {
                     "loss": [float(v) for v in history.history[example.ps_key]]}
+                if example.name in PREDICT:
+                    report[example.name]["predict_rel"] = predict_difference(
+                        example, trainer, directory)
             except Exception as e:  # noqa: BLE001 (reported, judged by the test)
                 report[example.name] = {"error": str(e)[:2000], "type": type(e).__name__}
         print(example.name, report[example.name], flush=True)

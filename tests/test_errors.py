@@ -74,6 +74,15 @@ def test_dataset_with_wrong_structure():
                                          r"sample_weight\) or x alone.*a tuple of 4"):
         trainer.fit(four)
 
+    def four(ctx):
+        import tensorflow as tf
+        x, y = helpers.arrays(32)
+        return tf.data.Dataset.from_tensor_slices((x, y, y, y)).batch(8)
+
+    with pytest.raises(ValueError, match=r"must yield batches of \(x, y\), \(x, y, "
+                                         r"sample_weight\) or x alone"):
+        trainer.fit(four)
+
     def unbatched(ctx):
         import tensorflow as tf
         return tf.data.Dataset.from_tensor_slices(helpers.arrays(32))

@@ -90,3 +90,8 @@ def test_the_gallery_under_parameter_servers(tmp_path):
         low, high = example.ps_range
         assert all(np.isfinite(outcome["loss"])), (name, outcome)
         assert low <= outcome["loss"][-1] <= high, (name, outcome)
+    # predict under ps runs on the coordinator, reading the trained variables on the ps
+    # (a dict model, a lookup table on the ps, a model with add_loss): as model.predict.
+    predicted = {n: o["predict_rel"] for n, o in report.items() if "predict_rel" in o}
+    assert set(predicted) == {"multi_io_dict", "string_lookup", "custom_layer_add_loss"}, report
+    assert max(predicted.values()) <= 1e-5, predicted

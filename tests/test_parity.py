@@ -63,7 +63,7 @@ def test_multi_worker_mirrored_two_processes_match_one_device(tmp_path, referenc
     import sys
 
     cluster = {"worker": [f"127.0.0.1:{kt.cluster.free_port()}" for _ in range(2)]}
-    job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": EPOCHS})
+    job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": EPOCHS, "predict": True})
     procs = []
     for i in range(2):
         env = dict(__import__("os").environ, TF_CONFIG=helpers.tf_config(cluster, "worker", i),
@@ -84,3 +84,8 @@ def test_multi_worker_mirrored_two_processes_match_one_device(tmp_path, referenc
         assert_same(weights, result["history"], reference)
         assert result["global_step"] == reference[2]
         assert result["is_chief"] == (i == 0)
+        # Trainer.predict on each worker: every example, in order, as model.predict gives.
+        model = helpers.build_model()
+        model.set_weights(reference[0])
+        np.testing.assert_allclose(result["predict"], model.predict(helpers.arrays(N)[0],
+                                   verbose=0), rtol=1e-5, atol=1e-6)
