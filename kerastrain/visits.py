@@ -25,6 +25,8 @@ a seed (kerastrain's `seed` gives every op one).
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 
 
@@ -105,6 +107,10 @@ class Reader:
         import tensorflow as tf
 
         from kerastrain import _compat
+        # Free earlier trainers' resources now, while no loop runs: collected by Python's
+        # garbage collector during a fit, they stalled it for 8-80 s (measured, 2 workers in
+        # process; not diagnosed further). About 0.3 s here.
+        gc.collect()
         self.positions = Positions(sizes)
         self._make = make
         self._finish = finish or (lambda element: element)

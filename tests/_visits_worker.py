@@ -102,7 +102,7 @@ def main():
     import kerastrain as kt
 
     n = job.get("n", 512)
-    results, kept = [], []
+    results = []
     for case in job["cases"]:
         started = time.monotonic()
         model = build_model(n, own_step=case.get("own_step", False),
@@ -143,9 +143,6 @@ def main():
             trainer.fit(infinite_fn(n, batch), **fit)
         else:
             trainer.fit(context_fn(n, batch), **fit)
-        # Kept to the end: with trainers collected mid-run, one case of the grid stalled for
-        # 8-80 s (with exact visits only; not diagnosed, docs/data.md).
-        kept.append(trainer)
         results.append({"case": case, "per_epoch": per_epoch, "global_step": trainer.global_step,
                         "seconds": round(time.monotonic() - started, 2),
                         "total": np.asarray(layer.counts.numpy()).astype(int).tolist()})
