@@ -153,22 +153,21 @@ class Accumulator:
             return totals, steps
         return loop
 
-    def ps_loop(self, step_counter):
-        """`fn(iterator, num_steps) -> (totals, num_steps)` on a worker (data repeats)."""
+    def ps_steps(self, step_counter, read, state, num_steps):
+        """Traced on a worker: `num_steps` updates, each of k batches read by
+        `read(state) -> (batch, state)` (the data repeats). Returns (totals, state)."""
         import tensorflow as tf
         k = self.steps
-
-        @tf.function
-        def loop(iterator, num_steps):
-            totals = tf.zeros([self.step.width], tf.float32)
-            for _ in tf.range(num_steps):
-                sums, part, examples = self._first(next(iterator))
-                totals = self.step.accumulate(totals, part)
-                for _ in tf.range(k - 1):
-                    sums, totals, examples = self._add(sums, next(iterator), totals, examples)
-                # Keras's counter loses increments under asynchronous training: the
-                # batches before this group come from the exact step.
-                self._update(sums, examples, before=step_counter.read_value() * k)
-                step_counter.assign_add(1)
-            return totals, num_steps
-        return loop
+        totals = tf.zeros([self.step.width], tf.float32)
+        for _ in tf.range(num_steps):
+            batch, state = read(state)
+            sums, part, examples = self._first(batch)
+            totals = self.step.accumulate(totals, part)
+            for _ in tf.range(k - 1):
+                batch, state = read(state)
+                sums, totals, examples = self._add(sums, batch, totals, examples)
+            # Keras's counter loses increments under asynchronous training: the
+            # batches before this group come from the exact step.
+            self._update(sums, examples, before=step_counter.read_value() * k)
+            step_counter.assign_add(1)
+        return totals, state

@@ -20,6 +20,7 @@ workers, worker i reading shard i, repeated so no worker runs dry.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -28,7 +29,7 @@ import warnings
 
 import numpy as np
 
-from kerastrain import _compat, sharding, tuning
+from kerastrain import _compat, sharding, tuning, visits
 from kerastrain import service as service_lib
 
 logger = logging.getLogger("kerastrain")
@@ -193,28 +194,35 @@ class NumpyData:
         import tensorflow as tf
         return tf.nest.map_structure(lambda v: tf.constant(v.numpy()), self._variables)
 
-    def dataset(self, whole_batches=False):
-        """The pipeline of global batches. `whole_batches`: when the batch size divides the
-        examples, say so in the shapes (lets TensorFlow fold a step's shape arithmetic);
-        only where nothing shards the batches later (one worker)."""
+    def indices(self, pipeline=0):
+        """The batches of example indices of one pass (shuffled: seeded, anew each pass)."""
         import tensorflow as tf
 
         ds = tf.data.Dataset.range(self.num_examples)
         if self.shuffle:
             ds = ds.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
-        variables = self._variables
+        return ds.batch(self.batch_size)
+
+    def gather(self, idx):
+        """The batch of examples `idx`."""
+        import tensorflow as tf
+        batch = tf.nest.map_structure(lambda v: tf.gather(v, idx), self._variables)
+        # `(x,)`, the inputs alone, yields x itself: what `model.fit(x)` hands a model's
+        # `train_step` (Keras packs a tuple or list of inputs as `((a, b),)`, kept so).
+        return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
+
+    def dataset(self, whole_batches=False):
+        """The pipeline of global batches. `whole_batches`: when the batch size divides the
+        examples, say so in the shapes (lets TensorFlow fold a step's shape arithmetic);
+        only where nothing shards the batches later (one worker)."""
         size = self.batch_size if whole_batches and self.num_examples % self.batch_size == 0 \
             else None
 
         def gather(idx):
             if size:
                 idx.set_shape([size])
-            batch = tf.nest.map_structure(lambda v: tf.gather(v, idx), variables)
-            # `(x,)`, the inputs alone, yields x itself: what `model.fit(x)` hands a model's
-            # `train_step` (Keras packs a tuple or list of inputs as `((a, b),)`, kept so).
-            return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
-        ds = ds.batch(self.batch_size).map(gather)
-        return _threaded(ds, _check_threads("auto"))
+            return self.gather(idx)
+        return _threaded(self.indices().map(gather), _check_threads("auto"))
 
 
 def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, reader="tfrecord",
@@ -392,6 +400,7 @@ class DistributedInput:
                 check_element_spec(probe, argument)
             sizes = [cardinality(p) for p in probes]
             self.cardinality = (sizes[0] if len(sizes) == 1 or min(sizes) < 0 else sum(sizes))
+            self._sizes = sizes
             self.element_spec = probes[0].element_spec
             source, global_batch = None, None
         else:
@@ -399,6 +408,7 @@ class DistributedInput:
             check_element_spec(probe, argument)
             self.element_spec = probe.element_spec
             self.cardinality = cardinality(probe)
+            self._sizes = [self.cardinality]
             pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
             source = pipeline.file_source() if pipelines > 1 or shard == "file" else None
             global_batch = (self._numpy.batch_size if self.form == "numpy"
@@ -415,13 +425,13 @@ class DistributedInput:
         self.plan = sharding.decide(
             shard, form=self.form, pipelines=pipelines, source=source, parameter_servers=ps,
             global_batch=global_batch, replicas=strategy.num_replicas_in_sync)
+        self._decide_visits(shard, role)
         if self._service is not None:
             self.plan = self._service_plan(probes[0] if self.form == "context_fn" else probe)
         logger.info("%s data: %s", role, self.plan.sentence)
 
     def _service_plan(self, probe):
         """The plan when the tf.data service splits the data (no sharding by kerastrain)."""
-        import dataclasses
         graph = sharding.PipelineGraph(probe).graph
         self._service.check_splittable(graph, self._argument)
         expected = self._numpy.num_examples if self.form == "numpy" else None
@@ -438,6 +448,40 @@ class DistributedInput:
         if self.form == "numpy":
             return service_lib.numpy_batches(self._numpy, first_pass, passes)
         return self._checked(self._make())
+
+    def _decide_visits(self, shard, role):
+        """Under parameter servers, loops name the batches they train (kerastrain.visits)
+        unless a worker splits its batches over replicas, a pipeline is empty, or
+        shard='off' opts out (each worker reads its own pipeline, or all the data)."""
+        ps = self._built.is_parameter_server
+        self._reader = None
+        self._off = shard == "off"
+        self.exact = (ps and self._built.strategy.num_replicas_in_sync == 1
+                      and 0 not in self._sizes and not self._off and self._service is None)
+        if ps and role == "training":
+            self.plan = dataclasses.replace(self.plan, sentence=self._ps_account())
+
+    def _ps_account(self):
+        """What holds under parameter servers: exact visits, or why not."""
+        if self.exact:
+            if self.form == "context_fn":
+                what = (f"dataset_fn(ctx) is called once per input pipeline ({self._pipelines} in "
+                        "all); every worker reads every pipeline, taking their batches in turn")
+            else:
+                what = "every worker reads the whole data, in one device's order"
+            what += ", and trains the positions the coordinator gives each loop: every batch "
+            if INFINITE in self._sizes:
+                return what + ("of the data's (infinite) stream once, in order (a shuffle in the "
+                               "pipeline must be seeded)")
+            if UNKNOWN in self._sizes:
+                return what + ("once per pass of the data (its size is unknown: an epoch is "
+                               "`steps_per_epoch` batches of the repeated data; a shuffle in the "
+                               "pipeline must be seeded)")
+            return what + "once per pass of the data (a shuffle in the pipeline must be seeded)"
+        why = ("shard='off' asked for it, exact visits off" if self._off else "a pipeline is empty" if 0 in self._sizes
+               else "each worker splits its batches over several replicas")
+        return (f"{self.plan.sentence}; each worker reads its own shard ({why}): within an epoch "
+                "examples may repeat or be skipped")
 
     # -- what the runners iterate ---------------------------------------------------
 
@@ -533,6 +577,37 @@ class DistributedInput:
                 self._per_worker = _compat.per_worker_iterator(
                     self._built.coordinator, strategy, make)
         return self._per_worker
+
+    def reader(self):
+        """The `visits.Reader` of exact visits under parameter servers (None: not exact)."""
+        if not self.exact:
+            return None
+        if self._reader is None:
+            finish = None
+            if self.form == "numpy":
+                make, finish = self._numpy.indices, self._numpy.gather
+            elif self.form == "context_fn":
+                import tensorflow as tf
+                replicas = self._built.strategy.num_replicas_in_sync
+
+                def make(j):
+                    return self._checked(self._fn(tf.distribute.InputContext(
+                        self._pipelines, j, replicas)))
+            elif self.form == "dataset":
+                graph = _compat.serialize_dataset(self._make())
+                spec = self.element_spec
+
+                def make(j):
+                    return _compat.deserialize_dataset(graph, spec)
+            else:
+                def make(j):
+                    return self._checked(self._make())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                sizes = [size if size > 0 else None for size in self._sizes]
+                self._reader = visits.Reader(self._built, sizes, make, finish,
+                                             element_spec=self.element_spec)
+        return self._reader
 
     def local_dataset(self):
         """The whole dataset read on this task (coordinator-side evaluation under PS)."""

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import re
 import time
 from typing import Callable, Iterator
 
 import numpy as np
+
+logger = logging.getLogger("kerastrain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +190,14 @@ class SyncDriver:
 class PSDriver:
     """Schedules loops on parameter-server workers through a `ClusterCoordinator`.
 
-    Workers read repeated per-worker datasets, so there is no shared data
-    position to save: a resumed run continues with fresh data passes.
+    When the input allows it (`DistributedInput.reader()`: finite data of known
+    size), each loop carries the positions of the batches it trains
+    (`kerastrain.visits`), so every batch is trained once per pass whichever
+    worker runs which loop, and a loop retried after a worker failure trains the
+    same batches. The data position (`cursor`: global batches scheduled since
+    the first pass began) is checkpointed as (passes begun, batches into the
+    current pass), as `SyncDriver` does, and a resumed run continues from it.
+    Other inputs are read from repeated per-worker shards, with no position.
 
     At most `max_in_flight` loops are scheduled ahead: when more are queued, the
     oldest one's result is fetched (waiting for it), so a stop request is acted
@@ -201,38 +210,87 @@ class PSDriver:
         train_loop: the compiled training loop (runs exactly `num_steps` steps).
         coordinator: the `ClusterCoordinator`.
         global_step: kerastrain's step variable; set after each join to the steps
-            asked for (a loop a failed worker had begun is run again elsewhere, so
-            the variables may have taken a few extra updates, but checkpoints and
-            resumes count the steps asked for).
+            asked for. The loops count every step they run, so steps run beyond
+            those asked (a loop a failed worker had begun, run again elsewhere)
+            are counted and logged before that.
         stop_requested: `() -> bool`, checked before each loop is scheduled.
         join_at: `(step) -> bool`, whether the variables must hold exactly `step`
             (a mid-epoch checkpoint); None never asks.
         max_in_flight: loops scheduled ahead of the oldest unfinished one.
         on_lost: `(error) -> Exception` to raise when the cluster cannot be reached.
+        positions_loop: `(reader, fresh=False) -> fn`, the compiled loops of exact
+            visits (`loops.Step.positions_loop`).
+        width: the length of a loop's totals (`loops.Step.width`).
+        accumulation: batches a step reads (gradient accumulation): `cursor`, `passes`
+            and `offset` count batches.
     """
 
     def __init__(self, train_loop, coordinator, global_step, *, stop_requested,
-                 join_at=None, max_in_flight=4, on_lost=None):
+                 join_at=None, max_in_flight=4, on_lost=None, positions_loop=None, width=2,
+                 accumulation=1):
         self._loop = train_loop
+        self._positions_loop = positions_loop
         self._coordinator = coordinator
         self._global_step = global_step
         self._stop_requested = stop_requested
         self._join_at = join_at or (lambda step: False)
         self._max_in_flight = max_in_flight
         self._on_lost = on_lost or (lambda e: e)
-        self.passes = 0
-        self.offset = 0
-        self.scheduled = 0      # batches the workers were asked to read, in all
-        self.last_loop = None   # no shared data position: a recovery cannot probe here
+        self._per_pass = None
+        self._width = width
+        self._batches = accumulation
+        self.cursor = 0
+        self.repeated_steps = 0   # steps run twice (loops retried after a worker failed)
+        self.refetched = 0        # batches retried loops read from a fresh copy of the data
+        self.scheduled = 0        # batches the workers were asked to read, in all
+        self.last_loop = None     # loops are not replayed one step at a time (kerastrain.recovery)
+
+    @property
+    def passes(self):
+        """Passes over the data begun (as `SyncDriver.passes`; 1 when its size is unknown)."""
+        if self._per_pass is None:
+            return 0
+        if not self._per_pass:
+            return 1 if self.cursor else 0
+        return self.cursor // self._per_pass + (1 if self.cursor % self._per_pass else 0)
+
+    @property
+    def offset(self):
+        """Batches into the current pass (all batches so far when its size is unknown)."""
+        if not self._per_pass:
+            return self.cursor if self._per_pass is not None else 0
+        return self.cursor % self._per_pass
+
+    def _use(self, reader):
+        self._per_pass = reader.positions.per_pass or 0
 
     def fast_forward(self, train_input, passes, offset):
-        pass
+        reader = train_input.reader()
+        if reader is None:
+            return
+        self._use(reader)
+        per_pass = self._per_pass
+        self.cursor = (passes - (1 if offset else 0)) * per_pass + offset if per_pass else offset
+        where = (f"pass {self.cursor // per_pass + 1}, batch {self.cursor % per_pass} of "
+                 f"{per_pass}" if per_pass else f"batch {self.cursor} of its stream")
+        logger.info("the data continues at %s: no batch of the epoch is skipped; batches the "
+                    "stopped run trained after this checkpoint are trained again (none after a "
+                    "SIGTERM, which saves once its loops in flight finish)", where)
 
     def epoch_done(self, steps_per_epoch):
         pass
 
     def seek(self, passes, offset):
-        """Per-worker iterators go on where they stand: nothing to rewind."""
+        """Loops go on from the data position they reached: nothing to rewind (a recovery
+        skips the batches scheduled since its restore point)."""
+
+    @property
+    def replay_note(self):
+        """Why a recovery skips the batches since its restore point instead of replaying them."""
+        if self._per_pass is None:
+            return "parameter-server workers read their own data, with no position to go back to"
+        return ("parameter-server loops are not replayed: the data goes on from where it "
+                "stood, so those batches are not trained in this pass")
 
     def settle(self):
         """Wait for every scheduled loop (a recovery restores variables no loop may touch)."""
@@ -241,18 +299,36 @@ class PSDriver:
         except cluster_errors() as e:
             raise self._on_lost(e) from None
 
-    def _schedule(self, iterator, n):
-        import tensorflow as tf
+    def _schedule(self, fn, args):
         try:
-            return self._coordinator.schedule(self._loop, args=(iterator, tf.constant(n, tf.int32)))
+            return self._coordinator.schedule(fn, args=args)
         except cluster_errors() as e:
             raise self._on_lost(e) from None
 
-    def _fetch(self, remote, in_sync=False):
+    def _fetch(self, loop, in_sync=False):
+        """The result of a scheduled loop `(remote, steps, fresh args)`, waiting for it."""
+        remote, steps, fresh = loop
         try:
-            part, ran = remote.fetch()
+            part, ran, *behind = remote.fetch()
         except cluster_errors() as e:
-            raise self._on_lost(e) from None
+            lost = _tasks(str(e))
+            if not lost or any(job == "ps" for job, _ in lost):
+                raise self._on_lost(e) from None
+            # The loop ran; its worker went away before the coordinator copied its
+            # results (they stay on the worker). Its steps trained and count; its sums
+            # are missing from the epoch's loss and metrics.
+            logger.warning("the results of a loop of %d step(s) were lost with %s after it "
+                           "trained; the epoch's loss and metrics leave those steps out",
+                           steps, ", ".join(f"{job}:{i}" for job, i in lost if job == "worker"))
+            return LoopResult(np.zeros(self._width, np.float64), steps, in_sync)
+        if behind and int(behind[0]):
+            # Run again after a worker failed, on a worker already past its batches: it
+            # trained nothing. Read the same batches from a fresh copy of the data.
+            self.refetched += steps * self._batches
+            logger.warning("a loop run again after a worker failed found its new worker past "
+                           "its %d batch(es); they are read from a fresh copy of the data",
+                           steps * self._batches)
+            return self._fetch((self._schedule(*fresh), steps, None), in_sync)
         return LoopResult(np.asarray(part, np.float64), int(ran), in_sync)
 
     def _join(self, in_flight, step):
@@ -261,27 +337,60 @@ class PSDriver:
             self._coordinator.join()
         except cluster_errors() as e:
             raise self._on_lost(e) from None
+        results = [self._fetch(loop) for loop in in_flight]
+        in_flight.clear()
+        try:
+            counted = int(self._global_step.numpy())
+        except cluster_errors() as e:
+            raise self._on_lost(e) from None
+        if counted > step:
+            # A worker failed while running loops; the coordinator ran them again
+            # elsewhere, and the steps the failed attempts had run were trained twice.
+            self.repeated_steps += counted - step
+            logger.warning(
+                "a worker failed with loops in flight; they ran again on other workers, so "
+                "%d step(s) (their batches) were trained twice (%d so far this run)",
+                counted - step, self.repeated_steps)
         self._global_step.assign(step)
-        while in_flight:
-            remote = in_flight.popleft()
-            yield self._fetch(remote, in_sync=not in_flight)
+        for k, result in enumerate(results):
+            yield dataclasses.replace(result, in_sync=k == len(results) - 1)
+
+    def _next_loop(self, train_input, reader, n):
+        """Schedule the next loop of n steps: `(remote, n, args of its fresh variant)`."""
+        import tensorflow as tf
+        if reader is None:
+            return self._schedule(self._loop, (train_input.per_worker_iterator(),
+                                               tf.constant(n, tf.int32))), n, None
+        pipelines, positions = reader.positions.of(self.cursor, n * self._batches)
+        self.cursor += n * self._batches
+        where = (tf.constant(pipelines), tf.constant(positions),
+                 tf.constant(reader.positions.firsts(pipelines, positions)))
+        remote = self._schedule(self._positions_loop(reader),
+                                (reader.iterators, reader.worker) + where)
+        return remote, n, (self._positions_loop(reader, fresh=True), where)
 
     def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
                   boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
         """Schedule `steps_per_epoch` steps in loops cut at `boundary(step)`; yield results."""
-        iterator = train_input.per_worker_iterator()
+        reader = train_input.reader() if self._positions_loop is not None else None
+        if reader is not None:
+            self._use(reader)
         in_flight = collections.deque()
         done = 0
         while done < steps_per_epoch and not self._stop_requested():
             n = loop_size(steps_per_loop, steps_per_epoch, done, boundary(step))
-            in_flight.append(self._schedule(iterator, n))
-            self.scheduled += n
+            in_flight.append(self._next_loop(train_input, reader, n))
+            self.scheduled += n * self._batches
             done += n
             step += n
             if done < steps_per_epoch and self._join_at(step):
                 yield from self._join(in_flight, step)
             while len(in_flight) > self._max_in_flight:
                 yield self._fetch(in_flight.popleft())
+        if in_flight and done < steps_per_epoch:
+            logger.info("stop requested: %d loop(s) in flight (%d steps) finish first, so the "
+                        "variables hold every batch they read and none is trained again on "
+                        "resume", len(in_flight), sum(loop[1] for loop in in_flight))
         yield from self._join(in_flight, step)
 
 
@@ -315,13 +424,17 @@ def cluster_errors():
             tf.errors.InternalError)
 
 
+def _tasks(text):
+    """The (job, index) of every task an error message names."""
+    return sorted(set(re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)))
+
+
 def lost_cluster(error, latest_checkpoint=None):
     """The error to raise when a parameter server is gone: which task, and what to do."""
     resume = (f"the latest checkpoint is {latest_checkpoint}; run the job again (or `kerastrain "
               "launch --max-restarts N`) to resume from it" if latest_checkpoint else
               "no checkpoint was written yet (set trainer.model_dir to keep progress)")
-    text = str(error)
-    tasks = sorted(set(re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)))
+    tasks = _tasks(str(error))
     lost = [f"{job}:{index}" for job, index in tasks if job == "ps"] or [
         f"{job}:{index}" for job, index in tasks]
     what = f"{', '.join(lost)} unreachable" if lost else "a task unreachable"

@@ -274,22 +274,11 @@ class Step:
 
         step_counter = self.global_step
 
-        if self._accumulator is not None and self.built.is_parameter_server:
-            return self._accumulator.ps_loop(step_counter)
         if self.built.is_parameter_server:
             @tf.function
             def loop(iterator, num_steps):
-                totals = tf.zeros([self.width], tf.float32)
-                optimizer = self.model.optimizer  # None: a model's own step may keep its own
-                for _ in tf.range(num_steps):
-                    # Keras's own counter loses increments under asynchronous PS
-                    # training; schedules and Adam's bias correction read it, so
-                    # give it the exact step before each update.
-                    if optimizer is not None:
-                        iterations = optimizer.iterations
-                        iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
-                    totals = self.accumulate(totals, self._run_train(next(iterator)))
-                    step_counter.assign_add(1)
+                totals, _ = self.worker_steps(lambda state: (next(iterator), state),
+                                              tf.constant(0, tf.int32), num_steps)
                 return totals, num_steps
         else:
             def count(steps):
@@ -298,6 +287,32 @@ class Step:
                 return self._accumulator.sync_loop(self._go_on(self.stop_flag), after=count)
             loop = self._until_end(self._run_train, after=count, stop_flag=self.stop_flag)
         return loop
+
+    def worker_steps(self, read, state, num_steps, width=None):
+        """Traced on a parameter-server worker: `num_steps` steps (updates), each reading
+        `accumulation` batches by `read(state) -> (batch, state)`. Returns (totals, state)."""
+        import tensorflow as tf
+
+        step_counter = self.global_step
+        if self._accumulator is not None:
+            return self._accumulator.ps_steps(step_counter, read, state, num_steps)
+        totals = tf.zeros([width or self.width], tf.float32)
+        optimizer = self.model.optimizer  # None: a model's own step may keep its own
+        for _ in tf.range(num_steps):
+            # Keras's own counter loses increments under asynchronous PS
+            # training; schedules and Adam's bias correction read it, so
+            # give it the exact step before each update.
+            if optimizer is not None:
+                iterations = optimizer.iterations
+                iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
+            batch, state = read(state)
+            totals = self.accumulate(totals, self._run_train(batch))
+            step_counter.assign_add(1)
+        return totals, state
+
+    def positions_loop(self, reader, fresh=False):
+        """Under parameter servers, the compiled loops of exact visits (`visits.loop`)."""
+        return reader.loop(self, fresh)
 
     @staticmethod
     def _go_on(stop_flag):
@@ -591,6 +606,11 @@ class ModelStep(Step):
 
     def _build_train_loop(self):
         return self._keyed("train", super()._build_train_loop)
+
+    def positions_loop(self, reader, fresh=False):
+        self._learn_keys("train", reader.element_spec)
+        self._tracing = "train"
+        return super().positions_loop(reader, fresh)
 
     def _build_eval_loop(self):
         return self._keyed("eval", super()._build_eval_loop)

@@ -16,8 +16,9 @@ mean loss is over k times the running median of the loops before it), it:
    the bad one shows (its position in the data is then known); the state is
    restored once more and training goes on with every other batch. The result
    equals a run on the same data without that batch.
-3. under parameter servers, workers read their own repeated data with no shared
-   position, so the batches read since the restored state are skipped (logged).
+3. under parameter servers, loops are not replayed: the batches scheduled since the
+   restored state are skipped (logged), and the data goes on from where it stood
+   (with exact visits, `kerastrain.visits`, those batches miss this pass).
 
 After `max_recoveries` recoveries in one `fit` the next bad loss raises
 `TooManyRecoveries`; the model then holds the last good state.
@@ -260,8 +261,7 @@ class Recovery(actions.Action):
             skipped = f"skipped 1 batch (batch {loop[1]} of data pass {loop[0]})"
         else:
             n = self.driver.scheduled - self.point.scheduled
-            skipped = (f"skipped the {n} batches the workers read since then (parameter-server "
-                       "workers read their own data, with no position to go back to)")
+            skipped = f"skipped the {n} batches scheduled since then ({self.driver.replay_note})"
         restored = self._restore(p)
         line = (f"recovered from {why} at step {at_step} (epoch {p.epoch + 1}): restored "
                 f"{restored}, {skipped}; recovery {self.count} of at most {self.max_recoveries}")

@@ -16,7 +16,6 @@ from kerastrain import callbacks as callbacks_lib
 from kerastrain import checkpoints
 from kerastrain import data as data_lib
 from kerastrain import driver as driver_lib
-from kerastrain import files
 from kerastrain import fit_args
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
@@ -25,6 +24,7 @@ from kerastrain import precision
 from kerastrain import predicting
 from kerastrain import preemption
 from kerastrain import recovery as recovery_lib
+from kerastrain import run_state
 from kerastrain import service as service_lib
 from kerastrain import sharding
 from kerastrain import strategies
@@ -84,7 +84,9 @@ class Trainer:
         shard: how kerastrain shards global-batch data and NumPy input across
             workers: `"auto"` (by file when there are at least as many files as
             workers, else by data), `"file"`, `"data"` or `"off"`. A
-            `dataset_fn(ctx)` shards itself.
+            `dataset_fn(ctx)` shards itself. Under parameter servers training data is
+            not sharded: each loop trains the batches the coordinator names, every
+            batch once per pass; `"off"` opts out (each worker reads its own shard).
         on_nonfinite: what a NaN or infinite loss does: `"stop"` ends training
             (the default), `"recover"` restores the last good state (the newest
             checkpoint, else the epoch start kept in memory), skips the batch that
@@ -144,8 +146,6 @@ class Trainer:
         self._writer = None
         self._tb_writer = None
         self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
-        self._checkpointer = None
-        self._restored = False
         self._seed = seed
         self._steps_per_loop = steps_per_loop
         self._verbose = verbose
@@ -155,6 +155,7 @@ class Trainer:
             import keras
             keras.utils.set_random_seed(seed)
         self._model_source = model  # a function can build the model again (export)
+        self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
         self._make_state(model, detached=detached, optimizer=optimizer, loss=loss,
                          metrics=metrics)
         # The user's own model object, when kerastrain trains a copy built in scope: it
@@ -163,7 +164,6 @@ class Trainer:
         self._step = None
         self._predictor = None
         self._inputs = {}
-        self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
         self._lock = self._outputs.claim(tidy=checkpoints.tidy)
         self._settings = _settings(self, seed=seed, steps_per_loop=steps_per_loop, shard=shard)
 
@@ -177,11 +177,10 @@ class Trainer:
             self._global_step = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="global_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            # Where training stands, saved with every checkpoint: the epoch in
-            # progress, steps into it, and the data position (passes begun over the
-            # training data, batches into the current pass).
-            self._state = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
-                           for name in ("epoch", "step_in_epoch", "data_pass", "data_offset")}
+            # Where training stands, saved with every checkpoint (`run_state`).
+            self._run = run_state.RunState(
+                options=self._ckpt_options, model_dir=self.model_dir, outputs=self._outputs,
+                is_chief=self.is_chief, is_multi_worker=self._built.is_multi_worker)
         # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
         # step. A plain local variable: only this task's loop reads it.
         self._stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
@@ -294,19 +293,9 @@ class Trainer:
         flag = None if self._built.is_multi_worker else self._stop_flag
         self._step = loops_lib.step_for(self._built, self._model, self._global_step,
                                         jit_compile=jit, stop_flag=flag, partitioned=partitioned)
-        import tensorflow as tf
         with self.strategy.scope():
-            # Any length: a model's own train_step says how many logs it has on first use.
-            self._epoch_totals = tf.Variable(np.zeros(self._step.width), dtype=tf.float64,
-                                             shape=tf.TensorShape([None]),
-                                             trainable=False, name="epoch_totals")
-        options = self._ckpt_options
-        if options and (self.model_dir or options.restore not in ("latest", "none")):
-            directory = files.join(self.model_dir, "checkpoints") if self.model_dir else None
-            self._checkpointer = checkpoints.Checkpointer(
-                directory, options, is_chief=self.is_chief, model=self._model,
-                optimizer=self._model.optimizer, global_step=self._global_step,
-                epoch_totals=self._epoch_totals, **self._state)
+            self._run.attach(width=self._step.width, model=self._model,
+                             global_step=self._global_step)
 
     def _start_watching(self):
         """A fresh stop state for one fit, and the SIGTERM watch (not yet entered)."""
@@ -315,41 +304,10 @@ class Trainer:
         # Under multi-worker mirrored, TensorFlow's PreemptionCheckpointHandler owns SIGTERM.
         return preemption.SigtermWatch(self._stop_flag, install=not self._built.is_multi_worker)
 
-    def _maybe_restore(self, driver, train_input):
-        """On the first fit, restore the latest checkpoint and move the driver's data to
-        where it stood; return where training stood (None: nothing restored)."""
-        if self._restored or self._checkpointer is None:
-            return None
-        self._restored = True
-        path = self._checkpointer.restore()
-        if path is None:
-            return None
-        info = {k: int(v.numpy()) for k, v in self._state.items()}
-        info["totals"] = np.asarray(self._epoch_totals.numpy(), np.float64)
-        logger.info("resumed from %s: step %d, epoch %d%s", path, self.global_step,
-                    info["epoch"] + 1, f", {info['step_in_epoch']} steps into it"
-                    if info["step_in_epoch"] else " (at its start)")
-        driver.fast_forward(train_input, info["data_pass"], info["data_offset"])
-        return info
-
-    def _set_state(self, driver, epoch, batch, totals):
-        for name, value in (("epoch", epoch), ("step_in_epoch", batch),
-                            ("data_pass", driver.passes), ("data_offset", driver.offset)):
-            self._state[name].assign(value)
-        self._epoch_totals.assign(totals)
-
-    def _save(self, driver, epoch, batch, totals, step):
-        """Save training state at `step`; returns the checkpoint's path (None: not kept here)."""
-        if self._checkpointer is None:
-            return None
-        self._set_state(driver, epoch, batch, totals)
-        self._checkpointer.save(step)
-        return self._checkpointer.last_path
-
     @contextlib.contextmanager
     def _preemption_agreement(self):
         """Under multi-worker mirrored with checkpoints, yield `agree(step)`, else None."""
-        ckpt = self._checkpointer
+        ckpt = self._run.checkpointer
         if ckpt is None or not self._built.is_multi_worker or not self.model_dir:
             yield None
             return
@@ -381,35 +339,7 @@ class Trainer:
             raise self._lost_cluster(e) from None
 
     def _lost_cluster(self, error):
-        candidates = self._checkpointer.candidates() if (
-            self._checkpointer is not None and self._checkpointer.directory) else []
-        return driver_lib.lost_cluster(error, candidates[0] if candidates else None)
-
-    def _export(self):
-        """The chief exports to model_dir/export; other workers take part in a removed temp dir."""
-        if not (self._ckpt_options and self._ckpt_options.export and self.model_dir):
-            return None
-        if self.is_chief:
-            model = self._model
-            if self._step is not None and self._step.partitioned:
-                # One machine serves it: the same model with whole variables.
-                model = models_lib.unpartitioned_copy(self._model, self._model_source)
-            paths = checkpoints.export(model, self._outputs.path("export"),
-                                       step=self.global_step)
-            logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
-            return paths
-        if self._built.is_multi_worker:
-            with outputs_lib.scratch_dir() as scratch:
-                checkpoints.export(self._model, scratch)
-        return None
-
-    def _export_missing(self):
-        """Whether the chief's export is missing or not of this step (a run killed or out of
-        disk while exporting): a rerun with nothing left to train writes it again."""
-        if not (self._ckpt_options and self._ckpt_options.export and self._outputs.enabled) \
-                or self._built.is_multi_worker or self.global_step == 0:
-            return False
-        return not checkpoints.export_is_current(self._outputs.path("export"), self.global_step)
+        return driver_lib.lost_cluster(error, self._run.latest_checkpoint())
 
     def _resolve_verbose(self, verbose):
         if verbose not in (None, 0, 1, 2, "auto"):
@@ -453,11 +383,15 @@ class Trainer:
             element_spec=element_spec,
             train_logdir=self._tb_writer.train_dir if self._tb_writer is not None else None)
 
-    def _resolve_steps_per_loop(self, callbacks):
+    def _resolve_steps_per_loop(self, callbacks, steps_per_epoch):
         if self._steps_per_loop != "auto":
             return self._steps_per_loop
         if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
             return 1  # a user's batch hooks see every batch, as under model.fit
+        workers = self._built.num_workers
+        if self._built.is_parameter_server and steps_per_epoch and workers > 1:
+            # One loop at most one worker's share, or one worker may take the epoch.
+            return min(_AUTO_STEPS_PER_LOOP, -(-steps_per_epoch // workers))
         if (self._tuning.measure_steps_per_loop and not self._built.is_parameter_server
                 and not self._built.is_multi_worker):
             # Measured on the first loops (workers of multi-worker mirrored must agree
@@ -470,12 +404,14 @@ class Trainer:
         step = self._step
         if not self._built.is_parameter_server:
             return driver_lib.SyncDriver(step.train_loop(), step.skip_loop())
-        ckpt = self._checkpointer
+        ckpt = self._run.checkpointer
         return driver_lib.PSDriver(
             step.train_loop(), self._built.coordinator, self._global_step,
             stop_requested=stop_requested,
             join_at=None if ckpt is None else (lambda s: ckpt.due(s, epoch_end=False)),
-            max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster)
+            max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster,
+            positions_loop=step.positions_loop, width=step.width,
+            accumulation=step.accumulation)
 
     def _actions(self, driver, *, watch, agree, monitor, callback_list, validation,
                  steps_per_epoch, batch_logs):
@@ -483,11 +419,11 @@ class Trainer:
         results = self._step.results
         self._recovery = recovery_lib.action(
             driver, **self._nonfinite, model=self._model, step=self._step,
-            global_step=self._global_step, checkpointer=self._checkpointer,
+            global_step=self._global_step, checkpointer=self._run.checkpointer,
             writer=monitor.writer if monitor.active else None)
 
         def save(p, epoch, batch, totals):
-            path = self._save(driver, epoch, batch, totals, p.step)
+            path = self._run.save(driver, epoch, batch, totals, p.step)
             if self._recovery is not None:
                 self._recovery.saved(path, p, epoch, batch, totals)
             return path
@@ -499,11 +435,12 @@ class Trainer:
         if self.is_chief and monitor.active:  # other tasks write no summaries
             listed.append(actions_lib.Summaries(
                 monitor, results, timed=not self._built.is_parameter_server))
-        if self._checkpointer is not None:  # every task saves; only the chief keeps files
-            listed.append(actions_lib.Checkpoints(self._checkpointer, save, steps_per_epoch))
+        if self._run.checkpointer is not None:  # every task saves; only the chief keeps files
+            listed.append(actions_lib.Checkpoints(self._run.checkpointer, save,
+                                                  steps_per_epoch))
         if agree is not None:
             listed.append(actions_lib.AgreeOnPreemption(
-                agree, lambda p: self._set_state(driver, p.epoch, p.batch, p.totals)))
+                agree, lambda p: self._run.set(driver, p.epoch, p.batch, p.totals)))
         listed.append(actions_lib.Callbacks(callback_list, self._model, results, batch_logs))
         return listed
 
@@ -550,7 +487,7 @@ class Trainer:
                                           epochs=epochs, steps=steps_per_epoch)
         watch = self._start_watching()
         driver = self._driver(lambda: watch.requested or self._model.stop_training)
-        resumed = self._maybe_restore(driver, train_input)
+        resumed = self._run.restore(driver, train_input, lambda: self.global_step)
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
         first_step, monitor = self.global_step, self._monitor(train_input.element_spec)
         cbs.on_train_begin()
@@ -561,14 +498,20 @@ class Trainer:
                                    steps_per_epoch, batch_logs=bool(callbacks) or verbose != 0)
             progress = self._train_epochs(
                 driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
-                self._resolve_steps_per_loop(callbacks), resumed, cbs)
+                self._resolve_steps_per_loop(callbacks, steps_per_epoch), resumed, cbs)
         if listed[0].preempted is not None:
             raise listed[0].preempted  # after the handlers above have let go of SIGTERM
         cbs.on_train_end(progress.logs or {})
-        if progress.stop != actions_lib.DIVERGED and (
-                self.global_step > first_step or self._export_missing()):
-            self._export()  # a resumed run with nothing to train keeps a current export
+        if progress.stop != actions_lib.DIVERGED:
+            self._export(trained=self.global_step > first_step)
         return callbacks_lib.history_of(cbs)
+
+    def _export(self, *, trained):
+        """Export after training, or when the export is missing or stale (a resumed run
+        with nothing left to train keeps a current export)."""
+        if trained or self._run.export_missing(self.global_step):
+            self._run.export(self._model, model_source=self._model_source, step=self.global_step,
+                             partitioned=self._step.partitioned)
 
     def _train_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,
                       steps_per_loop, resumed, callback_list):

@@ -316,7 +316,7 @@ def test_the_chief_manager_never_restores_behind_kerastrains_back(tmp_path):
     import tensorflow as tf
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-6")
     before = [w.copy() for w in fresh.model.get_weights()]
-    assert fresh._checkpointer.manager.restore_or_initialize() is None
+    assert fresh._run.checkpointer.manager.restore_or_initialize() is None
     for a, b in zip(fresh.model.get_weights(), before):
         np.testing.assert_array_equal(a, b)
 

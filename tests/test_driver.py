@@ -30,8 +30,10 @@ class FakeCoordinator:
 
 
 def ps_driver(coordinator, assigned, **kwargs):
-    return driver.PSDriver(None, coordinator, types.SimpleNamespace(assign=assigned.append),
-                           **kwargs)
+    # The step counter reads back what was assigned: no loop ran twice.
+    counter = types.SimpleNamespace(assign=assigned.append,
+                                    numpy=lambda: assigned[-1] if assigned else 0)
+    return driver.PSDriver(None, coordinator, counter, **kwargs)
 
 
 DATA = types.SimpleNamespace(per_worker_iterator=lambda: None)
@@ -103,3 +105,83 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
                                      type("C", (), {"on_epoch_begin": lambda *a: None})())
     assert progress.stop == "preempted" and listed[0].preempted.step == 0
     assert np.all(progress.totals == 0)
+
+
+# -- exact visits: positions per loop -------------------------------------------------
+
+def test_positions_take_the_pipelines_in_turn_and_continue_into_the_next_pass():
+    from kerastrain import visits
+    positions = visits.Positions([3, 2])   # pipeline 0: 3 batches a pass, pipeline 1: 2
+    assert positions.per_pass == 5
+    assert [tuple(map(int, p)) for p in zip(*positions.of(0, 5))] == [
+        (0, 0), (1, 0), (0, 1), (1, 1), (0, 2)]
+    # The last batch of pass 0, then pass 1: positions count along each repeated pipeline.
+    assert [tuple(map(int, p)) for p in zip(*positions.of(4, 4))] == [
+        (0, 2), (0, 3), (1, 2), (0, 4)]
+
+
+class PositionsCoordinator(FakeCoordinator):
+    def __init__(self):
+        super().__init__()
+        self.positions = []
+
+    def schedule(self, fn, args):
+        self.positions.append([int(q) for q in args[3]])
+        n = len(self.positions[-1])
+
+        def fetch():
+            return np.zeros(3), n, 0
+        return types.SimpleNamespace(fetch=fetch)
+
+
+def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restart(caplog):
+    from kerastrain import visits
+    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None)
+    data = types.SimpleNamespace(reader=lambda: reader)
+    coordinator = PositionsCoordinator()
+    counted = {"extra": 0}
+    assigned = []
+    # The step counter counts every step run: those scheduled, and any run twice.
+    counter = types.SimpleNamespace(assign=assigned.append, numpy=lambda: sum(
+        len(p) for p in coordinator.positions) + counted["extra"])
+    ps = driver.PSDriver(None, coordinator, counter, stop_requested=lambda: False,
+                         positions_loop=lambda r, fresh=False: "loop")
+    list(ps.run_epoch(data, 3, 2, 0, lambda step: None))
+    assert coordinator.positions == [[0, 1], [2]]
+    counted["extra"] = 2   # a worker failed; its loop ran again elsewhere: 2 steps twice
+    list(ps.run_epoch(data, 3, 2, 3, lambda step: None))
+    assert coordinator.positions[2:] == [[3, 4], [5]]   # into the second pass
+    assert ps.repeated_steps == 2
+    assert "2 step(s) (their batches) were trained twice" in caplog.text
+    assert (ps.passes, ps.offset) == (2, 2)              # as a checkpoint keeps it
+    again = driver.PSDriver(None, PositionsCoordinator(), counter, stop_requested=lambda: False,
+                            positions_loop=lambda r, fresh=False: "loop")
+    again.fast_forward(data, ps.passes, ps.offset)
+    assert again.cursor == 6
+    list(again.run_epoch(data, 2, 2, 6, lambda step: None))
+    assert again._coordinator.positions == [[6, 7]]
+
+
+def test_a_retried_loop_behind_its_new_worker_runs_again_from_a_fresh_copy(caplog):
+    from kerastrain import visits
+    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None)
+    data = types.SimpleNamespace(reader=lambda: reader)
+    scheduled = []
+
+    class Coordinator(FakeCoordinator):
+        def schedule(self, fn, args):
+            scheduled.append((fn, [int(q) for q in args[-2]]))
+            # The first loop finds its worker past its batches: no step, behind=1.
+            behind = fn == "loop" and len(scheduled) == 1
+            n = len(scheduled[-1][1])
+            return types.SimpleNamespace(fetch=lambda: (np.ones(3), 0 if behind else n,
+                                                        int(behind)))
+
+    counter = types.SimpleNamespace(assign=lambda v: None, numpy=lambda: 4)
+    ps = driver.PSDriver(None, Coordinator(), counter, stop_requested=lambda: False,
+                         positions_loop=lambda r, fresh=False: "fresh" if fresh else "loop")
+    results = list(ps.run_epoch(data, 4, 2, 0, lambda step: None))
+    # The behind loop ran again, fresh, at the same positions; steps count once.
+    assert scheduled == [("loop", [0, 1]), ("loop", [2, 3]), ("fresh", [0, 1])]
+    assert [r.steps for r in results] == [2, 2] and ps.refetched == 2
+    assert "read from a fresh copy of the data" in caplog.text

@@ -159,6 +159,29 @@ def test_ps_recover_finishes_skips_and_keeps_the_loss_finite(tmp_path):
     assert result["global_step"] == 24  # the steps asked for, bad ones retrained
     assert all(np.isfinite(result["history"]["loss"]))
     assert "recovered from a non-finite loss (nan) at step " in proc.stderr
-    assert "skipped the " in proc.stderr and " batches the workers read since then" in proc.stderr
+    # Exact visits: the data position goes on past the skipped batches.
+    assert "skipped the " in proc.stderr and " batches scheduled since then (parameter-server " \
+        "loops are not replayed" in proc.stderr
     assert [v for _, v in read_scalars(str(tmp_path / "run" / "logs" / "train"))[
         "recoveries"]] == [1.0]
+
+
+def test_reshuffled_numpy_passes_skip_the_batch_that_holds_the_bad_example(caplog):
+    """One poisoned example in NumPy input reshuffled every pass: the batch skipped in each
+    epoch is the one holding it in that pass's order (`data.ArraySource`: a seeded
+    `shuffle(len(x), seed)` each pass), so recovery re-reads the pass in the same order."""
+    import tensorflow as tf
+    x, y = helpers.arrays(96)
+    y = y.copy()
+    y[50] = np.nan
+    t = kt.Trainer(helpers.build_model, strategy="one_device", seed=0, verbose=0,
+                   steps_per_loop=6, on_nonfinite="recover")
+    with caplog.at_level(logging.WARNING, logger="kerastrain"):
+        t.fit(x, y, epochs=2, batch_size=BATCH)
+    tf.random.set_seed(0)
+    order = tf.data.Dataset.range(96).shuffle(96, seed=0, reshuffle_each_iteration=True)
+    expected = [list(np.asarray(list(order))).index(50) // BATCH for _ in range(2)]
+    assert t.recoveries == 2 and t.global_step == 10, caplog.text
+    for batch, data_pass in zip(expected, (1, 2)):
+        assert f"skipped 1 batch (batch {batch} of data pass {data_pass})" in caplog.text
+    assert all(np.isfinite(w).all() for w in t.model.get_weights())

@@ -1,0 +1,118 @@
+"""Where a run stands, kept with every checkpoint; restoring it; the chief's export.
+
+A checkpoint holds the model and optimizer, the global step, and four counters: the
+epoch in progress, the steps taken into it, and the data position (passes begun over
+the training data, batches into the current pass), plus the epoch's running totals
+so that a resumed epoch's logs are exact. `RunState` creates those variables, writes
+them before a save, reads them back on the first `fit` of a Trainer, and exports the
+trained model (chief only; other multi-worker tasks take part in a removed scratch
+directory, as the collective save requires).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from kerastrain import checkpoints
+from kerastrain import files
+from kerastrain import models as models_lib
+from kerastrain import outputs as outputs_lib
+
+logger = logging.getLogger("kerastrain")
+
+COUNTERS = ("epoch", "step_in_epoch", "data_pass", "data_offset")
+
+
+class RunState:
+    """The counters of a run (made under the strategy's scope) and its checkpointer."""
+
+    def __init__(self, *, options, model_dir, outputs, is_chief, is_multi_worker):
+        import tensorflow as tf
+        self.options = options  # a `checkpoints.CheckpointOptions`, or None: no checkpoints
+        self.model_dir = model_dir
+        self.outputs = outputs
+        self.is_chief = is_chief
+        self.is_multi_worker = is_multi_worker
+        self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+                         for name in COUNTERS}
+        self.epoch_totals = None
+        self.checkpointer = None
+        self.restored = False
+
+    def attach(self, *, width, model, global_step):
+        """Create the epoch totals (`width` values; any length later: a model's own
+        train_step says how many logs it has on first use) and the checkpointer."""
+        import tensorflow as tf
+        self.epoch_totals = tf.Variable(np.zeros(width), dtype=tf.float64,
+                                        shape=tf.TensorShape([None]), trainable=False,
+                                        name="epoch_totals")
+        options = self.options
+        if options and (self.model_dir or options.restore not in ("latest", "none")):
+            directory = files.join(self.model_dir, "checkpoints") if self.model_dir else None
+            self.checkpointer = checkpoints.Checkpointer(
+                directory, options, is_chief=self.is_chief, model=model,
+                optimizer=model.optimizer, global_step=global_step,
+                epoch_totals=self.epoch_totals, **self.counters)
+
+    def restore(self, driver, train_input, global_step):
+        """On the first fit, restore the latest checkpoint and move the driver's data to
+        where it stood; return where training stood (None: nothing restored)."""
+        if self.restored or self.checkpointer is None:
+            return None
+        self.restored = True
+        path = self.checkpointer.restore()
+        if path is None:
+            return None
+        info = {k: int(v.numpy()) for k, v in self.counters.items()}
+        info["totals"] = np.asarray(self.epoch_totals.numpy(), np.float64)
+        logger.info("resumed from %s: step %d, epoch %d%s", path, global_step(),
+                    info["epoch"] + 1, f", {info['step_in_epoch']} steps into it"
+                    if info["step_in_epoch"] else " (at its start)")
+        driver.fast_forward(train_input, info["data_pass"], info["data_offset"])
+        return info
+
+    def set(self, driver, epoch, batch, totals):
+        for name, value in (("epoch", epoch), ("step_in_epoch", batch),
+                            ("data_pass", driver.passes), ("data_offset", driver.offset)):
+            self.counters[name].assign(value)
+        self.epoch_totals.assign(totals)
+
+    def save(self, driver, epoch, batch, totals, step):
+        """Save training state at `step`; returns the checkpoint's path (None: not kept here)."""
+        if self.checkpointer is None:
+            return None
+        self.set(driver, epoch, batch, totals)
+        self.checkpointer.save(step)
+        return self.checkpointer.last_path
+
+    def latest_checkpoint(self):
+        """The newest checkpoint kept in model_dir (None: none)."""
+        ckpt = self.checkpointer
+        candidates = ckpt.candidates() if ckpt is not None and ckpt.directory else []
+        return candidates[0] if candidates else None
+
+    def export(self, model, *, model_source, partitioned, step):
+        """The chief exports to model_dir/export; other workers take part in a removed temp dir."""
+        if not (self.options and self.options.export and self.model_dir):
+            return None
+        if self.is_chief:
+            if partitioned:
+                # One machine serves it: the same model with whole variables.
+                model = models_lib.unpartitioned_copy(model, model_source)
+            paths = checkpoints.export(model, self.outputs.path("export"), step=step)
+            logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
+            return paths
+        if self.is_multi_worker:
+            with outputs_lib.scratch_dir() as scratch:
+                checkpoints.export(model, scratch)
+        return None
+
+    def export_missing(self, step):
+        """Whether the chief's export is missing or not of this step (a run killed or out of
+        disk while exporting): a rerun with nothing left to train writes it again."""
+        if not (self.options and self.options.export and self.outputs.enabled) \
+                or self.is_multi_worker or step == 0:
+            return False
+        return not checkpoints.export_is_current(self.outputs.path("export"), step)

@@ -1,0 +1,154 @@
+"""Subprocess entry for visitation tests: count how often each example id is trained on.
+
+Usage: python tests/_visits_worker.py JOB_JSON OUT_PREFIX
+
+The model carries a layer that adds a histogram of each training batch's ids to a
+non-trainable variable (TensorFlow's own `assign_add` on `.value`, so the add
+happens once, where the variable lives, whichever worker runs the step). A callback
+reads it at every epoch end; the difference is what that epoch trained on.
+"""
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+FEATURES = 3
+
+
+def build_model(n, own_step=False, accumulation=None):
+    """The counting model; `own_step`: a subclass with its own `train_step` (kerastrain's
+    `ModelStep`); `accumulation`: SGD with `gradient_accumulation_steps`."""
+    import keras
+    import tensorflow as tf
+
+    class OwnStep(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                                 self.trainable_variables)
+            return {"loss": loss}
+
+    class CountIds(keras.layers.Layer):
+        def build(self, shape):
+            self.counts = self.add_weight(shape=(n,), initializer="zeros", trainable=False,
+                                          name="counts")
+
+        def call(self, x, training=None):
+            if training:
+                ids = tf.cast(x[:, 0], tf.int32)
+                self.counts.value.assign_add(
+                    tf.cast(tf.math.bincount(ids, minlength=n, maxlength=n), tf.float32))
+            return x[:, 1:]
+
+    def make():
+        inputs = keras.Input((1 + FEATURES,))
+        hidden = CountIds(name="count_ids")(inputs)
+        model = (OwnStep if own_step else keras.Model)(inputs, keras.layers.Dense(1)(hidden))
+        model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=accumulation),
+                      loss="mse")
+        return model
+    return make
+
+
+def arrays(n):
+    import numpy as np
+    rng = np.random.RandomState(0)
+    x = np.concatenate([np.arange(n, dtype="float32")[:, None],
+                        rng.randn(n, FEATURES).astype("float32")], axis=1)
+    return x, x[:, 1:2].copy()
+
+
+def context_fn(n, batch):
+    """dataset_fn(ctx): pipeline i holds ids i, i+P, ..., shuffled (seeded), batched."""
+    def dataset_fn(ctx):
+        import tensorflow as tf
+        x, y = arrays(n)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(ctx.num_input_pipelines,
+                                                               ctx.input_pipeline_id)
+        return ds.shuffle(n, seed=1).batch(batch)
+    return dataset_fn
+
+
+def global_data(n, batch, form):
+    """Global batches (a seeded shuffle): a tf.data.Dataset, or a function returning one;
+    "unknown": of a size TensorFlow cannot tell (filtered)."""
+    def make():
+        import tensorflow as tf
+        x, y = arrays(n)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=2)
+        if form == "unknown":
+            ds = ds.filter(lambda a, b: True)
+        return ds.batch(batch)
+    return make() if form == "dataset" else make
+
+
+def infinite_fn(n, batch):
+    def dataset_fn(ctx):
+        return context_fn(n, batch)(ctx).repeat()
+    return dataset_fn
+
+
+def main():
+    job = json.loads(sys.argv[1])
+    out = sys.argv[2]
+    import keras
+    import numpy as np
+
+    import kerastrain as kt
+
+    n = job.get("n", 512)
+    results = []
+    for case in job["cases"]:
+        started = time.monotonic()
+        model = build_model(n, own_step=case.get("own_step", False),
+                            accumulation=case.get("accumulation"))
+        trainer = kt.Trainer(model, strategy={"name": "ps", "num_workers": 2,
+                                                       "num_ps": 1},
+                             seed=0, verbose=0, steps_per_loop=case["steps_per_loop"],
+                             model_dir=case.get("model_dir"), shard=case.get("shard", "auto"))
+        layer = trainer.model.get_layer("count_ids")
+        before = [np.zeros(n)]
+        per_epoch = []
+
+        def on_epoch_end(epoch, logs=None):
+            now = np.asarray(layer.counts.numpy(), np.float64)
+            per_epoch.append((now - before[0]).astype(int).tolist())
+            before[0] = now
+        callback = keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)
+        batch = case.get("batch", 16)
+        callbacks = [callback]
+        if case.get("started_marker"):
+            marker = case["started_marker"]
+            at = case.get("marker_epoch", 0)
+            callbacks.append(keras.callbacks.LambdaCallback(
+                on_epoch_begin=lambda epoch, logs=None: epoch == at and open(marker, "w").close()))
+        if case.get("sleep_per_loop"):
+            # Batch hooks run once per compiled loop: a slower coordinator, a longer run.
+            callbacks.append(keras.callbacks.LambdaCallback(
+                on_train_batch_end=lambda b, logs=None: time.sleep(case["sleep_per_loop"])))
+        form = case["form"]
+        fit = dict(epochs=case["epochs"], steps_per_epoch=case["steps_per_epoch"],
+                   callbacks=callbacks)
+        if form == "numpy":
+            x, y = arrays(n)
+            trainer.fit(x, y, batch_size=batch, **fit)
+        elif form in ("dataset", "global_fn", "unknown"):
+            trainer.fit(global_data(n, batch, form), **fit)
+        elif form == "infinite":
+            trainer.fit(infinite_fn(n, batch), **fit)
+        else:
+            trainer.fit(context_fn(n, batch), **fit)
+        results.append({"case": case, "per_epoch": per_epoch, "global_step": trainer.global_step,
+                        "seconds": round(time.monotonic() - started, 2),
+                        "total": np.asarray(layer.counts.numpy()).astype(int).tolist()})
+    with open(out + ".json", "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
