@@ -193,3 +193,20 @@ def test_launch_starts_a_dispatcher_and_workers_and_points_the_recipe_at_them():
     with pytest.raises(ValueError, match=r"`--service-workers` must be an int >= 0. "
                                          r"Received: -1"):
         launch.service_tasks(-1)
+
+
+def test_validation_and_evaluation_data_stay_off_the_service(caplog):
+    caplog.set_level("INFO", "kerastrain")
+    x, y = _service_worker.arrays(64)
+    trainer = kt.Trainer(_service_worker.build_model(64), strategy="one_device", verbose=0,
+                         data_service="local", seed=0)
+    try:
+        history = trainer.fit(x, y, batch_size=16, validation_data=(x, y))
+        logs = trainer.evaluate(x, y, batch_size=16)
+    finally:
+        trainer.close()
+    assert history.history["val_loss"][0] == pytest.approx(logs["loss"], rel=1e-5)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("training data: through an in-process tf.data service") for m in lines)
+    assert any(m.startswith("validation data: one input pipeline reads all the data") for m in lines)
+    assert any(m.startswith("evaluation data: one input pipeline reads all the data") for m in lines)
