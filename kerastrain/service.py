@@ -40,6 +40,7 @@ MODES = ("distributed_epoch", "parallel_epochs")
 SPLITTABLE_SOURCES = ("RangeDataset", "TensorSliceDataset", "TensorDataset", "TFRecordDataset",
                       "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
                       "FixedLengthRecordDatasetV2")
+CONNECT_WAIT_SECS = 60.0  # for a dispatcher started at the same time as the trainer
 _ADDRESS = re.compile(r"^(grpc://)?[\w.\-\[\]:]+:\d+$")
 
 
@@ -167,6 +168,30 @@ class LocalService:
             thread.join(timeout)
 
 
+def check_reachable(address, wait=None):
+    """A dispatcher that cannot be reached within `wait` s (CONNECT_WAIT_SECS: it may be
+    starting beside this process) is an error: TensorFlow's client would retry for a long
+    time before saying anything."""
+    import socket
+    import time
+    wait = CONNECT_WAIT_SECS if wait is None else wait
+    host, port = address.removeprefix("grpc://").rsplit(":", 1)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+            return
+        except OSError as e:
+            error = e
+        if time.monotonic() >= deadline:
+            raise ValueError(
+                f"Cannot reach the tf.data service dispatcher at {address} within {wait:g} s "
+                f"({error.strerror or error}). Start one there (`python -m kerastrain.service "
+                "dispatcher --port PORT`, or `kerastrain launch ... --service-workers N`), fix "
+                f"the address, or use data_service='local'. Received: dispatcher={address!r}")
+        time.sleep(0.5)
+
+
 # -- the pipeline through the service ---------------------------------------------------------
 
 def unsplittable_sources(graph_def) -> list[str]:
@@ -197,6 +222,8 @@ class Service:
         self._local = (LocalService(options.workers, options.network)
                        if options.dispatcher == LOCAL else None)
         self.address = self._local.address if self._local else options.address
+        if self._local is None:
+            check_reachable(self.address)
         self._prefix = f"kerastrain-{uuid.uuid4().hex[:12]}"
 
     def close(self):

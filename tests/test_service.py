@@ -39,6 +39,19 @@ def test_bad_options_are_clear_errors(value, message):
     assert message in str(e.value)
 
 
+def test_a_dispatcher_nobody_serves_is_a_clear_error_at_once(monkeypatch):
+    monkeypatch.setattr(service, "CONNECT_WAIT_SECS", 1.0)
+    port = kt.cluster.free_port()
+    started = time.monotonic()
+    with pytest.raises(ValueError) as e:
+        kt.Trainer(_service_worker.build_model(8), strategy="one_device",
+                   data_service=f"grpc://127.0.0.1:{port}")
+    assert time.monotonic() - started < 10
+    assert f"Cannot reach the tf.data service dispatcher at grpc://127.0.0.1:{port} " \
+        "within 1 s (Connection refused). Start one there" in str(e.value)
+    assert f"Received: dispatcher='grpc://127.0.0.1:{port}'" in str(e.value)
+
+
 def test_recipe_data_service_key_parses_and_is_checked():
     tree = {"model": {"builder": "kerastrain.examples:build_mlp"},
             "data": {"train": {"builder": "kerastrain.examples:synthetic_data"},
