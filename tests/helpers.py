@@ -22,6 +22,16 @@ def arrays(n=96, seed=0):
     return x, y
 
 
+def numpy_orders(n, seed):
+    """The documented order of kerastrain's shuffled NumPy input (docs/data.md), written
+    out independently: a dataset whose k-th iteration yields pass k's permutation of
+    range(n). Call after `tf.random.set_seed(seed)` (as a Trainer with `seed` does)."""
+    import tensorflow as tf
+    keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
+    return keys.map(lambda key: tf.random.experimental.stateless_shuffle(
+        tf.range(n, dtype=tf.int64), seed=tf.stack([key, tf.constant(n, tf.int64)])))
+
+
 def build_model(optimizer="adam", l2=0.0):
     import keras
     reg = keras.regularizers.L2(l2) if l2 else None

@@ -168,8 +168,8 @@ def test_ps_recover_finishes_skips_and_keeps_the_loss_finite(tmp_path):
 
 def test_reshuffled_numpy_passes_skip_the_batch_that_holds_the_bad_example(caplog):
     """One poisoned example in NumPy input reshuffled every pass: the batch skipped in each
-    epoch is the one holding it in that pass's order (`data.ArraySource`: a seeded
-    `shuffle(len(x), seed)` each pass), so recovery re-reads the pass in the same order."""
+    epoch is the one holding it in that pass's order (`data.NumpyData`: a permutation
+    keyed from the seed each pass), so recovery re-reads the pass in the same order."""
     import tensorflow as tf
     x, y = helpers.arrays(96)
     y = y.copy()
@@ -179,8 +179,8 @@ def test_reshuffled_numpy_passes_skip_the_batch_that_holds_the_bad_example(caplo
     with caplog.at_level(logging.WARNING, logger="kerastrain"):
         t.fit(x, y, epochs=2, batch_size=BATCH)
     tf.random.set_seed(0)
-    order = tf.data.Dataset.range(96).shuffle(96, seed=0, reshuffle_each_iteration=True)
-    expected = [list(np.asarray(list(order))).index(50) // BATCH for _ in range(2)]
+    orders = helpers.numpy_orders(96, 0)
+    expected = [list(next(iter(orders)).numpy()).index(50) // BATCH for _ in range(2)]
     assert t.recoveries == 2 and t.global_step == 10, caplog.text
     for batch, data_pass in zip(expected, (1, 2)):
         assert f"skipped 1 batch (batch {batch} of data pass {data_pass})" in caplog.text
