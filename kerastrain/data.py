@@ -449,8 +449,8 @@ class DistributedInput:
 
     def _service_plan(self, probe):
         """The plan when the tf.data service splits the data (no sharding by kerastrain)."""
-        graph = sharding.PipelineGraph(probe).graph
-        self._service.check_splittable(graph, self._argument)
+        if self.form != "numpy":  # NumPy data goes as `service.numpy_batches`, split by batch
+            self._service.check_splittable(sharding.PipelineGraph(probe).graph, self._argument)
         expected = self._numpy.num_examples if self.form == "numpy" else None
         self._expected = expected
         return dataclasses.replace(self.plan, policy="off", sentence=self._service.sentence(
