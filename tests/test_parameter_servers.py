@@ -104,7 +104,7 @@ def test_ps_checkpoint_restores_into_a_fresh_trainer_with_the_exact_step(tmp_pat
     assert "resumed from" in proc.stderr
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])  # two random stop points (test_visits stops one more)
 def test_ps_sigterm_saves_the_step_its_variables_hold_and_resumes_to_the_exact_total(
         tmp_path, seed):
     import random
