@@ -32,6 +32,8 @@ import re
 import threading
 import uuid
 
+from kerastrain import _options
+
 logger = logging.getLogger("kerastrain")
 
 LOCAL = "local"
@@ -95,20 +97,13 @@ class ServiceOptions:
     @classmethod
     def coerce(cls, value):
         """None (no service), "local", "grpc://host:port", a mapping of fields, or an instance."""
-        if value is None or value is False or isinstance(value, cls):
-            return value or None
         if isinstance(value, str):
             return cls(dispatcher=value)
-        if isinstance(value, dict):
-            names = {f.name for f in dataclasses.fields(cls)}
-            unknown = sorted(set(value) - names)
-            if unknown:
-                raise ValueError(f"Unknown `data_service` option(s) {unknown}; valid: "
-                                 f"{sorted(names)}. Received: data_service={value!r}")
-            return cls(**value)
-        raise TypeError("`data_service` must be None, 'local', 'grpc://host:port', or a mapping "
-                        "{'dispatcher': ..., 'workers': ..., 'processing_mode': ...}. "
-                        f"Received: data_service={value!r} of type {type(value).__name__}")
+        if value is True or not (value is None or value is False or isinstance(value, (cls, dict))):
+            raise TypeError("`data_service` must be None, 'local', 'grpc://host:port', or a "
+                            "mapping {'dispatcher': ..., 'workers': ..., 'processing_mode': ...}. "
+                            f"Received: data_service={value!r} of type {type(value).__name__}")
+        return _options.coerce(cls, value, "data_service")
 
 
 def local_network(value) -> str | None:

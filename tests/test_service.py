@@ -30,7 +30,7 @@ N, BATCH = 512, 16
                      "Received: workers=0"),
     ({"processing_mode": "dynamic"}, "must be one of ['distributed_epoch', 'parallel_epochs']. "
                                      "Received: processing_mode='dynamic'"),
-    ({"dispatcher": "local", "worker": 2}, "Unknown `data_service` option(s) ['worker']"),
+    ({"dispatcher": "local", "worker": 2}, "Unknown data_service option(s) ['worker']"),
     (3, "Received: data_service=3 of type int"),
 ])
 def test_bad_options_are_clear_errors(value, message):
