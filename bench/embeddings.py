@@ -63,7 +63,9 @@ def dataset_fn(rows):
     return make
 
 
-def build_model(keras, rows):
+def build_model(keras, rows, optimizer=None):
+    """The ranking MLP over an `Embedding(rows, DIM)`; `optimizer()` makes its optimizer
+    (default Adam(1e-3))."""
     model = keras.Sequential([
         keras.Input((IDS,), dtype="int32"),
         keras.layers.Embedding(rows, DIM),
@@ -71,7 +73,7 @@ def build_model(keras, rows):
         keras.layers.Dense(HIDDEN, activation="relu"),
         keras.layers.Dense(1),
     ])
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse",
+    model.compile(optimizer=optimizer() if optimizer else keras.optimizers.Adam(1e-3), loss="mse",
                   **({"steps_per_execution": 100} if keras.__name__ == "tf_keras" else {}))
     return model
 

@@ -29,32 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _rounds import FitEpochs, interleave, machine, parse_args  # noqa: E402
+from embeddings import DIM, build_model, dataset_fn  # noqa: E402  (the same workload)
 
-DIM, IDS, BATCH, HIDDEN, SLOTS = 32, 8, 256, 64, 2
+SLOTS = 2
 ADAM, LAZY = "keras Adam", "LazyAdam"
-
-
-def dataset_fn(rows):
-    def make(ctx=None):
-        import tensorflow as tf
-        ids = tf.random.stateless_uniform((64 * BATCH, IDS), seed=(0, 1), maxval=rows,
-                                          dtype=tf.int32)
-        y = tf.cast(ids[:, :1] % 7, tf.float32) / 7.0
-        return tf.data.Dataset.from_tensor_slices((ids, y)).batch(BATCH).repeat()
-    return make
-
-
-def build_model(rows, optimizer):
-    import keras
-    model = keras.Sequential([
-        keras.Input((IDS,), dtype="int32"),
-        keras.layers.Embedding(rows, DIM),
-        keras.layers.Flatten(),
-        keras.layers.Dense(HIDDEN, activation="relu"),
-        keras.layers.Dense(1),
-    ])
-    model.compile(optimizer=optimizer(), loss="mse")
-    return model
 
 
 def unique_ids_per_step(rows, steps):
@@ -76,7 +54,7 @@ def runners_for(rows, steps):
     runners = {}
     for name, optimizer in ((ADAM, lambda: keras.optimizers.Adam(1e-3)),
                             (LAZY, lambda: optimizers.LazyAdam(1e-3))):
-        trainer = kt.Trainer(lambda optimizer=optimizer: build_model(rows, optimizer),
+        trainer = kt.Trainer(lambda optimizer=optimizer: build_model(keras, rows, optimizer),
                              dataset_fn(rows), strategy="one_device", seed=0, verbose=0)
         runners[(rows, name)] = FitEpochs(trainer, steps_per_epoch=steps)
     return runners
