@@ -14,34 +14,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-FEATURES = 3
+import _visits_worker  # noqa: E402
+from _visits_worker import arrays  # noqa: E402,F401  (ids in column 0)
 
 
 def build_model(n):
-    import keras
-    import tensorflow as tf
-
-    class CountIds(keras.layers.Layer):
-        def build(self, shape):
-            self.counts = self.add_weight(shape=(n,), initializer="zeros", trainable=False,
-                                          name="counts", aggregation="sum")
-
-        def call(self, x, training=None):
-            if training:
-                ids = tf.cast(x[:, 0], tf.int32)
-                self.counts.value.assign_add(
-                    tf.cast(tf.math.bincount(ids, minlength=n, maxlength=n), tf.float32))
-            return x[:, 1:]
-
-    def make():
-        inputs = keras.Input((1 + FEATURES,))
-        model = keras.Model(inputs, keras.layers.Dense(1)(CountIds(name="count_ids")(inputs)))
-        model.compile(optimizer="sgd", loss="mse")
-        return model
-    return make
-
-
-from _visits_worker import arrays  # noqa: E402  (ids in column 0, as the visits tests use)
+    """The visits tests' id counter; its counts summed across replicas (mirrored)."""
+    return _visits_worker.build_model(n, aggregation="sum")
 
 
 def train(job, trainer_options=None):

@@ -18,9 +18,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 FEATURES = 3
 
 
-def build_model(n, own_step=False, accumulation=None):
+def build_model(n, own_step=False, accumulation=None, aggregation="none"):
     """The counting model; `own_step`: a subclass with its own `train_step` (kerastrain's
-    `ModelStep`); `accumulation`: SGD with `gradient_accumulation_steps`."""
+    `ModelStep`); `accumulation`: SGD with `gradient_accumulation_steps`; `aggregation` of
+    the counts (`"sum"` under mirrored: each replica adds its own ids)."""
     import keras
     import tensorflow as tf
 
@@ -36,7 +37,7 @@ def build_model(n, own_step=False, accumulation=None):
     class CountIds(keras.layers.Layer):
         def build(self, shape):
             self.counts = self.add_weight(shape=(n,), initializer="zeros", trainable=False,
-                                          name="counts")
+                                          name="counts", aggregation=aggregation)
 
         def call(self, x, training=None):
             if training:
