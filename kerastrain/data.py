@@ -98,14 +98,6 @@ def describe(spec):
     return str(tf.nest.map_structure(one, spec))
 
 
-def inputs_of(element):
-    """The inputs (x) of a batch or element spec, as Keras unpacks it: `(x, y[, sw])`,
-    `(x,)`, or anything else (a tensor, a dict) is x alone."""
-    if isinstance(element, (tuple, list)) and len(element) in (1, 2, 3):
-        return element[0]
-    return element
-
-
 def split_batch(batch):
     """`(x, y, sample_weight)` of a batch (or of its spec), as Keras's `fit` reads it.
 
@@ -138,7 +130,7 @@ def check_element_spec(dataset, argument="dataset_fn"):
             f"(x, y, sample_weight) or x alone. Received: element_spec={describe(spec)} "
             f"(a tuple of {len(spec)}). Map it to one of those, e.g. "
             "`ds.map(lambda *t: ((t[0], t[1]), t[2]))`.")
-    x = tf.nest.flatten(inputs_of(spec))
+    x = tf.nest.flatten(split_batch(spec)[0])
     if not x or any(not isinstance(s, tf.TensorSpec) or s.shape.rank == 0 for s in x):
         raise ValueError(
             f"The inputs (x) from `{argument}` must be batched tensors with a batch dimension. "
@@ -199,8 +191,8 @@ class NumpyData:
 
         A shuffled pass is one permutation op (`stateless_shuffle`, its key drawn anew each
         time the pipeline is iterated, from `seed`) cut into batches: per-batch work only.
-        `Dataset.range(n).shuffle(n)` did per-example work, about 0.19 CPU-seconds per pass
-        of 65,536 examples against 0.05-0.07 here (2026-11-23, `bench/numpy_order.py`).
+        `Dataset.range(n).shuffle(n)` did per-example work: with the gathers, 0.13 against
+        0.08 CPU-seconds per pass of 65,536 examples (2026-11-23, `bench/numpy_order.py`).
         The passes' orders are a function of `seed` alone, so every worker and every fresh
         copy of the pipeline (resume, a retried ps loop) reads them alike.
         """
@@ -495,7 +487,8 @@ class DistributedInput:
                                "`steps_per_epoch` batches of the repeated data; a shuffle in the "
                                "pipeline must be seeded)")
             return what + "once per pass of the data (a shuffle in the pipeline must be seeded)"
-        why = ("shard='off' asked for it, exact visits off" if self._off else "a pipeline is empty" if 0 in self._sizes
+        why = ("shard='off' asked for it, exact visits off" if self._off
+               else "a pipeline is empty" if 0 in self._sizes
                else "each worker splits its batches over several replicas")
         return (f"{self.plan.sentence}; each worker reads its own shard ({why}): within an epoch "
                 "examples may repeat or be skipped")
@@ -658,7 +651,7 @@ def check_against_model(element_spec, model):
     except (AttributeError, TypeError, ValueError):
         expected = None
     _check_targets(element_spec, model)
-    got = [s.shape.rank for s in tf.nest.flatten(inputs_of(element_spec))]
+    got = [s.shape.rank for s in tf.nest.flatten(split_batch(element_spec)[0])]
     if expected and len(expected) == len(got) and all(
             g is not None and g == e - 1 for g, e in zip(got, expected)):
         raise ValueError(
@@ -670,7 +663,7 @@ def check_against_model(element_spec, model):
 def _check_targets(element_spec, model):
     """x-only batches train a model whose losses are its own, not a compiled loss."""
     import keras
-    x_only = inputs_of(element_spec) is element_spec or len(element_spec) == 1
+    x_only = split_batch(element_spec)[1] is None
     if not x_only or getattr(model, "loss", None) is None:
         return
     if any(getattr(type(model), name) is not getattr(keras.Model, name)

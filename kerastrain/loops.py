@@ -27,11 +27,7 @@ logger = logging.getLogger("kerastrain")
 
 def unpack(data):
     """`(x, y, sample_weight)` of a batch, as Keras unpacks it (x-only batches: y is None)."""
-    if not isinstance(data, (tuple, list)) or len(data) == 1:
-        return data_lib.inputs_of(data), None, None
-    if len(data) == 2:
-        return data[0], data[1], None
-    return data[0], data[1], data[2]
+    return data_lib.split_batch(data)
 
 
 class MetricState:
@@ -557,7 +553,7 @@ class ModelStep(Step):
 
     def _replica(self, step_fn):
         def run(data):
-            x = data_lib.inputs_of(data)
+            x = data_lib.split_batch(data)[0]
             return step_fn(data), self._batch_size(x)
         return run
 
