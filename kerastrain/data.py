@@ -212,10 +212,11 @@ class NumpyData:
         keys = tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True).take(1)
         return keys.flat_map(one_pass).apply(tf.data.experimental.assert_cardinality(batches))
 
-    def gather(self, idx):
-        """The batch of examples `idx`."""
+    def gather(self, idx, arrays=None):
+        """The batch of examples `idx` (of `arrays`, default the host variables)."""
         import tensorflow as tf
-        batch = tf.nest.map_structure(lambda v: tf.gather(v, idx), self._variables)
+        batch = tf.nest.map_structure(lambda v: tf.gather(v, idx),
+                                      self._variables if arrays is None else arrays)
         # `(x,)`, the inputs alone, yields x itself: what `model.fit(x)` hands a model's
         # `train_step` (Keras packs a tuple or list of inputs as `((a, b),)`, kept so).
         return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch

@@ -328,13 +328,14 @@ def numpy_batches(numpy_data, first_pass=0, passes=1):
     seed = tf.constant(numpy_data.seed or 0, tf.int64)
 
     def gather(j):
+        # Only this batch's positions go through the pass's permutation (a stateless
+        # bijection of [0, n)): O(batch size) per batch, not O(n).
         k, b = j // per_pass, j % per_pass
-        order = tf.range(n, dtype=tf.int64)
+        idx = tf.range(b * size, tf.minimum((b + 1) * size, n), dtype=tf.int64)
         if numpy_data.shuffle:
-            order = tf.random.experimental.stateless_shuffle(order, seed=tf.stack([seed, k]))
-        idx = order[b * size:tf.minimum((b + 1) * size, n)]
-        batch = tf.nest.map_structure(lambda v: tf.gather(v, idx), arrays)
-        return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
+            idx = tf.raw_ops.RandomIndexShuffle(index=idx, seed=tf.stack([seed, k, 0]),
+                                                max_index=tf.constant(n - 1, tf.int64))
+        return numpy_data.gather(idx, arrays)
     return tf.data.Dataset.range(first_pass * per_pass, (first_pass + passes) * per_pass).map(
         gather)
 
