@@ -545,7 +545,7 @@ class ModelStep(Step):
     def _run_exact(self, step_fn, data):
         """One training step on a parameter-server worker, its metric deltas returned."""
         def replica(data):
-            x = data[0] if isinstance(data, (tuple, list)) else data
+            x = data_lib.split_batch(data)[0]
             logs, deltas = worker_steps.run_with_metric_deltas(
                 step_fn, data, self.exact.variables)
             return self._pack_logs("train", logs, self._batch_size(x), deltas)
