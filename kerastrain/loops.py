@@ -73,20 +73,28 @@ class MetricState:
         logs.update(self.metric_results(totals))
         return logs
 
-    def metric_results(self, totals) -> dict:
-        """Every metric's result from a totals vector (`[loss, examples, deltas...]`)."""
+    def metric_results(self, totals, updated_only=False) -> dict:
+        """Every metric's result from a totals vector (`[loss, examples, deltas...]`).
+        `updated_only`: only metrics whose deltas are not all zero (updated at all)."""
         import tensorflow as tf
         if not self.parts:
             return {}
         if self._results is None:
             # Compiled once: eager metric results cost ~1 ms per logged step.
             self._results = tf.function(self._metric_results)
-        return {k: float(v) for k, v in self._results(
-            tf.constant(np.asarray(totals, np.float64))).items()}
+        totals = np.asarray(totals, np.float64)
+        logs, offset = {}, 2
+        for (_, variables), part in zip(self.parts, self._results(tf.constant(totals))):
+            size = sum(int(np.prod(v.shape)) for v in variables)
+            if not updated_only or np.any(totals[offset:offset + size]):
+                logs.update({k: float(v) for k, v in part.items()})
+            offset += size
+        return logs
 
     def _metric_results(self, totals):
+        """Each metric's results (a dict per metric, in `parts` order)."""
         import tensorflow as tf
-        logs = {}
+        parts = []
         offset = 2
         for metric, variables in self.parts:
             values = []
@@ -102,8 +110,8 @@ class MetricState:
                 if not isinstance(result, dict):
                     result = {metric.name: result}
                 # Converted here, in the scope: a variable returned would be read after it.
-                logs.update({k: tf.convert_to_tensor(r) for k, r in result.items()})
-        return logs
+                parts.append({k: tf.convert_to_tensor(r) for k, r in result.items()})
+        return parts
 
 
 class Step:
@@ -513,7 +521,11 @@ class ModelStep(Step):
     def results(self, totals, kind="train"):
         logs = {k: float(v) for k, v in zip(self.keys.get(kind, ()), totals[2 + self._deltas:])}
         if self._deltas and kind == "train":
-            exact = self.exact.metric_results(np.asarray(totals[:2 + self._deltas]))
+            # A log named like a metric's result is that result over every step, if the
+            # step updated the metric at all; a metric it left alone (Keras's loss tracker
+            # beside a step returning its own loss tensor) does not replace the log.
+            exact = self.exact.metric_results(np.asarray(totals[:2 + self._deltas]),
+                                              updated_only=True)
             logs.update({k: exact[k] for k in logs if k in exact})
         return logs
 

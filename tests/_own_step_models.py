@@ -163,4 +163,27 @@ def build_counting():
     return model
 
 
-BUILDERS = {"vae": build_vae, "gan": build_gan, "counting": build_counting}
+class RawLoss(keras.Model):
+    """A step returning its own loss tensor, the keras.io way, while `model.metrics` holds
+    Keras's loss tracker (from `compile(loss=...)`) that the step never updates: `fit`
+    logs the returned value, not the untouched tracker's 0."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = ops.mean(ops.square(y - self(x, training=True)))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+def build_raw_loss():
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((8,))
+    model = RawLoss(inputs, keras.layers.Dense(8)(inputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
+BUILDERS = {"vae": build_vae, "gan": build_gan, "counting": build_counting,
+            "raw_loss": build_raw_loss}
