@@ -380,8 +380,9 @@ class DistributedInput:
         ps = built.is_parameter_server
         pipelines = max(built.num_workers, 1)
         self._pipelines = pipelines
-        self._distributed = None
-        self._per_worker = None
+        # Built on first use; the last two: ps through the service (each worker's own
+        # index, the examples counted per pass).
+        self._distributed = self._per_worker = self._worker_index = self._account = None
         # A `kerastrain.service.Service` reads training data only (validation stays local).
         self._service = service if role == "training" else None
         if self.form == "numpy":
@@ -588,6 +589,40 @@ class DistributedInput:
                 self._per_worker = _compat.per_worker_iterator(
                     self._built.coordinator, strategy, make)
         return self._per_worker
+
+    @property
+    def drains(self) -> bool:
+        """Under parameter servers through the tf.data service: an epoch of
+        `steps_per_epoch=None` is one pass of a job every worker reads to its end
+        (`driver.PSDriver.run_pass`)."""
+        return self._service is not None and self._built.is_parameter_server
+
+    def pass_iterators(self, k):
+        """Per-worker iterators over pass `k`'s job (one job, shared by every ps worker),
+        and per-worker iterators yielding each worker's index."""
+        import tensorflow as tf
+        strategy, coordinator = self._built.strategy, self._built.coordinator
+        source = (self._service_source(first_pass=k) if self.form == "numpy"
+                  else self._service_source())
+        through = self._service.pass_fn(source, k)
+        with warnings.catch_warnings():
+            # tf.data warns that dataset options are not known while tracing.
+            warnings.simplefilter("ignore", UserWarning)
+            iterator = _compat.per_worker_iterator(
+                coordinator, strategy,
+                lambda index: strategy.distribute_datasets_from_function(lambda ctx: through()))
+            if self._worker_index is None:
+                self._worker_index = _compat.per_worker_iterator(
+                    coordinator, strategy, lambda index: tf.data.Dataset.from_tensors(
+                        tf.constant(index, tf.int32)).repeat())
+        return iterator, self._worker_index
+
+    def pass_ended(self, examples):
+        """A pass read through the service trained `examples`: fewer than a pass has are
+        reported (`service.PassAccount`)."""
+        if self._account is None:
+            self._account = service_lib.PassAccount(self._expected)
+        self._account.ended(int(round(examples)))
 
     def reader(self):
         """The `visits.Reader` of exact visits under parameter servers (None: not exact)."""

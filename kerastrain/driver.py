@@ -227,9 +227,11 @@ class PSDriver:
 
     def __init__(self, train_loop, coordinator, global_step, *, stop_requested,
                  join_at=None, max_in_flight=4, on_lost=None, positions_loop=None, width=2,
-                 accumulation=1):
+                 accumulation=1, pass_loop=None, workers=1):
         self._loop = train_loop
         self._positions_loop = positions_loop
+        self._pass_loop = pass_loop
+        self._workers = workers
         self._coordinator = coordinator
         self._global_step = global_step
         self._stop_requested = stop_requested
@@ -244,10 +246,17 @@ class PSDriver:
         self.refetched = 0        # batches retried loops read from a fresh copy of the data
         self.scheduled = 0        # batches the workers were asked to read, in all
         self.last_loop = None     # loops are not replayed one step at a time (kerastrain.recovery)
+        # Epochs of one pass of a shared job (`run_pass`): passes read to their end, the
+        # workers whose reader of the current pass has ended, steps the pass trained.
+        self._drained = 0
+        self._ended = set()
+        self._pass_start, self._pass_steps, self._pass_examples = 0, 0, 0.0
 
     @property
     def passes(self):
         """Passes over the data begun (as `SyncDriver.passes`; 1 when its size is unknown)."""
+        if self._drained:
+            return self._drained
         if self._per_pass is None:
             return 0
         if not self._per_pass:
@@ -257,6 +266,8 @@ class PSDriver:
     @property
     def offset(self):
         """Batches into the current pass (all batches so far when its size is unknown)."""
+        if self._drained:
+            return self._pass_steps
         if not self._per_pass:
             return self.cursor if self._per_pass is not None else 0
         return self.cursor % self._per_pass
@@ -265,6 +276,16 @@ class PSDriver:
         self._per_pass = reader.positions.per_pass or 0
 
     def fast_forward(self, train_input, passes, offset):
+        if train_input.drains:
+            # A shared job cannot be rejoined where it stood: the next epoch reads pass
+            # `passes` (a new order for NumPy data) from its beginning.
+            self._drained = passes
+            if offset:
+                logger.warning(
+                    "resumed %d step(s) into an epoch read through the tf.data service: the "
+                    "epoch reads a whole new pass, so the examples of those steps are trained "
+                    "again in it (a service job cannot be rejoined where it stood)", offset)
+            return
         reader = train_input.reader()
         if reader is None:
             return
@@ -320,8 +341,17 @@ class PSDriver:
             logger.warning("the results of a loop of %d step(s) were lost with %s after it "
                            "trained; the epoch's loss and metrics leave those steps out",
                            steps, ", ".join(f"{job}:{i}" for job, i in lost if job == "worker"))
+            if fresh is _PASS:
+                self._pass_steps += steps  # at most; the steps it ran are not known
             return LoopResult(np.zeros(self._width, np.float64), steps, in_sync)
-        if behind and int(behind[0]):
+        if fresh is _PASS:
+            # A pass loop: fewer steps than asked means its worker's reader of the job
+            # has ended (and stays ended).
+            if int(ran) < steps:
+                self._ended.add(int(behind[0]))
+            self._pass_steps += int(ran)
+            self._pass_examples += float(part[1])
+        elif behind and int(behind[0]):
             # Run again after a worker failed, on a worker already past its batches: it
             # trained nothing. Read the same batches from a fresh copy of the data.
             self.refetched += steps * self._batches
@@ -332,13 +362,16 @@ class PSDriver:
         return LoopResult(np.asarray(part, np.float64), int(ran), in_sync)
 
     def _join(self, in_flight, step):
-        """Wait for every scheduled loop; yield their results, the last one `in_sync`."""
+        """Wait for every scheduled loop; yield their results, the last one `in_sync`.
+        `step`: the step the variables now hold (None: a pass's, known once fetched)."""
         try:
             self._coordinator.join()
         except cluster_errors() as e:
             raise self._on_lost(e) from None
         results = [self._fetch(loop) for loop in in_flight]
         in_flight.clear()
+        if step is None:
+            step = self._pass_start + self._pass_steps
         try:
             counted = int(self._global_step.numpy())
         except cluster_errors() as e:
@@ -371,7 +404,11 @@ class PSDriver:
 
     def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
                   boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
-        """Schedule `steps_per_epoch` steps in loops cut at `boundary(step)`; yield results."""
+        """Schedule `steps_per_epoch` steps in loops cut at `boundary(step)`; yield results.
+        `steps_per_epoch=None`: one pass of a shared job (`run_pass`)."""
+        if steps_per_epoch is None:
+            yield from self.run_pass(train_input, steps_per_loop, step, boundary)
+            return
         reader = train_input.reader() if self._positions_loop is not None else None
         if reader is not None:
             self._use(reader)
@@ -392,6 +429,60 @@ class PSDriver:
                         "variables hold every batch they read and none is trained again on "
                         "resume", len(in_flight), sum(loop[1] for loop in in_flight))
         yield from self._join(in_flight, step)
+
+    def run_pass(self, train_input, steps_per_loop, step, boundary):
+        """An epoch of one pass of a job all workers share (the tf.data service), read to
+        its end: every example of the pass once, whichever worker reads it.
+
+        Loops run until one worker's reader of the job ends: the job has then handed
+        out all its data, and what is left are the batches other workers' readers
+        hold. Then every worker whose reader has not ended runs a loop, round after
+        round, until each has ended (a worker reports its index), so no batch of this
+        pass waits for the next epoch.
+        """
+        import tensorflow as tf
+        iterator, worker = train_input.pass_iterators(self._drained)
+        self._drained += 1
+        self._ended = set()
+        self._pass_start, self._pass_steps, self._pass_examples = step, 0, 0.0
+        in_flight = collections.deque()
+        rounds = 0
+
+        def schedule(n):
+            in_flight.append((self._schedule(self._pass_loop, (
+                iterator, worker, tf.constant(n, tf.int32))), n, _PASS))
+            self.scheduled += n
+
+        while not self._stop_requested():
+            if self._ended:
+                yield from self._join(in_flight, None)
+                if len(self._ended) >= self._workers or rounds >= DRAIN_ROUNDS:
+                    break
+                rounds += 1
+                for _ in range(self._workers - len(self._ended)):
+                    schedule(steps_per_loop)
+                continue
+            n = loop_size(steps_per_loop, None, 0, boundary(step))
+            schedule(n)
+            step += n
+            if self._join_at(step):
+                yield from self._join(in_flight, None)
+                step = self._pass_start + self._pass_steps
+            while len(in_flight) > self._max_in_flight:
+                yield self._fetch(in_flight.popleft())
+        yield from self._join(in_flight, None)
+        if self._stop_requested() and len(self._ended) < self._workers:
+            return  # stopped mid-pass: a resumed run reads a new pass
+        missing = sorted(set(range(self._workers)) - self._ended)
+        if missing:
+            logger.warning("tf.data service: worker(s) %s never reported the end of pass %d "
+                           "after %d rounds; batches they held are not trained in this epoch",
+                           missing, self._drained, rounds)
+        train_input.pass_ended(self._pass_examples)
+
+
+_PASS = "pass"  # marks a scheduled loop of `run_pass` (its results name its worker)
+DRAIN_ROUNDS = 50  # rounds of loops asking workers to read what they hold of a pass
 
 
 def run_to_end(loop, iterator, steps, width, chunk=1000, accumulate=np.add):

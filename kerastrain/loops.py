@@ -136,6 +136,7 @@ class Step:
         # Partitioned variables (parameter servers): gradients and updates per shard.
         self.partitioned = partitioned
         self._train = None
+        self._pass = None
         self._eval = None
         self._eval_local = None
         # XLA fuses the forward pass, gradients and optimizer update of one step.
@@ -297,22 +298,53 @@ class Step:
         `accumulation` batches by `read(state) -> (batch, state)`. Returns (totals, state)."""
         import tensorflow as tf
 
-        step_counter = self.global_step
         if self._accumulator is not None:
-            return self._accumulator.ps_steps(step_counter, read, state, num_steps)
+            return self._accumulator.ps_steps(self.global_step, read, state, num_steps)
         totals = tf.zeros([width or self.width], tf.float32)
-        optimizer = self.model.optimizer  # None: a model's own step may keep its own
         for _ in tf.range(num_steps):
-            # Keras's own counter loses increments under asynchronous PS
-            # training; schedules and Adam's bias correction read it, so
-            # give it the exact step before each update.
-            if optimizer is not None:
-                iterations = optimizer.iterations
-                iterations.assign(tf.cast(step_counter.read_value(), iterations.dtype))
             batch, state = read(state)
-            totals = self.accumulate(totals, self._run_train(batch))
-            step_counter.assign_add(1)
+            totals = self._worker_step(totals, batch)
         return totals, state
+
+    def _worker_step(self, totals, batch):
+        """Traced on a parameter-server worker: one step on `batch`, added to `totals`."""
+        import tensorflow as tf
+
+        optimizer = self.model.optimizer  # None: a model's own step may keep its own
+        if optimizer is not None:
+            # Keras's own counter loses increments under asynchronous PS training;
+            # schedules and Adam's bias correction read it, so give it the exact
+            # step before each update.
+            iterations = optimizer.iterations
+            iterations.assign(tf.cast(self.global_step.read_value(), iterations.dtype))
+        totals = self.accumulate(totals, self._run_train(batch))
+        self.global_step.assign_add(1)
+        return totals
+
+    def pass_loop(self):
+        """Under parameter servers, reading one shared job per pass (the tf.data service):
+        `fn(iterator, worker, num_steps) -> (totals, steps, worker index)`, up to
+        `num_steps` steps, fewer where this worker's reader of the job has ended;
+        `worker` yields the index of the worker it runs on."""
+        if self._pass is None:
+            self._pass = self._build_pass_loop()
+        return self._pass
+
+    def _build_pass_loop(self):
+        import tensorflow as tf
+
+        @tf.function
+        def loop(iterator, worker, num_steps):
+            totals = tf.zeros([self.width], tf.float32)
+            steps = tf.constant(0, tf.int32)
+            while steps < num_steps:
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                totals = self._worker_step(totals, optional.get_value())
+                steps += 1
+            return totals, steps, next(worker)
+        return loop
 
     def positions_loop(self, reader, fresh=False):
         """Under parameter servers, the compiled loops of exact visits (`visits.loop`)."""
@@ -600,13 +632,13 @@ class ModelStep(Step):
         """A loop that first learns its width from the iterator's element spec."""
         compiled = {}
 
-        def loop(iterator, num_steps):
+        def loop(iterator, *args):
             if "loop" not in compiled:
                 self._learn_keys(kind, iterator.element_spec, local=local)
                 self._tracing = kind
                 compiled["loop"] = make()
             self._tracing = kind
-            return compiled["loop"](iterator, num_steps)
+            return compiled["loop"](iterator, *args)
         if self.built.is_parameter_server and not local:
             import tensorflow as tf
             return tf.function(loop)  # the coordinator schedules only tf.functions
@@ -614,6 +646,9 @@ class ModelStep(Step):
 
     def _build_train_loop(self):
         return self._keyed("train", super()._build_train_loop)
+
+    def _build_pass_loop(self):
+        return self._keyed("train", super()._build_pass_loop)
 
     def positions_loop(self, reader, fresh=False):
         self._learn_keys("train", reader.element_spec)

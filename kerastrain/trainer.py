@@ -383,12 +383,14 @@ class Trainer:
             element_spec=element_spec,
             train_logdir=self._tb_writer.train_dir if self._tb_writer is not None else None)
 
-    def _resolve_steps_per_loop(self, callbacks, steps_per_epoch):
+    def _resolve_steps_per_loop(self, callbacks, steps_per_epoch, train_input):
         if self._steps_per_loop != "auto":
             return self._steps_per_loop
         if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
             return 1  # a user's batch hooks see every batch, as under model.fit
         workers = self._built.num_workers
+        if steps_per_epoch is None and train_input.drains and train_input.cardinality > 0:
+            steps_per_epoch = train_input.cardinality  # a pass's batches, about
         if self._built.is_parameter_server and steps_per_epoch and workers > 1:
             # One loop at most one worker's share, or one worker may take the epoch.
             return min(_AUTO_STEPS_PER_LOOP, -(-steps_per_epoch // workers))
@@ -411,7 +413,8 @@ class Trainer:
             join_at=None if ckpt is None else (lambda s: ckpt.due(s, epoch_end=False)),
             max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster,
             positions_loop=step.positions_loop, width=step.width,
-            accumulation=step.accumulation)
+            accumulation=step.accumulation, pass_loop=step.pass_loop(),
+            workers=self._built.num_workers)
 
     def _actions(self, driver, *, watch, agree, monitor, callback_list, validation,
                  steps_per_epoch, batch_logs):
@@ -498,7 +501,8 @@ class Trainer:
                                    steps_per_epoch, batch_logs=bool(callbacks) or verbose != 0)
             progress = self._train_epochs(
                 driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
-                self._resolve_steps_per_loop(callbacks, steps_per_epoch), resumed, cbs)
+                self._resolve_steps_per_loop(callbacks, steps_per_epoch, train_input), resumed,
+                cbs)
         if listed[0].preempted is not None:
             raise listed[0].preempted  # after the handlers above have let go of SIGTERM
         cbs.on_train_end(progress.logs or {})
@@ -607,6 +611,11 @@ class Trainer:
             raise ValueError(
                 "The training data is infinite (it repeats), so an epoch has no end: pass "
                 "`steps_per_epoch`. Received: steps_per_epoch=None")
+        if train_input.drains and self._step.accumulation == 1:
+            logger.info("steps_per_epoch=None through the tf.data service under parameter "
+                        "servers: one epoch is one pass of a job the %d workers read to its "
+                        "end, each example of the pass once", self._built.num_workers)
+            return None
         if self._built.is_parameter_server:
             if n == data_lib.UNKNOWN:
                 raise ValueError(

@@ -2,6 +2,8 @@
 
 Usage: python tests/_service_worker.py JOB_JSON OUT_PATH
 
+`JOB_JSON` may list `runs`: overrides of the job, each trained in turn in this process.
+
 A layer of the model adds a histogram of each training batch's ids to a non-trainable
 variable (TensorFlow's own `assign_add` on `.value`, aggregation "sum"), read at every
 epoch end: the difference is what that epoch trained on.
@@ -60,9 +62,12 @@ def main():
     import kerastrain as kt
     if job.get("cpu_devices"):
         kt.configure_cpu_devices(job["cpu_devices"])
-    per_epoch, step = train(job)
+    results = []
+    for overrides in job.get("runs", [{}]):  # several trainings in one process (one import)
+        per_epoch, step = train({**job, **overrides})
+        results.append({"per_epoch": per_epoch, "global_step": step})
     with open(sys.argv[2], "w") as f:
-        json.dump({"per_epoch": per_epoch, "global_step": step}, f)
+        json.dump(results[0] if "runs" not in job else {"runs": results}, f)
 
 
 if __name__ == "__main__":
