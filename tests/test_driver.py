@@ -136,7 +136,8 @@ class PositionsCoordinator(FakeCoordinator):
 
 def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restart(caplog):
     from kerastrain import visits
-    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None)
+    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None,
+                                     cursor=0)
     data = types.SimpleNamespace(reader=lambda: reader)
     coordinator = PositionsCoordinator()
     counted = {"extra": 0}
@@ -164,7 +165,8 @@ def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restar
 
 def test_a_retried_loop_behind_its_new_worker_runs_again_from_a_fresh_copy(caplog):
     from kerastrain import visits
-    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None)
+    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None,
+                                     cursor=0)
     data = types.SimpleNamespace(reader=lambda: reader)
     scheduled = []
 
