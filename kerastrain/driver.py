@@ -199,8 +199,7 @@ class PSDriver:
     current pass), as `SyncDriver` does, and a resumed run continues from it.
     The input's reader keeps it between `fit` calls: a later fit begins the next
     pass, as one device does (an infinite or unknown-size stream goes on where
-    it stopped), so its loops find the workers' iterators behind their positions,
-    never past them.
+    it stopped), so the workers' iterators never stand past its loops' positions.
     Other inputs are read from repeated per-worker shards, with no position.
 
     At most `max_in_flight` loops are scheduled ahead: when more are queued, the
