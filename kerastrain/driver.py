@@ -197,6 +197,9 @@ class PSDriver:
     same batches. The data position (`cursor`: global batches scheduled since
     the first pass began) is checkpointed as (passes begun, batches into the
     current pass), as `SyncDriver` does, and a resumed run continues from it.
+    The input's reader keeps it between `fit` calls: a later fit begins the next
+    pass, as one device does (an infinite or unknown-size stream goes on where
+    it stopped), so the workers' iterators never stand past its loops' positions.
     Other inputs are read from repeated per-worker shards, with no position.
 
     At most `max_in_flight` loops are scheduled ahead: when more are queued, the
@@ -241,7 +244,7 @@ class PSDriver:
         self._per_pass = None
         self._width = width
         self._batches = accumulation
-        self.cursor = 0
+        self._reader = None
         self.repeated_steps = 0   # steps run twice (loops retried after a worker failed)
         self.refetched = 0        # batches retried loops read from a fresh copy of the data
         self.scheduled = 0        # batches the workers were asked to read, in all
@@ -272,8 +275,28 @@ class PSDriver:
             return self.cursor if self._per_pass is not None else 0
         return self.cursor % self._per_pass
 
+    @property
+    def cursor(self):
+        """Global batches scheduled since the first pass began (0 before any reader)."""
+        return self._reader.cursor if self._reader is not None else 0
+
+    @cursor.setter
+    def cursor(self, value):
+        self._reader.cursor = value
+
     def _use(self, reader):
+        """Read `reader`'s positions; the first time, begin where its last fit stopped.
+
+        Starting again at position 0 would put every loop behind the workers'
+        iterators: each would run as a fresh loop (new iterators that read up to
+        its positions), one at a time.
+        """
         self._per_pass = reader.positions.per_pass or 0
+        if self._reader is reader:
+            return
+        self._reader = reader
+        if self._per_pass and self.cursor % self._per_pass:
+            self.cursor += self._per_pass - self.cursor % self._per_pass
 
     def fast_forward(self, train_input, passes, offset):
         if train_input.drains:

@@ -133,17 +133,20 @@ def main():
             callbacks.append(keras.callbacks.LambdaCallback(
                 on_train_batch_end=lambda b, logs=None: time.sleep(case["sleep_per_loop"])))
         form = case["form"]
-        fit = dict(epochs=case["epochs"], steps_per_epoch=case["steps_per_epoch"],
-                   callbacks=callbacks)
         if form == "numpy":
             x, y = arrays(n)
-            trainer.fit(x, y, batch_size=batch, **fit)
+            data = dict(x=x, y=y, batch_size=batch)
         elif form in ("dataset", "global_fn", "unknown"):
-            trainer.fit(global_data(n, batch, form), **fit)
+            data = dict(x=global_data(n, batch, form))
         elif form == "infinite":
-            trainer.fit(infinite_fn(n, batch), **fit)
+            data = dict(x=infinite_fn(n, batch))
         else:
-            trainer.fit(context_fn(n, batch), **fit)
+            data = dict(x=context_fn(n, batch))
+        # "fit_per_epoch": one fit call per epoch (`initial_epoch`), as Keras users loop.
+        for first, last in ([(e, e + 1) for e in range(case["epochs"])]
+                            if case.get("fit_per_epoch") else [(0, case["epochs"])]):
+            trainer.fit(**data, epochs=last, initial_epoch=first,
+                        steps_per_epoch=case["steps_per_epoch"], callbacks=callbacks)
         results.append({"case": case, "per_epoch": per_epoch, "global_step": trainer.global_step,
                         "seconds": round(time.monotonic() - started, 2),
                         "total": np.asarray(layer.counts.numpy()).astype(int).tolist()})

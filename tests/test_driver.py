@@ -136,7 +136,8 @@ class PositionsCoordinator(FakeCoordinator):
 
 def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restart(caplog):
     from kerastrain import visits
-    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None)
+    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None,
+                                     cursor=0)
     data = types.SimpleNamespace(reader=lambda: reader)
     coordinator = PositionsCoordinator()
     counted = {"extra": 0}
@@ -162,9 +163,37 @@ def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restar
     assert again._coordinator.positions == [[6, 7]]
 
 
+def test_a_later_fit_begins_the_next_pass_or_goes_on_along_an_infinite_stream():
+    """A new driver (a later fit) on the same input never starts again at position 0,
+    where every worker's iterators already stand past the loops' positions."""
+    from kerastrain import visits
+
+    def scheduled_by_two_fits(sizes, steps):
+        reader = types.SimpleNamespace(positions=visits.Positions(sizes), iterators=(),
+                                       worker=None, cursor=0)
+        data = types.SimpleNamespace(reader=lambda: reader)
+        counter = types.SimpleNamespace(assign=lambda v: None, numpy=lambda: 0)
+        coordinators = []
+        for _ in range(2):
+            coordinators.append(PositionsCoordinator())
+            ps = driver.PSDriver(None, coordinators[-1], counter, stop_requested=lambda: False,
+                                 positions_loop=lambda r, fresh=False: "loop")
+            list(ps.run_epoch(data, steps, 2, 0, lambda step: None))
+        return [c.positions for c in coordinators], (ps.passes, ps.offset)
+
+    # 5 batches a pass; the first fit stops 3 into it, the second begins pass 2 (as one
+    # device begins a new pass per fit).
+    positions, where = scheduled_by_two_fits([5], 3)
+    assert positions == [[[0, 1], [2]], [[5, 6], [7]]] and where == (2, 3)
+    # An infinite stream: the second fit goes on where the first stopped.
+    positions, _ = scheduled_by_two_fits([None], 3)
+    assert positions == [[[0, 1], [2]], [[3, 4], [5]]]
+
+
 def test_a_retried_loop_behind_its_new_worker_runs_again_from_a_fresh_copy(caplog):
     from kerastrain import visits
-    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None)
+    reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None,
+                                     cursor=0)
     data = types.SimpleNamespace(reader=lambda: reader)
     scheduled = []
 

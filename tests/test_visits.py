@@ -78,6 +78,9 @@ def test_every_example_once_per_pass_for_any_loop_and_epoch_length(tmp_path):
     # Data of unknown size and an infinite stream: consecutive batches of the stream.
     cases += [{"form": "unknown", "steps_per_loop": 4, "steps_per_epoch": 32, "epochs": 2},
               {"form": "infinite", "steps_per_loop": 4, "steps_per_epoch": 16, "epochs": 2}]
+    # One fit call per epoch: each fit goes on from the data position the last one left.
+    cases.append({"form": "context_fn", "steps_per_loop": 4, "steps_per_epoch": 32, "epochs": 3,
+                  "fit_per_epoch": True})
     # Opting out (shard="off"): each worker back on its own pipeline; only the log is checked.
     cases.append({"form": "context_fn", "steps_per_loop": 4, "steps_per_epoch": 16, "epochs": 1,
                   "shard": "off"})
@@ -97,6 +100,9 @@ def test_every_example_once_per_pass_for_any_loop_and_epoch_length(tmp_path):
     assert "shards its own data: kerastrain leaves sharding to it; each worker reads its own " \
         "shard (shard='off' asked for it, exact visits off): within an epoch examples may " \
         "repeat or be skipped" in log
+    # No worker failed, so no loop found its worker past its positions (a later fit
+    # starting the data again at position 0 put every loop there, run again one at a time).
+    assert "fresh copy of the data" not in log
     print({f"{r['case']['form']}/{r['case']['steps_per_loop']}/{r['case']['steps_per_epoch']}":
            r["seconds"] for r in results})
 
