@@ -381,8 +381,10 @@ class DistributedInput:
         pipelines = max(built.num_workers, 1)
         self._pipelines = pipelines
         # Built on first use; the last two: ps through the service (each worker's own
-        # index, the examples counted per pass).
+        # index, the examples counted per pass). `passes_read`: passes of the service
+        # read by ps epochs, kept here between fits (a later fit reads the next pass).
         self._distributed = self._per_worker = self._worker_index = self._account = None
+        self.passes_read = 0
         # A `kerastrain.service.Service` reads training data only (validation stays local).
         self._service = service if role == "training" else None
         if self.form == "numpy":
@@ -597,14 +599,15 @@ class DistributedInput:
         (`driver.PSDriver.run_pass`)."""
         return self._service is not None and self._built.is_parameter_server
 
-    def pass_iterators(self, k):
-        """Per-worker iterators over pass `k`'s job (one job, shared by every ps worker),
-        and per-worker iterators yielding each worker's index."""
+    def pass_iterators(self):
+        """Per-worker iterators over the next pass's job (one job, shared by every ps
+        worker), and per-worker iterators yielding each worker's index."""
         import tensorflow as tf
         strategy, coordinator = self._built.strategy, self._built.coordinator
+        k, self.passes_read = self.passes_read, self.passes_read + 1
         source = (self._service_source(first_pass=k) if self.form == "numpy"
                   else self._service_source())
-        through = self._service.pass_fn(source, k)
+        through = self._service.pass_fn(source)
         with warnings.catch_warnings():
             # tf.data warns that dataset options are not known while tracing.
             warnings.simplefilter("ignore", UserWarning)

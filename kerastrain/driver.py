@@ -302,7 +302,7 @@ class PSDriver:
         if train_input.drains:
             # A shared job cannot be rejoined where it stood: the next epoch reads pass
             # `passes` (a new order for NumPy data) from its beginning.
-            self._drained = passes
+            self._drained = train_input.passes_read = passes
             if offset:
                 logger.warning(
                     "resumed %d step(s) into an epoch read through the tf.data service: the "
@@ -464,8 +464,8 @@ class PSDriver:
         pass waits for the next epoch.
         """
         import tensorflow as tf
-        iterator, worker = train_input.pass_iterators(self._drained)
-        self._drained += 1
+        iterator, worker = train_input.pass_iterators()
+        self._drained = train_input.passes_read
         self._ended = set()
         self._pass_start, self._pass_steps, self._pass_examples = step, 0, 0.0
         in_flight = collections.deque()

@@ -226,6 +226,7 @@ class Service:
         if self._local is None:
             check_reachable(self.address)
         self._prefix = f"kerastrain-{uuid.uuid4().hex[:12]}"
+        self._jobs = 0  # per-pass jobs started (ps)
 
     def close(self):
         """Stop an in-process service (`Trainer.close`)."""
@@ -292,14 +293,16 @@ class Service:
 
     # -- parameter servers -------------------------------------------------------------------
 
-    def pass_fn(self, dataset, k):
-        """A function building one ps worker's dataset: pass k's job, which every worker
-        reads to its end (epochs of one pass, `driver.PSDriver.run_pass`)."""
+    def pass_fn(self, dataset):
+        """A function building one ps worker's dataset: a new job of one pass, which every
+        worker reads to its end (epochs of one pass, `driver.PSDriver.run_pass`). Job
+        names are never reused: a finished job's name would give a new reader nothing."""
         import tensorflow as tf
         service = tf.data.experimental.service
         dataset_id = service.register_dataset(self.address, dataset)
+        self._jobs += 1
         spec, mode, address, name = (dataset.element_spec, self.options.processing_mode,
-                                     self.address, f"{self._prefix}/pass/{k}")
+                                     self.address, f"{self._prefix}/pass/{self._jobs}")
 
         def make():
             return service.from_dataset_id(mode, address, dataset_id, spec, job_name=name)

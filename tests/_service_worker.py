@@ -50,8 +50,10 @@ def train(job, trainer_options=None):
                 open(job["marker"], "w").close()
             time.sleep(job["sleep_per_loop"])
         callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=slow))
-    trainer.fit(arrays(n), batch_size=batch, epochs=job["epochs"], callbacks=callbacks,
-                steps_per_epoch=job.get("steps_per_epoch"))
+    # `fit_per_epoch`: one fit call per epoch, as a Keras user's loop of fit(epochs=1) does.
+    for epochs in ([1] * job["epochs"] if job.get("fit_per_epoch") else [job["epochs"]]):
+        trainer.fit(arrays(n), batch_size=batch, epochs=epochs, callbacks=callbacks,
+                    steps_per_epoch=job.get("steps_per_epoch"))
     step = trainer.global_step
     trainer.close()
     return per_epoch, step

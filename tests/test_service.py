@@ -126,16 +126,17 @@ def test_ps_two_workers_train_every_example_once_per_epoch_through_a_local_servi
     read to its end by both workers: every id exactly once in each epoch. With
     steps_per_epoch set, epochs count steps of one repeated job: every id once per pass,
     but passes overlap at epoch ends by the batches workers hold, so over 4 epochs of a
-    pass's length every id is trained 3 to 5 times."""
+    pass's length every id is trained 3 to 5 times. A later `fit` reads the next pass."""
     job = {"n": N, "batch": BATCH, "epochs": 3, "service": "local",
            "strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
-           "runs": [{}, {"epochs": 4, "steps_per_epoch": 32}]}
+           "runs": [{}, {"epochs": 4, "steps_per_epoch": 32},
+                    {"epochs": 2, "fit_per_epoch": True}]}
     proc = helpers.run_python(["tests/_service_worker.py", json.dumps(job),
                                str(tmp_path / "out.json")], timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    passes, steps = json.loads((tmp_path / "out.json").read_text())["runs"]
-    assert passes["global_step"] == 3 * 32
-    for counts in passes["per_epoch"]:
+    passes, steps, fits = json.loads((tmp_path / "out.json").read_text())["runs"]
+    assert passes["global_step"] == 3 * 32 and fits["global_step"] == 2 * 32
+    for counts in passes["per_epoch"] + fits["per_epoch"]:  # a later fit reads a new pass
         assert counts == [1] * N
     assert steps["global_step"] == 4 * 32
     for counts in map(np.asarray, steps["per_epoch"]):
