@@ -516,17 +516,11 @@ class DistributedInput:
             # host-to-device copy.
             if self._service is not None:
                 account = service_lib.PassAccount(self._expected)
-                built = {}  # a pipeline the same every pass: built (traced, checked) once
 
                 def one_pass(k):
                     def through(ctx=None):
-                        if self.form in ("numpy", "context_fn"):
-                            source = self._service_source(ctx, first_pass=k)
-                        else:
-                            if "source" not in built:
-                                built["source"] = self._service_source()
-                            source = built["source"]
-                        return self._tuned(self._service.consumer_dataset(source, account))
+                        return self._tuned(self._service.consumer_dataset(
+                            self._service_source(ctx, first_pass=k), account))
                     if self.form == "context_fn":
                         return strategy.distribute_datasets_from_function(through)
                     return strategy.experimental_distribute_dataset(
