@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -176,7 +177,9 @@ def workload(address, pids, matmuls, hidden, repeats, n=N):
         "service": (kt.Trainer(build, strategy="one_device", seed=0, verbose=0,
                                data_service=address), make),
     }
-    runners = {name: _rounds.FitEpochs(trainer, dataset_fn=fn) for name, (trainer, fn) in
+    # Datasets, not functions: kerastrain builds (traces) a dataset once; a function it
+    # calls again every pass through the service (a new shuffle seed each pass).
+    runners = {name: _rounds.FitEpochs(trainer, dataset_fn=fn()) for name, (trainer, fn) in
                trainers.items()}
     runners["service"] = ServiceCpu(runners["service"], pids)
     runners["pipeline alone"] = PipelineEpoch(plain)
@@ -229,6 +232,7 @@ def main():
     if args.check_threads:
         return check_threads()
     address, processes = start_service()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the service
     rows = []
     try:
         for hidden in args.hidden:
