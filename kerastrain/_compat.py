@@ -197,6 +197,23 @@ def service_distribute(processing_mode, address, *, task_refresh_ms):
     return private(processing_mode, address, task_refresh_interval_hint_ms=task_refresh_ms)
 
 
+def service_from_dataset_id(processing_mode, address, dataset_id, element_spec, *, job_name,
+                            task_refresh_ms):
+    """`tf.data.experimental.service.from_dataset_id` with the consumer's heartbeat
+    interval set (as `service_distribute`; the private `_from_dataset_id`, TF 2.16-2.21)."""
+    import inspect
+
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import data_service_ops
+    private = getattr(data_service_ops, "_from_dataset_id", None)
+    if private is None or "task_refresh_interval_hint_ms" not in inspect.signature(
+            private).parameters:
+        return tf.data.experimental.service.from_dataset_id(
+            processing_mode, address, dataset_id, element_spec, job_name=job_name)
+    return private(processing_mode, address, dataset_id, element_spec, job_name=job_name,
+                   task_refresh_interval_hint_ms=task_refresh_ms)
+
+
 def serialize_dataset(dataset, external_state="warn"):
     """A dataset's graph as a string tensor (a serialised GraphDef).
 

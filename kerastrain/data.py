@@ -380,9 +380,8 @@ class DistributedInput:
         ps = built.is_parameter_server
         pipelines = max(built.num_workers, 1)
         self._pipelines = pipelines
-        # Built on first use; the last two: ps through the service (each worker's own
-        # index, the examples counted per pass). `passes_read`: passes of the service
-        # read by ps epochs, kept here between fits (a later fit reads the next pass).
+        # Built on first use; the last two and `passes_read` (kept between fits): ps
+        # through the service (each worker's index, examples per pass, passes read).
         self._distributed = self._per_worker = self._worker_index = self._account = None
         self.passes_read = 0
         # A `kerastrain.service.Service` reads training data only (validation stays local).

@@ -301,6 +301,7 @@ class Service:
         worker reads to its end (epochs of one pass, `driver.PSDriver.run_pass`). Job
         names are never reused: a finished job's name would give a new reader nothing."""
         import tensorflow as tf
+        from kerastrain import _compat
         service = tf.data.experimental.service
         dataset_id = service.register_dataset(self.address, dataset)
         self._jobs += 1
@@ -308,7 +309,10 @@ class Service:
                                      self.address, f"{self._prefix}/pass/{self._jobs}")
 
         def make():
-            return service.from_dataset_id(mode, address, dataset_id, spec, job_name=name)
+            # Each reader learns its pass has ended at its next heartbeat: the drain
+            # waits for it, so heartbeat as often as a single consumer does.
+            return _compat.service_from_dataset_id(mode, address, dataset_id, spec,
+                                                   job_name=name, task_refresh_ms=TASK_REFRESH_MS)
         return make
 
     def per_worker_fn(self, dataset, repeat=True):
