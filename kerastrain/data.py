@@ -380,8 +380,7 @@ class DistributedInput:
         ps = built.is_parameter_server
         pipelines = max(built.num_workers, 1)
         self._pipelines = pipelines
-        # Built on first use; the last two and `passes_read` (kept between fits): ps
-        # through the service (each worker's index, examples per pass, passes read).
+        # Built on first use (the last two, and `passes_read`, kept between fits: ps + service)
         self._distributed = self._per_worker = self._worker_index = self._account = None
         self.passes_read = 0
         # A `kerastrain.service.Service` reads training data only (validation stays local).
