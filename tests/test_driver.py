@@ -138,7 +138,7 @@ def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restar
     from kerastrain import visits
     reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None,
                                      cursor=0)
-    data = types.SimpleNamespace(reader=lambda: reader)
+    data = types.SimpleNamespace(reader=lambda: reader, drains=False)
     coordinator = PositionsCoordinator()
     counted = {"extra": 0}
     assigned = []
@@ -171,7 +171,7 @@ def test_a_later_fit_begins_the_next_pass_or_goes_on_along_an_infinite_stream():
     def scheduled_by_two_fits(sizes, steps):
         reader = types.SimpleNamespace(positions=visits.Positions(sizes), iterators=(),
                                        worker=None, cursor=0)
-        data = types.SimpleNamespace(reader=lambda: reader)
+        data = types.SimpleNamespace(reader=lambda: reader, drains=False)
         counter = types.SimpleNamespace(assign=lambda v: None, numpy=lambda: 0)
         coordinators = []
         for _ in range(2):
@@ -194,7 +194,7 @@ def test_a_retried_loop_behind_its_new_worker_runs_again_from_a_fresh_copy(caplo
     from kerastrain import visits
     reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None,
                                      cursor=0)
-    data = types.SimpleNamespace(reader=lambda: reader)
+    data = types.SimpleNamespace(reader=lambda: reader, drains=False)
     scheduled = []
 
     class Coordinator(FakeCoordinator):
