@@ -314,7 +314,7 @@ def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, read
 
 def _check_threads(threads):
     if threads == "auto":
-        return 1 if (os.cpu_count() or 1) <= 4 else None
+        return 1 if tuning.usable_cores() <= 4 else None
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
         raise ValueError("`threads` must be 'auto', None or a positive int. "

@@ -51,9 +51,18 @@ class TuningOptions:
 
 # -- tf.data options ----------------------------------------------------------------
 
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity mask (`taskset`, cgroup cpusets), as
+    TensorFlow sizes its own pools, where `os.cpu_count()` counts the whole machine."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform (macOS)
+        return os.cpu_count() or 1
+
+
 def input_threads(cores=None) -> int:
     """Threads of a pipeline's private pool: half the cores (the other half runs the model)."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     return max(1, cores // 2)
 
 
@@ -75,7 +84,7 @@ def tuned(dataset, cores=None, on_gpu=False):
     """
     import tensorflow as tf
 
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     said = []
     rebuilt = gathered(dataset)
     if rebuilt is not None:

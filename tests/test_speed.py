@@ -93,6 +93,23 @@ def test_tuned_keeps_options_the_pipeline_sets():
     assert list(tuned.as_numpy_iterator())[0].tolist() == [0, 1]
 
 
+def test_cores_are_the_ones_this_process_may_run_on():
+    """Pinned to one CPU (`taskset`, a cgroup cpuset), kerastrain sizes its input pools
+    for one core, as TensorFlow sizes its own, not for the whole machine."""
+    import os
+    import threading
+    seen = {}
+
+    def pinned():  # on Linux, affinity is per thread: this thread only
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        seen["cores"], seen["threads"] = tuning.usable_cores(), tuning.input_threads()
+    thread = threading.Thread(target=pinned)
+    thread.start()
+    thread.join()
+    assert seen == {"cores": 1, "threads": 1}
+    assert tuning.usable_cores() == len(os.sched_getaffinity(0))
+
+
 def test_loop_sizer_rule_and_probes():
     sizer = tuning.LoopSizer(fallback=100, probe=16, overhead=0.01, most=1000, seconds=2.0)
     assert sizer.next_size() == 100  # not calibrated: the constant
