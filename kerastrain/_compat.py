@@ -177,41 +177,39 @@ def auto_shard(dataset, num_shards, index):
     return distribute._AutoShardDataset(dataset, num_shards, index, 1)
 
 
-def service_distribute(processing_mode, address, *, task_refresh_ms):
-    """`tf.data.experimental.service.distribute` with the consumer's heartbeat interval set.
+def _with_task_refresh(name, task_refresh_ms, *args, **kwargs):
+    """`tf.data.experimental.service.<name>(*args, **kwargs)` with the consumer's heartbeat
+    interval set.
 
     The consumer learns that its job has finished only at its next heartbeat to the
     dispatcher, every second by default, so each pass (one job) ended about 0.9 s after
-    its last batch (measured: docs/performance.md). The public `distribute` does not
-    take the interval; the private `_distribute` does, as `task_refresh_interval_hint_ms`
-    (TF 2.16-2.21: `tensorflow.python.data.experimental.ops.data_service_ops`).
+    its last batch (measured: docs/performance.md). The public functions do not take the
+    interval; their private twins (`_distribute`, `_from_dataset_id`) do, as
+    `task_refresh_interval_hint_ms` (TF 2.16-2.21:
+    `tensorflow.python.data.experimental.ops.data_service_ops`). Without them, the
+    public function (and the default interval).
     """
     import inspect
 
     import tensorflow as tf
     from tensorflow.python.data.experimental.ops import data_service_ops
-    private = getattr(data_service_ops, "_distribute", None)
+    private = getattr(data_service_ops, "_" + name, None)
     if private is None or "task_refresh_interval_hint_ms" not in inspect.signature(
             private).parameters:
-        return tf.data.experimental.service.distribute(processing_mode, address)
-    return private(processing_mode, address, task_refresh_interval_hint_ms=task_refresh_ms)
+        return getattr(tf.data.experimental.service, name)(*args, **kwargs)
+    return private(*args, task_refresh_interval_hint_ms=task_refresh_ms, **kwargs)
+
+
+def service_distribute(processing_mode, address, *, task_refresh_ms):
+    """`tf.data.experimental.service.distribute`, heartbeat every `task_refresh_ms`."""
+    return _with_task_refresh("distribute", task_refresh_ms, processing_mode, address)
 
 
 def service_from_dataset_id(processing_mode, address, dataset_id, element_spec, *, job_name,
                             task_refresh_ms):
-    """`tf.data.experimental.service.from_dataset_id` with the consumer's heartbeat
-    interval set (as `service_distribute`; the private `_from_dataset_id`, TF 2.16-2.21)."""
-    import inspect
-
-    import tensorflow as tf
-    from tensorflow.python.data.experimental.ops import data_service_ops
-    private = getattr(data_service_ops, "_from_dataset_id", None)
-    if private is None or "task_refresh_interval_hint_ms" not in inspect.signature(
-            private).parameters:
-        return tf.data.experimental.service.from_dataset_id(
-            processing_mode, address, dataset_id, element_spec, job_name=job_name)
-    return private(processing_mode, address, dataset_id, element_spec, job_name=job_name,
-                   task_refresh_interval_hint_ms=task_refresh_ms)
+    """`tf.data.experimental.service.from_dataset_id`, heartbeat every `task_refresh_ms`."""
+    return _with_task_refresh("from_dataset_id", task_refresh_ms, processing_mode, address,
+                              dataset_id, element_spec, job_name=job_name)
 
 
 def serialize_dataset(dataset, external_state="warn"):
