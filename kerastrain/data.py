@@ -600,7 +600,6 @@ class DistributedInput:
     def pass_iterators(self):
         """Per-worker iterators over the next pass's job (one job, shared by every ps
         worker), and per-worker iterators yielding each worker's index."""
-        import tensorflow as tf
         strategy, coordinator = self._built.strategy, self._built.coordinator
         k, self.passes_read = self.passes_read, self.passes_read + 1
         source = (self._service_source(first_pass=k) if self.form == "numpy"
@@ -613,9 +612,7 @@ class DistributedInput:
                 coordinator, strategy,
                 lambda index: strategy.distribute_datasets_from_function(lambda ctx: through()))
             if self._worker_index is None:
-                self._worker_index = _compat.per_worker_iterator(
-                    coordinator, strategy, lambda index: tf.data.Dataset.from_tensors(
-                        tf.constant(index, tf.int32)).repeat())
+                self._worker_index = visits.worker_indices(self._built)
         return iterator, self._worker_index
 
     def pass_ended(self, examples):

@@ -30,6 +30,17 @@ import gc
 import numpy as np
 
 
+def worker_indices(built):
+    """Per-worker iterators, each yielding its worker's own index (int32) forever: what a
+    scheduled loop reads to know on which worker it runs."""
+    import tensorflow as tf
+
+    from kerastrain import _compat
+    return _compat.per_worker_iterator(
+        built.coordinator, built.strategy,
+        lambda index: tf.data.Dataset.from_tensors(tf.constant(index, tf.int32)).repeat())
+
+
 class Positions:
     """Where the batches of a pass come from, and which batches a loop trains.
 
@@ -106,7 +117,6 @@ class Reader:
     def __init__(self, built, sizes, make, finish=None, element_spec=None):
         import tensorflow as tf
 
-        from kerastrain import _compat
         # Free earlier trainers' resources now, while no loop runs: collected by Python's
         # garbage collector during a fit, they stalled it for 8-80 s (measured, 2 workers in
         # process; not diagnosed further). About 0.3 s here.
@@ -125,9 +135,7 @@ class Reader:
             iter(coordinator.create_per_worker_dataset(lambda j=j: self.stream(j)))
             for j in range(len(sizes)))
         # Each worker's own index, read by its loops to find its row of `read_positions`.
-        self.worker = _compat.per_worker_iterator(
-            coordinator, built.strategy,
-            lambda index: tf.data.Dataset.from_tensors(tf.constant(index, tf.int32)).repeat())
+        self.worker = worker_indices(built)
         with tf.device("/job:ps/replica:0/task:0/device:CPU:0"):
             self.read_positions = tf.Variable(
                 tf.zeros([max(built.num_workers, 1), len(sizes)], tf.int64), trainable=False,
