@@ -353,7 +353,8 @@ class PSDriver:
         """The result of a scheduled loop `(remote, steps, fresh args)`, waiting for it."""
         remote, steps, fresh = loop
         try:
-            part, ran, *behind = remote.fetch()
+            # A positions loop returns whether it was behind; a pass loop, its worker.
+            part, ran, *extra = remote.fetch()
         except cluster_errors() as e:
             lost = _tasks(str(e))
             if not lost or any(job == "ps" for job, _ in lost):
@@ -371,10 +372,10 @@ class PSDriver:
             # A pass loop: fewer steps than asked means its worker's reader of the job
             # has ended (and stays ended).
             if int(ran) < steps:
-                self._ended.add(int(behind[0]))
+                self._ended.add(int(extra[0]))
             self._pass_steps += int(ran)
             self._pass_examples += float(part[1])
-        elif behind and int(behind[0]):
+        elif extra and int(extra[0]):
             # Run again after a worker failed, on a worker already past its batches: it
             # trained nothing. Read the same batches from a fresh copy of the data.
             self.refetched += steps * self._batches
