@@ -29,7 +29,7 @@ import warnings
 
 import numpy as np
 
-from kerastrain import _compat, sharding, tuning, visits
+from kerastrain import _compat, instep, sharding, tuning, visits
 from kerastrain import service as service_lib
 
 logger = logging.getLogger("kerastrain")
@@ -203,23 +203,44 @@ class NumpyData:
         if not self.shuffle:
             return tf.data.Dataset.range(n).batch(size)
 
-        def one_pass(key):
-            order = tf.random.experimental.stateless_shuffle(
-                tf.range(n, dtype=tf.int64), seed=tf.stack([key, tf.constant(n, tf.int64)]))
+        def one_pass(order):
             return tf.data.Dataset.range(batches).map(
                 lambda k: order[k * size:tf.minimum((k + 1) * size, n)])
+        return self.orders().flat_map(one_pass).apply(
+            tf.data.experimental.assert_cardinality(batches))
 
-        keys = tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True).take(1)
-        return keys.flat_map(one_pass).apply(tf.data.experimental.assert_cardinality(batches))
+    def orders(self):
+        """A dataset whose every iteration yields the next pass's permutation of the
+        examples (`stateless_shuffle` keyed by a draw from `seed`): the order of
+        `indices` (and of `kerastrain.instep`, which reads the batches in the loop)."""
+        import tensorflow as tf
+        n = tf.constant(self.num_examples, tf.int64)
+
+        def permutation(key):
+            return tf.random.experimental.stateless_shuffle(
+                tf.range(n, dtype=tf.int64), seed=tf.stack([key, n]))
+        keys = tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True)
+        return keys.take(1).map(permutation)
+
+    def pack(self, parts):
+        """A batch from its flat parts. `(x,)`, the inputs alone, yields x itself: what
+        `model.fit(x)` hands a model's `train_step` (Keras packs a tuple or list of
+        inputs as `((a, b),)`, kept so)."""
+        import tensorflow as tf
+        batch = tf.nest.pack_sequence_as(self._variables, list(parts))
+        return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
+
+    @property
+    def variables(self):
+        """The host variables holding the arrays, flat."""
+        import tensorflow as tf
+        return tf.nest.flatten(self._variables)
 
     def gather(self, idx, arrays=None):
         """The batch of examples `idx` (of `arrays`, default the host variables)."""
         import tensorflow as tf
-        batch = tf.nest.map_structure(lambda v: tf.gather(v, idx),
-                                      self._variables if arrays is None else arrays)
-        # `(x,)`, the inputs alone, yields x itself: what `model.fit(x)` hands a model's
-        # `train_step` (Keras packs a tuple or list of inputs as `((a, b),)`, kept so).
-        return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
+        return self.pack([tf.gather(v, idx) for v in
+                          tf.nest.flatten(self._variables if arrays is None else arrays)])
 
     def dataset(self, whole_batches=False):
         """The pipeline of global batches. `whole_batches`: when the batch size divides the
@@ -361,7 +382,8 @@ class DistributedInput:
     """
 
     def __init__(self, built, data, *, argument="dataset_fn", shard="auto", batch_size=None,
-                 seed=None, role="training", shuffle=True, input_options=True, service=None):
+                 seed=None, role="training", shuffle=True, input_options=True, in_step=True,
+                 service=None):
         import tensorflow as tf
 
         self.form = input_form(data, argument)
@@ -437,9 +459,58 @@ class DistributedInput:
             shard, form=self.form, pipelines=pipelines, source=source, parameter_servers=ps,
             global_batch=global_batch, replicas=strategy.num_replicas_in_sync)
         self._decide_visits(shard, role)
+        self._say_plan(probes[0] if self.form == "context_fn" else probe, in_step)
+
+    def _say_plan(self, probe, in_step):
+        """Log the plan (the service's, if one splits the data) and how batches are read."""
         if self._service is not None:
-            self.plan = self._service_plan(probes[0] if self.form == "context_fn" else probe)
-        logger.info("%s data: %s", role, self.plan.sentence)
+            self.plan = self._service_plan(probe)
+        logger.info("%s data: %s", self._role, self.plan.sentence)
+        self._in_step = in_step and self._in_step_source(probe)
+
+    def _in_step_source(self, probe):
+        """`() -> instep.InStepBatches` when the batches can be read inside the compiled
+        loop (one replica on one worker; NumPy arrays, or a pipeline that is exactly
+        `from_tensor_slices(arrays).batch(b)`), else None. Logged once."""
+        import tensorflow as tf
+
+        built = self._built
+        if built.is_parameter_server or self._pipelines != 1 or self._service is not None:
+            return None
+        if self.form == "numpy":
+            numpy = self._numpy
+            tensors, size, drop = numpy.variables, numpy.batch_size, False
+            what = "NumPy arrays gathered by a seeded permutation per pass" if numpy.shuffle \
+                else "NumPy arrays sliced in order"
+        else:
+            found = _compat.slices_then_batch(probe)
+            if found is None:
+                return None
+            tensors, _, size, drop, _, _ = found
+            size, drop = tf.get_static_value(size), tf.get_static_value(drop)
+            if size is None or drop is None or any(tf.is_symbolic_tensor(t) for t in tensors):
+                return None
+            size, drop = int(size), bool(drop)
+            what = "from_tensor_slices(...).batch(...) sliced in order"
+        try:
+            devices = built.strategy.extended.worker_devices
+        except (AttributeError, RuntimeError, NotImplementedError):
+            devices = ("/cpu:0",)
+        nbytes = sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)
+        device, why_not = instep.placement(nbytes, devices)
+        if why_not:
+            logger.info("%s data: read by tf.data, not inside the compiled loop: %s",
+                        self._role, why_not)
+            return None
+        orders = self._numpy.orders if self.form == "numpy" and self._numpy.shuffle else None
+        logger.info("%s data: read inside the compiled loop, one batch per step, no tf.data "
+                    "iterator: %s%s (switch off with tuning={'in_step_batches': False})",
+                    self._role, what, f", copied once to {device}" if device else "")
+
+        def make():
+            return instep.InStepBatches(tensors, self.element_spec, size, drop_remainder=drop,
+                                        orders=orders and orders(), device=device)
+        return make
 
     def _service_plan(self, probe):
         """The plan when the tf.data service splits the data (no sharding by kerastrain)."""
@@ -527,6 +598,8 @@ class DistributedInput:
                     return strategy.experimental_distribute_dataset(
                         _with_policy(through(), "off"))
                 self._distributed = service_lib.PerPass(one_pass)
+            elif self._in_step:
+                self._distributed = self._in_step()
             elif self.form == "context_fn":
                 self._distributed = strategy.distribute_datasets_from_function(
                     lambda ctx: self._tuned(self._checked(self._fn(ctx))))

@@ -274,7 +274,8 @@ class Trainer:
             self._inputs[key] = (data, data_lib.DistributedInput(
                 self._built, data, argument=argument, shard=self._shard,
                 batch_size=batch_size, seed=self._seed, role=role, shuffle=shuffle,
-                input_options=self._tuning.input_options, service=self._service))
+                input_options=self._tuning.input_options,
+                in_step=self._tuning.in_step_batches, service=self._service))
         return self._inputs[key][1]
 
     def _ensure_built(self, element_spec):

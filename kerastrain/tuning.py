@@ -2,6 +2,8 @@
 changes neither the order of examples nor the numbers computed.
 
 - tf.data options on the pipelines kerastrain is given (`input_options`);
+- in-memory input read by index inside the compiled loop (`in_step_batches`,
+  `kerastrain.instep`);
 - `steps_per_loop="auto"` sized from a measurement of the compiled call's fixed
   cost (`LoopSizer`);
 - `jit_compile="auto"` (`resolve_jit_compile`), a rule, not a measurement.
@@ -29,6 +31,10 @@ class TuningOptions:
     input_options: bool = option(
         True, "tf.data options on every pipeline that leaves them unset: a private pool of "
               "half the cores; autotuning off on hosts of up to 4 cores, else bounded; order kept")
+    in_step_batches: bool = option(
+        True, "one replica on one worker: NumPy arrays and from_tensor_slices(...).batch(b) "
+              "pipelines read by index inside the compiled loop, without a tf.data iterator; "
+              "same batches, same order")
     measure_steps_per_loop: bool = option(
         True, "steps_per_loop='auto' sized so a compiled call's fixed cost is ~1% of its time, "
               "measured on the first loops (synchronous strategies); else 100")

@@ -47,10 +47,14 @@ def test_tuning_on_and_off_train_the_same_weights(strategy, two_cpus, caplog):
         np.testing.assert_array_equal(a, b)
     # Loop sizes differ (measured vs 100): losses are summed in other groups, in float32.
     np.testing.assert_allclose(runs[True][1], runs[False][1], rtol=1e-6)
-    assert "tf.data options: from_tensor_slices(...).batch(...) read as whole-batch slices" \
-        in runs[True][2]
+    # One replica reads in-memory batches inside the loop; two replicas through tf.data.
+    said = ("read inside the compiled loop, one batch per step, no tf.data iterator: "
+            "from_tensor_slices(...).batch(...) sliced in order" if strategy == "default" else
+            "tf.data options: from_tensor_slices(...).batch(...) read as whole-batch slices")
+    assert said in runs[True][2]
     assert "steps_per_loop='auto':" in runs[True][2]
     assert "tf.data options" not in runs[False][2]
+    assert "inside the compiled loop" not in runs[False][2]
     assert "steps_per_loop='auto':" not in runs[False][2]
 
 
@@ -74,6 +78,75 @@ def test_gathered_pipeline_yields_the_same_batches():
     # Anything but slices -> batch -> prefetch is left alone (a shuffle's order, a map's work).
     assert tuning.gathered(tf.data.Dataset.from_tensor_slices(x).shuffle(5).batch(8)) is None
     assert tuning.gathered(tf.data.Dataset.from_tensor_slices(x).map(tf.abs).batch(8)) is None
+
+
+def _batches(reader_or_dataset):
+    return [[np.asarray(t) for t in __import__("tensorflow").nest.flatten(b)]
+            for b in reader_or_dataset]
+
+
+def test_in_step_batches_are_the_pipelines_batches_in_its_order():
+    import tensorflow as tf
+
+    from kerastrain import data, instep
+    x = np.random.RandomState(0).rand(50, 3).astype("float32")
+    ids = np.arange(50)
+    numpy = data.NumpyData((x, ids), 8, shuffle=True, seed=5)
+    pipeline = numpy.dataset()
+    reader = instep.InStepBatches(numpy.variables, pipeline.element_spec, 8,
+                                  orders=numpy.orders())
+    passes = []
+    for _ in range(3):  # each iteration of either draws the next pass's order
+        got, want = _batches(iter(reader)), _batches(pipeline)
+        assert len(got) == len(want) == 7  # the last batch partial, as tf.data's
+        for a, b in zip(got, want):
+            for u, v in zip(a, b):
+                np.testing.assert_array_equal(u, v)
+        passes.append(np.concatenate([b[1] for b in got]))
+    assert sorted(passes[0]) == list(ids) and list(passes[0]) != list(passes[1])
+
+    # In order, as `from_tensor_slices(...).batch(b, drop_remainder)` slices them.
+    for drop in (False, True):
+        ds = tf.data.Dataset.from_tensor_slices((x, {"id": ids})).batch(8, drop_remainder=drop)
+        tensors, spec = [tf.constant(x), tf.constant(ids)], ds.element_spec
+        reader = instep.InStepBatches(tensors, spec, 8, drop_remainder=drop)
+        assert _batches(iter(reader)) and len(_batches(iter(reader))) == (6 if drop else 7)
+        for a, b in zip(_batches(iter(reader)), _batches(ds)):
+            for u, v in zip(a, b):
+                np.testing.assert_array_equal(u, v)
+        assert reader.element_spec[0].shape.as_list() == ([8, 3] if drop else [None, 3])
+
+    # A compiled loop is traced for the iterator's type: once for every pass, and once
+    # for another input of the same shapes (no trace holds an input's tensors).
+    traces = []
+    reader = instep.InStepBatches(numpy.variables, pipeline.element_spec, 8,
+                                  orders=numpy.orders())
+    other = data.NumpyData((x, ids), 8, shuffle=True, seed=6)
+    other = instep.InStepBatches(other.variables, pipeline.element_spec, 8,
+                                 orders=other.orders())
+
+    @tf.function
+    def total(iterator):
+        traces.append(1)
+        seen = tf.constant(0, tf.int64)
+        while tf.constant(True):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            seen += tf.reduce_sum(optional.get_value()[1])
+        return seen
+    assert [int(total(iter(r))) for r in (reader, reader, other)] == [int(ids.sum())] * 3
+    assert len(traces) == 1
+
+
+def test_in_step_placement_keeps_tf_data_for_many_replicas_and_big_gpu_data():
+    from kerastrain import instep
+    cpu, gpu = "/job:localhost/replica:0/task:0/device:CPU:0", "/job:localhost/device:GPU:0"
+    assert instep.placement(10 ** 12, [cpu]) == (None, None)  # host memory: left in place
+    assert instep.placement(2 ** 20, [gpu]) == (gpu, None)    # copied to the GPU once
+    device, why = instep.placement(3 * 2 ** 30, [gpu])
+    assert device is None and "3.0 GiB" in why                # prefetched by tf.data instead
+    assert instep.placement(10, [cpu, cpu])[1] == "2 replicas on this worker"
 
 
 def test_tuned_keeps_options_the_pipeline_sets():

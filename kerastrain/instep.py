@@ -1,0 +1,176 @@
+"""Batches read inside the compiled loop from tensors in memory (`tuning.in_step_batches`).
+
+For one replica on one worker, two inputs are whole tensors in memory read in a
+known order: NumPy arrays (a seeded permutation per pass) and a pipeline that is
+exactly `from_tensor_slices(arrays).batch(b)` (contiguous slices, as the README's
+`dataset_fn` writes it). kerastrain then reads their batches in the compiled loop
+itself, by index: a step slices (or gathers) batch i from the tensors, with no
+tf.data iterator and no input thread. On 2 cores that thread's wake-ups competed
+with the model's matrix multiplications (docs/performance.md). The batches and
+their order are those of the pipelines they replace (tested).
+
+The reader is one object per input: `iter()` begins a pass (and draws that pass's
+order), and the compiled loops call `get_next_as_optional()` as they do on a
+tf.data iterator. Its position is a variable, so a loop traced once serves every
+pass.
+"""
+
+import contextlib
+import logging
+
+logger = logging.getLogger("kerastrain")
+
+# On a GPU the tensors are copied to device memory once, up to this size; larger data
+# stays with tf.data, which prefetches each batch to the device (a host gather inside
+# the step would make the device wait for the copy).
+GPU_BYTES = 1 << 30
+
+
+def placement(nbytes, devices):
+    """`(device, why_not)`: where the tensors go for in-step reading (None: where they
+    are), or why tf.data keeps the input.
+
+    One replica only. On a CPU the tensors stay where they are. On a GPU they are
+    copied to its memory once, when they take at most `GPU_BYTES`.
+    """
+    if len(devices) != 1:
+        return None, f"{len(devices)} replicas on this worker"
+    device = str(devices[0])
+    if "GPU" not in device.upper():
+        return None, None
+    if nbytes > GPU_BYTES:
+        return None, (f"the arrays take {nbytes / 2 ** 30:.1f} GiB, over the "
+                      f"{GPU_BYTES / 2 ** 30:.0f} GiB copied to a GPU")
+    return device, None
+
+
+class _Next:
+    """What `get_next_as_optional` returns: has_value() and get_value(), as a tf Optional."""
+
+    def __init__(self, has, value):
+        self._has, self._value = has, value
+
+    def has_value(self):
+        return self._has
+
+    def get_value(self):
+        return self._value
+
+
+class InStepBatches:
+    """The passes of an in-memory input, read one batch per call inside compiled loops.
+
+    `iter()` begins a pass and returns an iterator that is a `tf.experimental.ExtensionType`
+    (as a tf.data iterator is a composite tensor): a compiled loop is traced for its
+    type (shapes, dtypes, batch size), not for the object, so one trace serves every
+    pass and every input of the same shapes, and no trace keeps an input's tensors.
+
+    Args:
+        tensors: the flat list of arrays (tensors or variables), same first dimension.
+        element_spec: the batches' structure and specs (`pack` of the parts' specs).
+        batch_size: examples per batch; the last batch of a pass is partial unless
+            `drop_remainder`.
+        orders: None (batches in order: contiguous slices), or a `tf.data.Dataset` whose
+            every iteration yields the next pass's permutation of the examples (the
+            NumPy input's own, so passes are shuffled as its pipeline shuffles them).
+        device: where the tensors are placed (None: where they are).
+    """
+
+    def __init__(self, tensors, element_spec, batch_size, *, drop_remainder=False,
+                 orders=None, device=None):
+        import tensorflow as tf
+
+        n = int(tensors[0].shape[0])
+        self._size, self._drop = int(batch_size), bool(drop_remainder)
+        rows = self._size if self._drop or n % self._size == 0 else None
+        self.element_spec = tf.nest.map_structure(
+            lambda s: tf.TensorSpec([rows] + s.shape.as_list()[1:], s.dtype), element_spec)
+        self._structure = repr(self.element_spec)
+        _STRUCTURES[self._structure] = self.element_spec
+        self._orders = orders
+        with tf.init_scope():
+            with tf.device(device) if device else contextlib.nullcontext():
+                # A variable's value is its buffer, not a copy (on the device it lives on).
+                self._tensors = tuple(tf.identity(t) if device else tf.convert_to_tensor(t)
+                                      for t in tensors)
+                self._position = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                             name="in_step_position")
+            self._in_order = tf.zeros([0], tf.int64)
+
+    def __iter__(self):
+        """Begin a pass: position 0, and the pass's order drawn (shuffled input)."""
+        import tensorflow as tf
+        with tf.init_scope():
+            order = self._in_order if self._orders is None else next(iter(self._orders))
+            self._position.assign(0)
+        return _iterator_type()(self._tensors, self._position.handle, order,
+                                self._orders is not None, self._size, self._drop,
+                                self._structure)
+
+
+_STRUCTURES = {}  # repr(element_spec) -> element_spec: what an iterator packs its parts as
+
+
+_ITERATOR = []
+
+
+def _iterator_type():
+    """The iterator's class, made on first use (defining it needs TensorFlow)."""
+    if _ITERATOR:
+        return _ITERATOR[0]
+    import typing
+
+    import tensorflow as tf
+
+    class InStepIterator(tf.experimental.ExtensionType):
+        """The reading position in a pass of in-memory tensors (a value, traced by type).
+
+        `order` is the pass's permutation of the examples when `shuffled` (else
+        empty); `position` the handle of the variable counting the batches read (its
+        owner, an `InStepBatches`, keeps it alive).
+        """
+        tensors: typing.Tuple[tf.Tensor, ...]
+        position: tf.Tensor
+        order: tf.Tensor
+        shuffled: bool
+        size: int
+        drop_remainder: bool
+        structure: str
+
+        @property
+        def element_spec(self):
+            return _STRUCTURES[self.structure]
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            """The next batch, read eagerly (compiled loops call `get_next_as_optional`)."""
+            optional = self.get_next_as_optional()
+            if not bool(optional.has_value()):
+                raise StopIteration
+            return optional.get_value()
+
+        def get_next_as_optional(self):
+            """Inside a compiled loop: the next batch of the pass, or none at its end."""
+            n, size = self.tensors[0].shape[0], self.size
+            batches = n // size if self.drop_remainder else -(-n // size)
+            position = tf.raw_ops.ReadVariableOp(resource=self.position, dtype=tf.int64)
+            has = position < batches
+            # Past the end, batch 0 is read and never used: every read has the batch's shape.
+            start = tf.where(has, position, 0) * size
+            end = tf.minimum(start + size, n)
+            if not self.shuffled:
+                parts = [t[start:end] for t in self.tensors]
+            else:
+                index = self.order[start:end]
+                parts = [tf.gather(t, index) for t in self.tensors]
+            spec = self.element_spec
+            for part, part_spec in zip(parts, tf.nest.flatten(spec)):
+                part.set_shape(part_spec.shape)
+            tf.raw_ops.AssignAddVariableOp(resource=self.position,
+                                           value=tf.cast(has, tf.int64))
+            return _Next(has, tf.nest.pack_sequence_as(spec, parts))
+
+    _ITERATOR.append(InStepIterator)
+    return InStepIterator
