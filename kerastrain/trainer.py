@@ -269,7 +269,10 @@ class Trainer:
     # -- set-up helpers -------------------------------------------------------
 
     def _input(self, data, argument, role, batch_size=None, shuffle=True):
-        key = (id(data), argument, batch_size, shuffle, self._service and role)
+        # One input kept per use: a later fit on the same data continues its passes;
+        # other data replaces it (a loop of `fit((x, y))` calls holds one copy, not one
+        # per call), and evaluation never moves the training data's position.
+        key = (argument, role, batch_size, shuffle)
         if key not in self._inputs or self._inputs[key][0] is not data:
             self._inputs[key] = (data, data_lib.DistributedInput(
                 self._built, data, argument=argument, shard=self._shard,

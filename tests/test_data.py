@@ -93,6 +93,36 @@ def test_numpy_input_trains_exactly_like_the_equivalent_dataset_fn():
     assert loss_np[0] != loss_np[1]
 
 
+def test_a_loop_of_fits_keeps_one_copy_and_evaluation_leaves_the_training_position():
+    import gc
+    import weakref
+
+    x, y = helpers.arrays(96)
+
+    def run(evaluate_between):
+        trainer = kt.Trainer(helpers.build_model, strategy="one_device", seed=2, verbose=0)
+        data = (x, y)
+        trainer.fit(data, batch_size=16, epochs=1, steps_per_epoch=4)  # 4 of 6 batches
+        if evaluate_between:  # the same arrays evaluated: a separate input, own position
+            trainer.evaluate(data, batch_size=16)
+        trainer.fit(data, batch_size=16, epochs=2, initial_epoch=1, steps_per_epoch=4)
+        return trainer
+
+    for a, b in zip(run(False).model.get_weights(), run(True).model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+    # Keras's idiom of one `fit` per epoch, new arrays each time: the trainer holds the
+    # latest data only (it held a copy per call).
+    trainer = kt.Trainer(helpers.build_model, strategy="one_device", seed=2, verbose=0)
+    first = x.copy()
+    gone = weakref.ref(first)
+    trainer.fit((first, y), batch_size=16, epochs=1)
+    del first
+    trainer.fit((x.copy(), y), batch_size=16, epochs=1)
+    gc.collect()
+    assert gone() is None
+
+
 def test_numpy_training_data_with_a_dataset_for_validation():
     import tensorflow as tf
 
