@@ -497,7 +497,8 @@ class DistributedInput:
         except (AttributeError, RuntimeError, NotImplementedError):
             devices = ("/cpu:0",)
         nbytes = sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)
-        device, why_not = instep.placement(nbytes, devices)
+        device, why_not = instep.placement(nbytes, devices,
+                                           strings=any(t.dtype == tf.string for t in tensors))
         if why_not:
             logger.info("%s data: read by tf.data, not inside the compiled loop: %s",
                         self._role, why_not)

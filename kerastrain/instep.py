@@ -27,18 +27,21 @@ logger = logging.getLogger("kerastrain")
 GPU_BYTES = 1 << 30
 
 
-def placement(nbytes, devices):
+def placement(nbytes, devices, strings=False):
     """`(device, why_not)`: where the tensors go for in-step reading (None: where they
     are), or why tf.data keeps the input.
 
     One replica only. On a CPU the tensors stay where they are. On a GPU they are
-    copied to its memory once, when they take at most `GPU_BYTES`.
+    copied to its memory once, when they take at most `GPU_BYTES` and hold no
+    `strings` (which a GPU cannot hold).
     """
     if len(devices) != 1:
         return None, f"{len(devices)} replicas on this worker"
     device = str(devices[0])
     if "GPU" not in device.upper():
         return None, None
+    if strings:
+        return None, "string arrays cannot be copied to a GPU"
     if nbytes > GPU_BYTES:
         return None, (f"the arrays take {nbytes / 2 ** 30:.1f} GiB, over the "
                       f"{GPU_BYTES / 2 ** 30:.0f} GiB copied to a GPU")

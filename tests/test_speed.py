@@ -147,6 +147,8 @@ def test_in_step_placement_keeps_tf_data_for_many_replicas_and_big_gpu_data():
     device, why = instep.placement(3 * 2 ** 30, [gpu])
     assert device is None and "3.0 GiB" in why                # prefetched by tf.data instead
     assert instep.placement(10, [cpu, cpu])[1] == "2 replicas on this worker"
+    assert instep.placement(10, [cpu], strings=True) == (None, None)
+    assert "string arrays cannot be copied" in instep.placement(10, [gpu], strings=True)[1]
 
 
 def test_tuned_keeps_options_the_pipeline_sets():
