@@ -470,48 +470,16 @@ class DistributedInput:
 
     def _in_step_source(self, probe):
         """`() -> instep.InStepBatches` when the batches can be read inside the compiled
-        loop (one replica on one worker; NumPy arrays, or a pipeline that is exactly
-        `from_tensor_slices(arrays).batch(b)`), else None. Logged once."""
-        import tensorflow as tf
-
+        loop (`instep.source`), else None."""
         built = self._built
         if built.is_parameter_server or self._pipelines != 1 or self._service is not None:
             return None
-        if self.form == "numpy":
-            numpy = self._numpy
-            tensors, size, drop = numpy.variables, numpy.batch_size, False
-            what = "NumPy arrays gathered by a seeded permutation per pass" if numpy.shuffle \
-                else "NumPy arrays sliced in order"
-        else:
-            found = _compat.slices_then_batch(probe)
-            if found is None:
-                return None
-            tensors, _, size, drop, _, _ = found
-            size, drop = tf.get_static_value(size), tf.get_static_value(drop)
-            if size is None or drop is None or any(tf.is_symbolic_tensor(t) for t in tensors):
-                return None
-            size, drop = int(size), bool(drop)
-            what = "from_tensor_slices(...).batch(...) sliced in order"
         try:
             devices = built.strategy.extended.worker_devices
         except (AttributeError, RuntimeError, NotImplementedError):
             devices = ("/cpu:0",)
-        nbytes = sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)
-        device, why_not = instep.placement(nbytes, devices,
-                                           strings=any(t.dtype == tf.string for t in tensors))
-        if why_not:
-            logger.info("%s data: read by tf.data, not inside the compiled loop: %s",
-                        self._role, why_not)
-            return None
-        orders = self._numpy.orders if self.form == "numpy" and self._numpy.shuffle else None
-        logger.info("%s data: read inside the compiled loop, one batch per step, no tf.data "
-                    "iterator: %s%s (switch off with tuning={'in_step_batches': False})",
-                    self._role, what, f", copied once to {device}" if device else "")
-
-        def make():
-            return instep.InStepBatches(tensors, self.element_spec, size, drop_remainder=drop,
-                                        orders=orders and orders(), device=device)
-        return make
+        return instep.source(self._numpy if self.form == "numpy" else None, probe,
+                             self.element_spec, devices, self._role)
 
     def _service_plan(self, probe):
         """The plan when the tf.data service splits the data (no sharding by kerastrain)."""

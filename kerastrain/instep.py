@@ -9,10 +9,11 @@ tf.data iterator and no input thread. On 2 cores that thread's wake-ups competed
 with the model's matrix multiplications (docs/performance.md). The batches and
 their order are those of the pipelines they replace (tested).
 
-The reader is one object per input: `iter()` begins a pass (and draws that pass's
-order), and the compiled loops call `get_next_as_optional()` as they do on a
-tf.data iterator. Its position is a variable, so a loop traced once serves every
-pass.
+`source` decides (and logs) whether an input is read so; `InStepBatches` is the
+input, and `iter()` on it begins a pass and returns an iterator on which the
+compiled loops call `get_next_as_optional()`, as on a tf.data iterator. That
+iterator is a value (an ExtensionType) holding the tensors, the pass's order and
+the handle of a position variable: a loop is traced for its type, once.
 """
 
 import concurrent.futures
@@ -46,6 +47,48 @@ def placement(nbytes, devices, strings=False):
         return None, (f"the arrays take {nbytes / 2 ** 30:.1f} GiB, over the "
                       f"{GPU_BYTES / 2 ** 30:.0f} GiB copied to a GPU")
     return device, None
+
+
+def source(numpy, probe, element_spec, devices, role):
+    """`() -> InStepBatches` for an input read inside the compiled loop, or None; logged.
+
+    `numpy`: the input's `data.NumpyData`, or None for a pipeline (`probe`), which
+    must be exactly `from_tensor_slices(arrays).batch(b)[.prefetch(p)]` of eager
+    tensors. `devices`: the worker's replica devices (one replica only).
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from kerastrain import _compat
+    if numpy is not None:
+        tensors, size, drop = numpy.variables, numpy.batch_size, False
+        what = ("NumPy arrays gathered by a seeded permutation per pass" if numpy.shuffle
+                else "NumPy arrays sliced in order")
+    else:
+        found = _compat.slices_then_batch(probe)
+        if found is None:
+            return None
+        tensors, _, size, drop, _, _ = found
+        size, drop = tf.get_static_value(size), tf.get_static_value(drop)
+        if size is None or drop is None or any(tf.is_symbolic_tensor(t) for t in tensors):
+            return None
+        size, drop = int(size), bool(drop)
+        what = "from_tensor_slices(...).batch(...) sliced in order"
+    nbytes = sum(int(np.prod(t.shape)) * t.dtype.size for t in tensors)
+    device, why_not = placement(nbytes, devices,
+                                strings=any(t.dtype == tf.string for t in tensors))
+    if why_not:
+        logger.info("%s data: read by tf.data, not inside the compiled loop: %s", role, why_not)
+        return None
+    orders = numpy.orders if numpy is not None and numpy.shuffle else None
+    logger.info("%s data: read inside the compiled loop, one batch per step, no tf.data "
+                "iterator: %s%s (switch off with tuning={'in_step_batches': False})",
+                role, what, f", copied once to {device}" if device else "")
+
+    def make():
+        return InStepBatches(tensors, element_spec, size, drop_remainder=drop,
+                             orders=orders and orders(), device=device)
+    return make
 
 
 class _Next:
