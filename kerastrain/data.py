@@ -474,12 +474,9 @@ class DistributedInput:
         built = self._built
         if built.is_parameter_server or self._pipelines != 1 or self._service is not None:
             return None
-        try:
-            devices = built.strategy.extended.worker_devices
-        except (AttributeError, RuntimeError, NotImplementedError):
-            devices = ("/cpu:0",)
         return instep.source(self._numpy if self.form == "numpy" else None, probe,
-                             self.element_spec, devices, self._role)
+                             self.element_spec, built.replica_devices or ("/cpu:0",),
+                             self._role)
 
     def _service_plan(self, probe):
         """The plan when the tf.data service splits the data (no sharding by kerastrain)."""

@@ -37,13 +37,17 @@ class BuiltStrategy:
         return self.name == "multi_worker_mirrored"
 
     @property
+    def replica_devices(self) -> tuple:
+        """The devices this task's replicas run on (empty where the strategy does not say)."""
+        try:
+            return tuple(self.strategy.extended.worker_devices)
+        except (AttributeError, RuntimeError, NotImplementedError):
+            return ()
+
+    @property
     def on_gpu(self) -> bool:
         """Whether this task's replicas run on GPUs."""
-        try:
-            devices = self.strategy.extended.worker_devices
-        except (AttributeError, RuntimeError, NotImplementedError):
-            return False
-        return any("GPU" in str(d).upper() for d in devices)
+        return any("GPU" in str(d).upper() for d in self.replica_devices)
 
     @property
     def places_variables(self) -> bool:
