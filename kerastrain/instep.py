@@ -16,8 +16,11 @@ iterator is a value (an ExtensionType) holding the tensors, the pass's order and
 the handle of a position variable: a loop is traced for its type, once.
 """
 
+# No `from __future__ import annotations`: an ExtensionType reads its fields' annotations
+# as types, not strings.
 import concurrent.futures
 import contextlib
+import functools
 import logging
 
 logger = logging.getLogger("kerastrain")
@@ -87,7 +90,7 @@ def source(numpy, probe, element_spec, devices, role):
 
     def make():
         return InStepBatches(tensors, element_spec, size, drop_remainder=drop,
-                             orders=orders and orders(), device=device)
+                             orders=orders() if orders else None, device=device)
     return make
 
 
@@ -114,7 +117,8 @@ class InStepBatches:
 
     Args:
         tensors: the flat list of arrays (tensors or variables), same first dimension.
-        element_spec: the batches' structure and specs (`pack` of the parts' specs).
+        element_spec: the batches' structure and specs; the parts are packed into it in
+            `tf.nest.flatten` order (the order of `tensors`).
         batch_size: examples per batch; the last batch of a pass is partial unless
             `drop_remainder`.
         orders: None (batches in order: contiguous slices), or a `tf.data.Dataset` whose
@@ -175,13 +179,9 @@ _DRAWS = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kerastrain
 _STRUCTURES = {}  # repr(element_spec) -> element_spec: what an iterator packs its parts as
 
 
-_ITERATOR = []
-
-
+@functools.cache
 def _iterator_type():
     """The iterator's class, made on first use (defining it needs TensorFlow)."""
-    if _ITERATOR:
-        return _ITERATOR[0]
     import typing
 
     import tensorflow as tf
@@ -236,5 +236,4 @@ def _iterator_type():
                                            value=tf.cast(has, tf.int64))
             return _Next(has, tf.nest.pack_sequence_as(spec, parts))
 
-    _ITERATOR.append(InStepIterator)
     return InStepIterator
