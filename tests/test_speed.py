@@ -81,8 +81,9 @@ def test_gathered_pipeline_yields_the_same_batches():
 
 
 def _batches(reader_or_dataset):
-    return [[np.asarray(t) for t in __import__("tensorflow").nest.flatten(b)]
-            for b in reader_or_dataset]
+    """Each batch as a flat list of NumPy arrays."""
+    import tensorflow as tf
+    return [[np.asarray(t) for t in tf.nest.flatten(b)] for b in reader_or_dataset]
 
 
 def test_in_step_batches_are_the_pipelines_batches_in_its_order():
