@@ -448,6 +448,28 @@ def iteration_counter(optimizer):
 
 
 @contextlib.contextmanager
+def atomic_update_count(optimizer):
+    """While tracing a parameter-server step: the optimizer counts its updates atomically.
+
+    Keras 3.15 increments `_iterations` with its `Variable.assign_add`, which is
+    `assign(value + 1)`: a read and a write, so workers updating at once lose
+    increments (60 updates counted 50), and Adam's bias correction and schedules
+    read a wrong step. TensorFlow's `assign_add` on the variable's `.value` is one
+    atomic op on the parameter server. Keras has no option for it.
+    """
+    if optimizer is None:
+        yield
+        return
+    import tensorflow as tf
+    counter = iteration_counter(optimizer)
+
+    def atomic_add(delta):
+        return counter.value.assign_add(tf.cast(delta, counter.dtype))
+    with instance_override(counter, "assign_add", atomic_add):
+        yield
+
+
+@contextlib.contextmanager
 def learning_rate_at(optimizer, iteration):
     """While tracing an update: a learning-rate schedule reads `iteration`.
 

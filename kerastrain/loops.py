@@ -308,16 +308,11 @@ class Step:
 
     def _worker_step(self, totals, batch):
         """Traced on a parameter-server worker: one step on `batch`, added to `totals`."""
-        import tensorflow as tf
-
-        optimizer = self.model.optimizer  # None: a model's own step may keep its own
-        if optimizer is not None:
-            # Keras's own counter loses increments under asynchronous PS training;
-            # schedules and Adam's bias correction read it, so give it the exact
-            # step before each update.
-            iterations = optimizer.iterations
-            iterations.assign(tf.cast(self.global_step.read_value(), iterations.dtype))
-        totals = self.accumulate(totals, self._run_train(batch))
+        # Keras's own count of updates would lose increments with workers updating
+        # at once; Adam's bias correction and schedules read it. (A model's own
+        # step may keep no optimizer: None.)
+        with _compat.atomic_update_count(self.model.optimizer):
+            totals = self.accumulate(totals, self._run_train(batch))
         self.global_step.assign_add(1)
         return totals
 

@@ -19,8 +19,9 @@ def check_result(result):
     loss = result["history"]["loss"]
     assert len(loss) == EPOCHS
     assert loss[-1] < loss[0], loss
-    # Exact even though Keras's own optimizer.iterations loses increments here.
-    assert result["global_step"] == EPOCHS * STEPS
+    # Exact, and so is the optimizer's own count of updates (Keras's read-then-write
+    # increment loses some with two workers updating at once).
+    assert result["global_step"] == result["iterations"] == EPOCHS * STEPS
     assert result["devices"] and all("/job:ps/" in d for d in result["devices"]), result["devices"]
     assert result["is_chief"]
 
