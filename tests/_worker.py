@@ -69,7 +69,8 @@ def main():
     result = {
         "history": history.history,
         "global_step": trainer.global_step,
-        "iterations": int(trainer.model.optimizer.iterations) if trainer.model.optimizer else None,
+        "iterations": (int(trainer.model.optimizer.iterations.numpy())
+                       if trainer.model.optimizer else None),
         "is_chief": trainer.is_chief,
         # Every variable's place, or its shards' places when it is partitioned.
         "devices": sorted({part.device for v in trainer.model.variables
