@@ -215,14 +215,37 @@ def _iterator_type():
                 raise StopIteration
             return optional.get_value()
 
+        def batches_left(self):
+            """Inside a compiled loop: the batches of the pass not yet read (int32)."""
+            return tf.cast(self._batches() - self._position(), tf.int32)
+
+        def next_batch(self):
+            """Inside a compiled loop that knows `batches_left() > 0`: the next batch."""
+            batch = self._batch_at(self._position())
+            tf.raw_ops.AssignAddVariableOp(resource=self.position,
+                                           value=tf.constant(1, tf.int64))
+            return batch
+
         def get_next_as_optional(self):
             """Inside a compiled loop: the next batch of the pass, or none at its end."""
-            n, size = self.tensors[0].shape[0], self.size
-            batches = n // size if self.drop_remainder else -(-n // size)
-            position = tf.raw_ops.ReadVariableOp(resource=self.position, dtype=tf.int64)
-            has = position < batches
+            position = self._position()
+            has = position < self._batches()
             # Past the end, batch 0 is read and never used: every read has the batch's shape.
-            start = tf.where(has, position, 0) * size
+            batch = self._batch_at(tf.where(has, position, 0))
+            tf.raw_ops.AssignAddVariableOp(resource=self.position,
+                                           value=tf.cast(has, tf.int64))
+            return _Next(has, batch)
+
+        def _position(self):
+            return tf.raw_ops.ReadVariableOp(resource=self.position, dtype=tf.int64)
+
+        def _batches(self):
+            n, size = self.tensors[0].shape[0], self.size
+            return n // size if self.drop_remainder else -(-n // size)
+
+        def _batch_at(self, position):
+            n, size = self.tensors[0].shape[0], self.size
+            start = position * size
             end = tf.minimum(start + size, n)
             if not self.shuffled:
                 parts = [t[start:end] for t in self.tensors]
@@ -232,8 +255,6 @@ def _iterator_type():
             spec = self.element_spec
             for part, part_spec in zip(parts, tf.nest.flatten(spec)):
                 part.set_shape(part_spec.shape)
-            tf.raw_ops.AssignAddVariableOp(resource=self.position,
-                                           value=tf.cast(has, tf.int64))
-            return _Next(has, tf.nest.pack_sequence_as(spec, parts))
+            return tf.nest.pack_sequence_as(spec, parts)
 
     return InStepIterator

@@ -123,7 +123,7 @@ class Step:
     """
 
     def __init__(self, built, model, global_step, jit_compile=False, stop_flag=None,
-                 partitioned=None, accumulation=1):
+                 partitioned=None, accumulation=1, unroll=1):
         import tensorflow as tf
         from kerastrain import accumulation as accumulation_lib
 
@@ -144,6 +144,8 @@ class Step:
                                if jit_compile else self._train_step)
         # Batches per update: more than one when the optimizer accumulates gradients.
         self.accumulation = accumulation
+        self.unroll = unroll  # training steps per loop iteration on in-memory input
+        self._said_unrolled = False
         self._accumulator = (accumulation_lib.Accumulator(self, accumulation, jit_compile)
                              if accumulation > 1 else None)
 
@@ -290,7 +292,8 @@ class Step:
                 step_counter.assign_add(tf.cast(steps, step_counter.dtype))
             if self._accumulator is not None:
                 return self._accumulator.sync_loop(self._go_on(self.stop_flag), after=count)
-            loop = self._until_end(self._run_train, after=count, stop_flag=self.stop_flag)
+            loop = self._until_end(self._run_train, after=count, stop_flag=self.stop_flag,
+                                   unroll=self.unroll)
         return loop
 
     def worker_steps(self, read, state, num_steps, width=None):
@@ -358,8 +361,16 @@ class Step:
             return tf.logical_and(steps < num_steps, tf.logical_not(stop_flag.read_value()))
         return go_on
 
-    def _until_end(self, run_one, after=None, stop_flag=None):
-        """A compiled loop of up to `num_steps` batches that stops where the data ends."""
+    def _until_end(self, run_one, after=None, stop_flag=None, unroll=1):
+        """A compiled loop of up to `num_steps` batches that stops where the data ends.
+
+        `unroll` > 1: on an iterator that knows how many batches its pass has left
+        (`instep`), `unroll` steps per iteration of the loop while that many are left,
+        then one. The steps and their order are the same, but an iteration waits for
+        all of its body, so steps in one iteration overlap: the next step's first
+        layers run while the previous one still updates its last. A stop request is
+        seen between iterations.
+        """
         import tensorflow as tf
         go_on = self._go_on(stop_flag)
 
@@ -367,6 +378,13 @@ class Step:
         def loop(iterator, num_steps):
             totals = tf.zeros([self.width], tf.float32)
             steps = tf.constant(0, tf.int32)
+            if unroll > 1 and hasattr(iterator, "batches_left"):
+                self._say_unrolled(unroll)
+                ahead = tf.minimum(num_steps, iterator.batches_left())
+                while go_on(steps + (unroll - 1), ahead):
+                    for _ in range(unroll):
+                        totals = self.accumulate(totals, run_one(iterator.next_batch()))
+                    steps += unroll
             while go_on(steps, num_steps):
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
@@ -377,6 +395,13 @@ class Step:
                 after(steps)
             return totals, steps
         return loop
+
+    def _say_unrolled(self, unroll):
+        if not self._said_unrolled:
+            self._said_unrolled = True
+            logger.info("training loop: %d steps per iteration while the pass has that many "
+                        "batches left, so consecutive steps overlap; same steps, same order "
+                        "(switch off with tuning={'unroll_steps': False})", unroll)
 
     def skip_loop(self):
         """`fn(iterator, n) -> skipped`: read and drop up to n steps' batches (resuming

@@ -296,7 +296,8 @@ class Trainer:
         # would hang otherwise), so no per-worker stop inside their loops.
         flag = None if self._built.is_multi_worker else self._stop_flag
         self._step = loops_lib.step_for(self._built, self._model, self._global_step,
-                                        jit_compile=jit, stop_flag=flag, partitioned=partitioned)
+                                        jit_compile=jit, stop_flag=flag, partitioned=partitioned,
+                                        unroll=tuning_lib.UNROLL if self._tuning.unroll_steps else 1)
         with self.strategy.scope():
             self._run.attach(width=self._step.width, model=self._model,
                              global_step=self._global_step)

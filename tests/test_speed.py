@@ -52,10 +52,32 @@ def test_tuning_on_and_off_train_the_same_weights(strategy, two_cpus, caplog):
             "from_tensor_slices(...).batch(...) sliced in order" if strategy == "default" else
             "tf.data options: from_tensor_slices(...).batch(...) read as whole-batch slices")
     assert said in runs[True][2]
+    assert ("training loop: 4 steps per iteration" in runs[True][2]) == (strategy == "default")
+    assert "training loop: 4 steps" not in runs[False][2]
     assert "steps_per_loop='auto':" in runs[True][2]
     assert "tf.data options" not in runs[False][2]
     assert "inside the compiled loop" not in runs[False][2]
     assert "steps_per_loop='auto':" not in runs[False][2]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_unrolled_loops_train_the_same_steps(shuffle):
+    """4 steps per loop iteration where 4 batches are left: the same steps as one at a time,
+    across loops that are not multiples of 4, partial last batches and new passes."""
+    x, y = arrays(100, seed=4)  # 7 batches of 16, the last of 4
+    runs = []
+    for unroll in (True, False):
+        trainer = kt.Trainer(build_model, seed=0, verbose=0, steps_per_loop=6,
+                             tuning={"unroll_steps": unroll})
+        losses = trainer.fit((x, y), batch_size=16, shuffle=shuffle, epochs=3,
+                             steps_per_epoch=9).history["loss"]
+        losses += trainer.fit((x, y), batch_size=16, shuffle=shuffle, epochs=4,
+                              initial_epoch=3).history["loss"]
+        runs.append((_weights(trainer), losses, trainer.global_step))
+    assert runs[0][2] == runs[1][2] == 3 * 9 + 7
+    assert runs[0][1] == runs[1][1]
+    for a, b in zip(runs[0][0], runs[1][0]):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_gathered_pipeline_yields_the_same_batches():
