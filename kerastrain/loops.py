@@ -144,7 +144,9 @@ class Step:
                                if jit_compile else self._train_step)
         # Batches per update: more than one when the optimizer accumulates gradients.
         self.accumulation = accumulation
-        self.unroll = unroll  # training steps per loop iteration on in-memory input
+        # Training steps per loop iteration where that many are known to be left (`_until_end`
+        # on in-memory input, `worker_steps`).
+        self.unroll = unroll
         self._said_unrolled = False
         self._accumulator = (accumulation_lib.Accumulator(self, accumulation, jit_compile)
                              if accumulation > 1 else None)
@@ -304,6 +306,13 @@ class Step:
         if self._accumulator is not None:
             return self._accumulator.ps_steps(self.global_step, read, state, num_steps)
         totals = tf.zeros([width or self.width], tf.float32)
+        if self.unroll > 1:  # exactly `num_steps` run: `unroll` per iteration, then the rest
+            self._say_unrolled()
+            for _ in tf.range(num_steps // self.unroll):
+                for _ in range(self.unroll):
+                    batch, state = read(state)
+                    totals = self._worker_step(totals, batch)
+            num_steps = num_steps % self.unroll
         for _ in tf.range(num_steps):
             batch, state = read(state)
             totals = self._worker_step(totals, batch)
@@ -379,7 +388,7 @@ class Step:
             totals = tf.zeros([self.width], tf.float32)
             steps = tf.constant(0, tf.int32)
             if unroll > 1 and hasattr(iterator, "batches_left"):
-                self._say_unrolled(unroll)
+                self._say_unrolled()
                 ahead = tf.minimum(num_steps, iterator.batches_left())
                 while go_on(steps + (unroll - 1), ahead):
                     for _ in range(unroll):
@@ -396,12 +405,12 @@ class Step:
             return totals, steps
         return loop
 
-    def _say_unrolled(self, unroll):
+    def _say_unrolled(self):
         if not self._said_unrolled:
             self._said_unrolled = True
-            logger.info("training loop: %d steps per iteration while the pass has that many "
-                        "batches left, so consecutive steps overlap; same steps, same order "
-                        "(switch off with tuning={'unroll_steps': False})", unroll)
+            logger.info("training loop: %d steps per iteration where that many are known to "
+                        "be left, so consecutive steps overlap; same steps, same order "
+                        "(switch off with tuning={'unroll_steps': False})", self.unroll)
 
     def skip_loop(self):
         """`fn(iterator, n) -> skipped`: read and drop up to n steps' batches (resuming

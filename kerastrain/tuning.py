@@ -4,8 +4,8 @@ changes neither the order of examples nor the numbers computed.
 - tf.data options on the pipelines kerastrain is given (`input_options`);
 - in-memory input read by index inside the compiled loop (`in_step_batches`,
   `kerastrain.instep`);
-- `UNROLL` training steps per iteration of the compiled loop on such input (`unroll_steps`,
-  `loops.Step`);
+- `UNROLL` training steps per iteration of the compiled loop where that many are known
+  to be left: on such input, and on parameter-server workers (`unroll_steps`, `loops.Step`);
 - `steps_per_loop="auto"` sized from a measurement of the compiled call's fixed
   cost (`LoopSizer`);
 - `jit_compile="auto"` (`resolve_jit_compile`), a rule, not a measurement.
@@ -25,9 +25,9 @@ from kerastrain._options import option
 
 logger = logging.getLogger("kerastrain")
 
-# Training steps per iteration of a compiled loop reading in memory (`unroll_steps`).
-# Measured on the core MLP, 2 cores: 2 -> 1.03x, 4 -> 1.05x, 8 -> 1.03x the loop of one
-# step per iteration; each step more costs one more trace of the step.
+# Training steps per iteration of a compiled loop (`unroll_steps`). Measured on the core
+# MLP, 2 cores: NumPy input read in the loop, 2 -> 1.03x, 4 -> 1.05x, 8 -> 1.03x the loop of
+# one step per iteration; ps workers, 4 -> 1.07x. Each step more costs a trace of the step.
 UNROLL = 4
 
 
@@ -43,9 +43,9 @@ class TuningOptions:
               "pipelines read by index inside the compiled loop, without a tf.data iterator; "
               "same batches, same order")
     unroll_steps: bool = option(
-        True, "training read inside the compiled loop: 4 steps per iteration of the loop while "
-              "4 batches of the pass are left, so one step's last updates overlap the next "
-              "step's first layers; same steps, same order")
+        True, "4 training steps per iteration of the compiled loop where 4 are known to be "
+              "left (input read inside the loop; parameter-server workers), so one step's "
+              "last updates overlap the next step's first layers; same steps, same order")
     measure_steps_per_loop: bool = option(
         True, "steps_per_loop='auto' sized so a compiled call's fixed cost is ~1% of its time, "
               "measured on the first loops (synchronous strategies); else 100")
