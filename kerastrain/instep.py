@@ -83,7 +83,7 @@ def source(numpy, probe, element_spec, devices, role):
     if why_not:
         logger.info("%s data: read by tf.data, not inside the compiled loop: %s", role, why_not)
         return None
-    orders = numpy.orders if numpy is not None and numpy.shuffle else None
+    orders = numpy.order_drawer if numpy is not None and numpy.shuffle else None
     logger.info("%s data: read inside the compiled loop, one batch per step, no tf.data "
                 "iterator: %s%s (switch off with tuning={'in_step_batches': False})",
                 role, what, f", copied once to {device}" if device else "")
@@ -121,9 +121,9 @@ class InStepBatches:
             `tf.nest.flatten` order (the order of `tensors`).
         batch_size: examples per batch; the last batch of a pass is partial unless
             `drop_remainder`.
-        orders: None (batches in order: contiguous slices), or a `tf.data.Dataset` whose
-            every iteration yields the next pass's permutation of the examples (the
-            NumPy input's own, so passes are shuffled as its pipeline shuffles them).
+        orders: None (batches in order: contiguous slices), or `() -> the next pass's
+            permutation of the examples` (`NumpyData.order_drawer()`: the NumPy input's
+            own, so passes are shuffled as its pipeline shuffles them).
         device: where the tensors are placed (None: where they are).
     """
 
@@ -152,14 +152,14 @@ class InStepBatches:
     def _draw(self):
         import tensorflow as tf
         with tf.init_scope():
-            return next(iter(self._orders))
+            return self._orders()
 
     def __iter__(self):
         """Begin a pass: position 0, in the pass's order (shuffled input).
 
         Passes' orders are drawn in sequence, each one pass ahead on a thread of its
-        own: drawing one (a tf.data iterator and a permutation of every example) took
-        4-14 ms, on one core, between two passes that use both.
+        own: drawing one (the pass's key from a tf.data iterator, then a permutation of
+        every example) took 4-14 ms, on one core, between two passes that use both.
         """
         import tensorflow as tf
         with tf.init_scope():

@@ -118,7 +118,7 @@ def test_in_step_batches_are_the_pipelines_batches_in_its_order():
     numpy = data.NumpyData((x, ids), 8, shuffle=True, seed=5)
     pipeline = numpy.dataset()
     reader = instep.InStepBatches(numpy.variables, pipeline.element_spec, 8,
-                                  orders=numpy.orders())
+                                  orders=numpy.order_drawer())
     passes = []
     for _ in range(3):  # each iteration of either draws the next pass's order
         got, want = _batches(iter(reader)), _batches(pipeline)
@@ -144,10 +144,10 @@ def test_in_step_batches_are_the_pipelines_batches_in_its_order():
     # for another input of the same shapes (no trace holds an input's tensors).
     traces = []
     reader = instep.InStepBatches(numpy.variables, pipeline.element_spec, 8,
-                                  orders=numpy.orders())
+                                  orders=numpy.order_drawer())
     other = data.NumpyData((x, ids), 8, shuffle=True, seed=6)
     other = instep.InStepBatches(other.variables, pipeline.element_spec, 8,
-                                 orders=other.orders())
+                                 orders=other.order_drawer())
 
     @tf.function
     def total(iterator):
