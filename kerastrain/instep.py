@@ -11,7 +11,8 @@ their order are those of the pipelines they replace (tested).
 
 `source` decides (and logs) whether an input is read so; `InStepBatches` is the
 input, and `iter()` on it begins a pass and returns an iterator on which the
-compiled loops call `get_next_as_optional()`, as on a tf.data iterator. That
+compiled loops call `get_next_as_optional()`, as on a tf.data iterator (and, to run
+several steps per loop iteration, `batches_left()` and `next_batch()`). That
 iterator is a value (an ExtensionType) holding the tensors, the pass's order and
 the handle of a position variable: a loop is traced for its type, once.
 """
@@ -159,7 +160,8 @@ class InStepBatches:
 
         Passes' orders are drawn in sequence, each one pass ahead on a thread of its
         own: drawing one (the pass's key from a tf.data iterator, then a permutation of
-        every example) took 4-14 ms, on one core, between two passes that use both.
+        every example) took 4-14 ms, on one core, between two passes that use both
+        (about 1.3 ms of CPU since the permutation is a compiled function).
         """
         import tensorflow as tf
         with tf.init_scope():
