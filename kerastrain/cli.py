@@ -296,12 +296,25 @@ def _run(args, train):
 
 
 def _launch(args):
-    from kerastrain import launch, recipes
+    from kerastrain import launch
 
     if args.max_restarts < 0:
         print(f"kerastrain: error: --max-restarts must be >= 0. Received: {args.max_restarts}",
               file=sys.stderr)
         return 2
+    # From the first moment: Ctrl-C while the recipe's modules import, while tasks start or
+    # between restarts stops everything started so far, with 130.
+    with launch.Interrupts() as interrupts:
+        try:
+            return _launch_job(args, launch, interrupts)
+        except KeyboardInterrupt:
+            print("[launch] interrupted before any task started", flush=True)
+            return interrupts.exit_code
+
+
+def _launch_job(args, launch, interrupts):
+    from kerastrain import recipes
+
     tree = _raw_tree(args)
     network = args.network or launch.recipe_network(tree)
     if not args.dry_run:
@@ -316,7 +329,7 @@ def _launch(args):
         launch.dry_run(tasks)
         return 0
     launch.warn_if_exposed(spec, network)
-    return launch.Launcher(tasks, max_restarts=args.max_restarts).run()
+    return launch.Launcher(tasks, max_restarts=args.max_restarts, interrupts=interrupts).run()
 
 
 def _export(args):

@@ -15,6 +15,7 @@ every process it started when the job ends, fails, or is interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -149,11 +150,70 @@ def dry_run(tasks: list[Task], out=sys.stdout) -> None:
         print(f"[{task.name}] {' '.join(task.command)}", file=out)
 
 
+class Interrupts:
+    """SIGINT and SIGTERM become one `KeyboardInterrupt` in the main thread, from `__enter__` on.
+
+    Installed explicitly, not inherited: a shell starts a background job (`cmd &`, CI runners,
+    `nohup`) with SIGINT ignored, and Python keeps an ignored SIGINT ignored, so a launcher
+    relying on Python's default would not hear Ctrl-C at all and would train on to the end.
+    Only the first signal raises: a second Ctrl-C must not cut short the stopping of the tasks
+    that the first one asked for (`Launcher.stop_all` kills what is left after a few seconds).
+    Inside `deferred()` the signal is only noted, and raised when the block ends, so a task
+    is never half started (forked but not yet known to the launcher).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum = None
+        self._deferring = 0
+        self._pending = False
+        self._previous = {}
+
+    def __enter__(self):
+        self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+        for s in self.SIGNALS:
+            signal.signal(s, self._on_signal)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        return False
+
+    def _on_signal(self, signum, frame):
+        if self.signum is not None:
+            return
+        self.signum = signum
+        if self._deferring:
+            self._pending = True
+        else:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+        if self._pending and not self._deferring:
+            self._pending = False
+            raise KeyboardInterrupt
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, as a shell reports a job stopped by it (130: Ctrl-C)."""
+        return 128 + int(self.signum or signal.SIGINT)
+
+
 class Launcher:
     """Runs one job's tasks as child processes and decides when it is over."""
 
-    def __init__(self, tasks, *, out=None, env=None, max_restarts=0, poll_secs=0.2):
+    def __init__(self, tasks, *, out=None, env=None, max_restarts=0, poll_secs=0.2,
+                 interrupts=None):
         self.tasks = tasks
+        self.interrupts = interrupts
         self.out = out or sys.stdout
         self.env = dict(os.environ if env is None else env)
         self.max_restarts = max_restarts
@@ -180,14 +240,18 @@ class Launcher:
         env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
         # Its own session: a Ctrl-C in the terminal reaches the launcher only, which
         # then stops every task, and a task's children go with it.
-        task.process = subprocess.Popen(
-            task.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1, start_new_session=True)
-        self.say(f"started {task.name} (pid {task.process.pid})")
+        with self._deferred():
+            task.process = subprocess.Popen(
+                task.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, bufsize=1, start_new_session=True)
+            self.say(f"started {task.name} (pid {task.process.pid})")
         thread = threading.Thread(target=self._pump, args=(task, task.process.stdout),
                                   daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def _deferred(self):
+        return self.interrupts.deferred() if self.interrupts else contextlib.nullcontext()
 
     def stop_all(self, reason=""):
         """SIGTERM every live task's process group, SIGKILL what is left after a grace period."""
@@ -219,7 +283,8 @@ class Launcher:
             while True:
                 code = chief.process.poll()
                 if code is not None:
-                    self._wait_for_the_rest(chief)
+                    if code == 0:  # a failed chief's peers are stopped at once (finally)
+                        self._wait_for_the_rest(chief)
                     return code
                 for task in self.tasks:
                     if task is chief or task.process.poll() is None:
@@ -281,13 +346,15 @@ class Launcher:
     # -- the job --------------------------------------------------------------------------
 
     def run(self) -> int:
+        """Run the job, restarting it while `max_restarts` allows; the exit code.
+
+        SIGINT (Ctrl-C) or SIGTERM at any moment stops every task and returns 128 + the
+        signal's number (130 for Ctrl-C).
+        """
+        own = self.interrupts is None
+        if own:
+            self.interrupts = Interrupts().__enter__()
         attempt = 0
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-        def interrupted(signum, frame):
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, interrupted)
         try:
             while True:
                 code = self.run_once()
@@ -306,10 +373,11 @@ class Launcher:
         except KeyboardInterrupt:
             self.say("interrupted: stopping every task")
             self.stop_all()
-            return 130
+            return self.interrupts.exit_code
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            if own:
+                self.interrupts.__exit__(None, None, None)
+                self.interrupts = None
 
 
 def _signal_group(process, signum):

@@ -125,11 +125,16 @@ def test_kubernetes_manifest_structure(capsys):
 
 # -- real local clusters ----------------------------------------------------------------------
 
+# As a shell starts a background job (`cmd &`, CI runners): with SIGINT ignored, which Python
+# then keeps ignored unless the program installs its own handler.
+SIGINT_IGNORED = ("sh", "-c", 'trap "" INT; exec "$@"', "sh")
+
+
 class Launch(helpers.Child):
     """`kerastrain launch ...` as a child process whose output is read as it comes."""
 
-    def __init__(self, args, env=None):
-        super().__init__(["-m", "kerastrain.cli", "launch", *args], env=env)
+    def __init__(self, args, env=None, prefix=SIGINT_IGNORED):
+        super().__init__(["-m", "kerastrain.cli", "launch", *args], env=env, prefix=prefix)
 
     def pids(self):
         return [int(p) for p in re.findall(r"\[launch\] started \S+ \(pid (\d+)\)", self.text)]
@@ -198,20 +203,70 @@ def test_a_killed_parameter_server_stops_the_chief_and_a_restart_resumes(tmp_pat
     assert not [p for p in run.pids() if _alive(p)]
 
 
+def _interrupt_and_check(run, signum=signal.SIGINT, code=130):
+    """Send `signum`; the launcher must exit with `code` and leave no task alive."""
+    run.process.send_signal(signum)
+    assert run.finish(timeout=60) == code, run.text[-4000:]
+    pids = run.pids()
+    deadline = time.monotonic() + 10
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], run.text[-4000:]
+    return pids
+
+
 @pytest.mark.multiprocess
 def test_ctrl_c_stops_every_task_within_seconds(tmp_path):
     run = Launch([PS_RECIPE, "--workers", "2", "--ps", "1",
                   *_sets(PS_LONG + [f"trainer.model_dir={tmp_path}"])])
     run.wait_for(r"\[chief:0\] kerastrain: strategy: ps")
-    pids = run.pids()
-    assert len(pids) == 4
-    run.process.send_signal(signal.SIGINT)
-    start = time.monotonic()
-    assert run.finish(timeout=30) == 130
+    assert len(run.pids()) == 4
+    _interrupt_and_check(run)
     assert "[launch] interrupted: stopping every task" in run.text
-    while [p for p in pids if _alive(p)] and time.monotonic() - start < 10:
-        time.sleep(0.2)
-    assert not [p for p in pids if _alive(p)], [p for p in pids if _alive(p)]
+
+
+def test_ctrl_c_before_any_task_starts(tmp_path):
+    recipe = tmp_path / "slow.yaml"
+    recipe.write_text("model: {builder: _slow_import:build}\n"
+                      "data: {train: {builder: helpers:arrays}}\nstrategy: multi_worker_mirrored\n")
+    run = Launch([str(recipe), "--workers", "2"])
+    run.wait_for(r"^slow import: started")
+    assert _interrupt_and_check(run) == []
+    assert "[launch] interrupted before any task started" in run.text
+
+
+class LaunchStub(helpers.Child):
+    """tests/_launch_stub.py: a Launcher over plain-Python stand-in tasks, SIGINT ignored."""
+
+    def __init__(self, mode, tmp_path):
+        super().__init__(["tests/_launch_stub.py", mode, str(tmp_path)], prefix=SIGINT_IGNORED)
+
+    pids = Launch.pids
+
+
+def test_ctrl_c_while_tasks_start(tmp_path):
+    # The stub sends itself SIGINT inside Popen of the first task: after the fork, before
+    # the launcher holds the process. The task must still be stopped.
+    run = LaunchStub("starting", tmp_path)
+    assert run.finish(timeout=60) == 130, run.text
+    pids = run.pids()
+    assert len(pids) == 1 and not _alive(pids[0]), run.text
+    assert "[launch] interrupted: stopping every task" in run.text
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_while_training(tmp_path, signum, code):
+    run = LaunchStub("training", tmp_path)
+    for index in range(3):
+        run.wait_for(rf"^\[worker:{index}\] training")
+    assert len(_interrupt_and_check(run, signum, code)) == 3
+
+
+def test_ctrl_c_during_a_restart(tmp_path):
+    run = LaunchStub("restart", tmp_path)
+    run.wait_for(r"restarting every task \(1/1\)")
+    pids = _interrupt_and_check(run)
+    assert len(pids) >= 3, run.text  # the first attempt's three, and any of the second's
 
 
 PARITY_RECIPE = """\
