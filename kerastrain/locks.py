@@ -170,7 +170,16 @@ class _KernelLock:
     def _take(self):
         me = _me()
         for _ in range(20):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:  # made here: its emptiness is ours, not a stale run's
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                             0o644)
+                created = True
+            except FileExistsError:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                except FileNotFoundError:  # its holder removed it meanwhile: try again
+                    continue
+                created = False
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -188,7 +197,8 @@ class _KernelLock:
                                                                            mine.st_dev):
                     os.close(fd)
                     continue
-                self._judge(_read_fd(fd), me)
+                if not created:
+                    self._judge(_read_fd(fd), me)
                 data = json.dumps(me).encode()
                 with files.disk_full_guard("the model_dir lock", self.path,
                                            "free space and run again"):

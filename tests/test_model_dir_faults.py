@@ -110,6 +110,15 @@ def test_an_empty_or_garbage_lock_file_is_stale(tmp_path, content, caplog):
     assert not (tmp_path / locks.NAME).exists()
 
 
+def test_a_new_model_dir_takes_its_lock_without_a_word(tmp_path, caplog):
+    # The lock file this run creates is empty until it writes its record: that is not stale.
+    with caplog.at_level(logging.DEBUG, logger="kerastrain"):
+        lock = locks.ModelDirLock(str(tmp_path / "new")).acquire()
+    assert "lock" not in caplog.text, caplog.text
+    assert json.loads((tmp_path / "new" / locks.NAME).read_text())["pid"] == os.getpid()
+    lock.release()
+
+
 TAKER = """
 import json, os, sys, time
 from kerastrain import locks
