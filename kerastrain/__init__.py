@@ -8,7 +8,9 @@ import importlib as _importlib
 import os as _os
 
 # TensorFlow's C++ start-up chatter (oneDNN notices, placement logs) is not for
-# users; an explicit setting by the user wins.
+# users; an explicit setting by the user wins (and the command line then shows TensorFlow's
+# start-up lines as they asked: kerastrain._logging.start_tensorflow_quietly).
+_TF_LOG_LEVEL_SET_BY_USER = "TF_CPP_MIN_LOG_LEVEL" in _os.environ
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 __version__ = "0.1.0"

@@ -1,7 +1,10 @@
 """The `kerastrain` logger: visible by default, yet routable and silenceable by users."""
 
 import logging
+import os
+import re
 import sys
+import tempfile
 
 logger = logging.getLogger("kerastrain")
 
@@ -23,3 +26,98 @@ def ensure_visible():
     logger.propagate = False
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
+
+
+# What TensorFlow's C++ side prints while it loads, before it reads TF_CPP_MIN_LOG_LEVEL
+# (absl logs everything to stderr until initialised; TF 2.21 loads two libraries that each
+# say it): start-up notes (I/W lines) and, on a machine without a GPU, cuInit's failure.
+_STARTUP_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    r"STDERR|[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] .*)$")
+_NO_CUDA = re.compile(r"^E\d{4} [\d:.]+ +\d+ cuda_\w+\.cc:\d+\] failed call to cuInit.*$")
+
+
+def start_tensorflow_quietly():
+    """Import TensorFlow with its C++ start-up lines held back; one line on the devices instead.
+
+    For the command line only (a library must not touch a process's file descriptors). A
+    user who set `TF_CPP_MIN_LOG_LEVEL` sees TensorFlow exactly as they asked. Otherwise
+    TensorFlow's notes and warnings are hidden from then on (level 2); errors still print,
+    except cuInit's failure on a machine where no GPU is found, which the devices line
+    says in its own words. (kerastrain sets level 2 when imported, unless the user set it.)
+    """
+    import kerastrain
+    if kerastrain._TF_LOG_LEVEL_SET_BY_USER or "tensorflow" in sys.modules:
+        import tensorflow as tf
+        return _devices_line(tf, cuda_failed=False)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            import tensorflow as tf
+            gpus = tf.config.list_physical_devices("GPU")  # where CUDA is tried
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            held = capture.read().decode("utf-8", "replace").splitlines()
+    cuda_failed = False
+    for line in held:
+        if _STARTUP_NOISE.match(line):
+            continue
+        if _NO_CUDA.match(line) and not gpus:
+            cuda_failed = True
+            continue
+        print(line, file=sys.stderr)
+    return _devices_line(tf, cuda_failed)
+
+
+def _devices_line(tf, cuda_failed):
+    from kerastrain import tuning
+    gpus = tf.config.list_physical_devices("GPU")
+    cores = tuning.usable_cores()
+    if gpus:
+        line = f"devices: {len(gpus)} GPU(s) ({', '.join(g.name for g in gpus)}) and the CPU"
+    else:
+        why = ("no CUDA device or driver answered" if cuda_failed else
+               "none visible to TensorFlow")
+        line = f"devices: the CPU ({cores} core(s) for this process); no GPU ({why})"
+    ensure_visible()
+    logger.info(line)
+    return line
+
+
+# Speed decisions made for the user, said in one line per fit at INFO (`tuning_summary`);
+# each in full at DEBUG as it is made.
+_tuning_notes: list[str] = []
+FULL_ACCOUNT = "the full account: kerastrain run -v, or logging.getLogger('kerastrain').setLevel('DEBUG')"
+
+
+def tuning(short, message, *args):
+    """Log a tuning decision: `message % args` at DEBUG, `short` in the next summary line."""
+    logger.debug(message, *args)
+    if short not in _tuning_notes:
+        _tuning_notes.append(short)
+
+
+def tuning_summary(say=True):
+    """The one INFO line of what was tuned since the last summary (none at DEBUG, where
+    each decision was already said in full, nor when `say` is False)."""
+    notes = list(_tuning_notes)
+    _tuning_notes.clear()
+    if not (say and notes) or logger.isEnabledFor(logging.DEBUG):
+        return
+    # "training data: a", "training data: b", "validation data: a", ... -> one clause a role
+    roles, rest = {}, []
+    for note in notes:
+        role, sep, what = note.partition(" data: ")
+        if sep:
+            roles.setdefault(role, []).append(what)
+        else:
+            rest.append(note)
+    clauses = [f"{role} data: {', '.join(whats)}" for role, whats in roles.items()]
+    if len(clauses) == 2 and roles.get("training") == roles.get("validation"):
+        clauses = [f"training and validation data: {', '.join(roles['training'])}"]
+    logger.info("tuning: %s (%s)", "; ".join(clauses + rest), FULL_ACCOUNT)

@@ -9,6 +9,7 @@ import time
 
 import yaml
 
+from kerastrain import _logging  # pure Python: no TensorFlow
 from kerastrain.config import RecipeError  # pure Python: no TensorFlow
 from kerastrain.files import DiskFull  # pure Python: no TensorFlow
 
@@ -26,19 +27,35 @@ EXAMPLES = """examples:
 """
 
 
-RUN_EXAMPLES = """examples:
+# Each command's --help shows examples of that command.
+COMMAND_EXAMPLES = {
+    "run": """
   kerastrain run recipes/quickstart.yaml
   kerastrain run recipes/quickstart.yaml --set trainer.epochs=1 --set trainer.model_dir=runs/try
   kerastrain run recipes/quickstart.yaml --set strategy.name=mirrored --set strategy.cpu_devices=2
-  kerastrain validate recipes/digits.yaml --set model.args.hidden=256
-  kerastrain run --print-config > my_recipe.yaml
+  kerastrain run recipes/quickstart.yaml -v              # every decision in full
+  kerastrain run --print-config > my_recipe.yaml         # every key with its default
   kerastrain run recipes/digits.yaml --print-config      # what would run, after includes and --set
-"""
+""",
+    "validate": """
+  kerastrain validate recipes/digits.yaml
+  kerastrain validate recipes/digits.yaml --set model.args.hidden=256
+  kerastrain validate untrusted.yaml --no-import         # check without running its code
+""",
+    "launch": """
+  kerastrain launch recipes/multi_worker.yaml --workers 2
+  kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1
+  kerastrain launch recipes/multi_worker.yaml --workers 2 --evaluator --max-restarts 2
+  kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --service-workers 2
+  kerastrain launch recipes/parameter_server.yaml --workers 4 --ps 2 --dry-run   # TF_CONFIGs
+""",
+}
 
 
 def _recipe_command(sub, name, summary, description, recipe_optional=False):
     """A subcommand taking RECIPE and repeatable --set overrides."""
-    command = sub.add_parser(name, help=summary, description=description, epilog=RUN_EXAMPLES,
+    command = sub.add_parser(name, help=summary, description=description,
+                             epilog="examples:" + COMMAND_EXAMPLES[name],
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     command.add_argument("recipe", nargs="?" if recipe_optional else None,
                          help="the recipe file (YAML)")
@@ -59,6 +76,9 @@ def _parser():
         sub, "run", "train as a YAML recipe says",
         "Validate a recipe (all errors at once, before TensorFlow starts), then train. The "
         "resolved recipe is written to model_dir/recipe.yaml.", recipe_optional=True)
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="log every decision in full (kerastrain's DEBUG level), e.g. the "
+                          "tuning account that is otherwise one line")
     run.add_argument("--print-config", action="store_true",
                      help="print the resolved recipe (or, without RECIPE, every key with its "
                           "default) and exit")
@@ -107,7 +127,12 @@ def _parser():
     quick = sub.add_parser(
         "quickstart", help="train the built-in example model for real on this machine",
         description="Train a 2x256 MLP on 65,536 synthetic examples (binary target).",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog="""examples:
+  kerastrain quickstart                          # auto strategy on this machine
+  kerastrain quickstart --strategy mirrored --cpu-devices 2
+  kerastrain quickstart --strategy ps --epochs 2 --steps-per-epoch 50
+  kerastrain quickstart --model-dir runs/quick   # checkpoints, export; a rerun resumes
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     quick.add_argument("--strategy", default="auto", help="strategy name (default: auto)")
     quick.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                        help="strategy option, value parsed as YAML (repeatable)")
@@ -120,11 +145,16 @@ def _parser():
     quick.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None)
     quick.add_argument("--model-dir", default=None,
                        help="keep checkpoints, TensorBoard logs and the export here; a rerun resumes")
-    sub.add_parser("info", help="show devices, TF_CONFIG and the strategy 'auto' would choose")
+    sub.add_parser("info", help="show devices, TF_CONFIG and the strategy 'auto' would choose",
+                   epilog="examples:\n  kerastrain info\n  TF_CONFIG=\"$(cat tf_config.json)\" "
+                          "kerastrain info   # what a task of that cluster would do\n",
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     bench = sub.add_parser(
         "bench", help="run the speed table (bench/all.py in a repository checkout)",
         description="Every input form and strategy against its bare baseline, one table "
-                    "(docs/performance.md). Needs the repository's bench/ directory.")
+                    "(docs/performance.md). Needs the repository's bench/ directory.",
+        epilog="examples:\n  kerastrain bench --quick\n  kerastrain bench --only numpy,ps "
+               "--json bench.json\n", formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_argument("--quick", action="store_true", help="3 rounds per section (~3 min)")
     bench.add_argument("--only", default=None, help="comma-separated sections")
     bench.add_argument("--json", default=None, help="also write the rows here")
@@ -193,6 +223,7 @@ def _quickstart(args):
     network.isolate_for({"strategy": strategy, "trainer": {"model_dir": args.model_dir}},
                         mode=strategies.local_cluster_network(strategy),
                         opt_out="--option network=host")
+    _logging.start_tensorflow_quietly()
     import kerastrain as kt
     from kerastrain import examples
 
@@ -222,6 +253,7 @@ def _quickstart(args):
 
 
 def _info():
+    _logging.start_tensorflow_quietly()
     import tensorflow as tf
 
     from kerastrain import cluster, strategies
@@ -267,6 +299,12 @@ def _run(args, train):
             "the strategy option `network: host` (--set strategy.network=host)" if cluster else
             "`data.service: {dispatcher: local, network: host}`"))
     imports = not getattr(args, "no_import", False)
+    if train and not getattr(args, "print_config", False):
+        if args.verbose:
+            _logging.ensure_visible()
+            _logging.logger.setLevel("DEBUG")
+        # After isolation (TensorFlow starts threads), before the recipe's modules load it.
+        _logging.start_tensorflow_quietly()
     recipe, tree = recipes.load(args.recipe, args.set, imports=imports)
     text = recipes.dump(tree)
     if not train or getattr(args, "print_config", False):
@@ -282,7 +320,7 @@ def _run(args, train):
     role = recipes.task_role(recipe)
     if role == "server":
         # A worker or ps task of a parameter-server cluster: serve until the chief ends.
-        from kerastrain import _logging, cluster
+        from kerastrain import cluster
         _logging.ensure_visible()
         cluster.serve()
         return 0

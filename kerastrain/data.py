@@ -29,7 +29,7 @@ import warnings
 
 import numpy as np
 
-from kerastrain import _compat, instep, sharding, tuning, visits
+from kerastrain import _compat, _logging, instep, sharding, tuning, visits
 from kerastrain import service as service_lib
 
 logger = logging.getLogger("kerastrain")
@@ -477,7 +477,11 @@ class DistributedInput:
         """Log the plan (the service's, if one splits the data) and how batches are read."""
         if self._service is not None:
             self.plan = self._service_plan(probe)
-        logger.info("%s data: %s", self._role, self.plan.sentence)
+        if self.plan.policy == "none":  # nothing to decide across workers: a tuning note
+            _logging.tuning(f"{self._role} data: one input pipeline", "%s data: %s",
+                            self._role, self.plan.sentence)
+        else:
+            logger.info("%s data: %s", self._role, self.plan.sentence)
         self._in_step = in_step and self._in_step_source(probe)
 
     def _in_step_source(self, probe):
@@ -593,8 +597,9 @@ class DistributedInput:
         dataset, sentence = tuning.tuned(dataset, on_gpu=self._built.on_gpu)
         if not getattr(self, "_tuning_logged", False):
             self._tuning_logged = True
-            logger.info("%s data: tf.data options: %s (switch off with "
-                        "tuning={'input_options': False})", self._role, sentence)
+            _logging.tuning(f"{self._role} data: tf.data options tuned",
+                            "%s data: tf.data options: %s (switch off with "
+                            "tuning={'input_options': False})", self._role, sentence)
         return dataset
 
     def _worker_dataset(self, index, repeat=True):

@@ -24,6 +24,8 @@ import contextlib
 import functools
 import logging
 
+from kerastrain import _logging
+
 logger = logging.getLogger("kerastrain")
 
 # On a GPU the tensors are copied to device memory once, up to this size; larger data
@@ -82,12 +84,15 @@ def source(numpy, probe, element_spec, devices, role):
     device, why_not = placement(nbytes, devices,
                                 strings=any(t.dtype == tf.string for t in tensors))
     if why_not:
-        logger.info("%s data: read by tf.data, not inside the compiled loop: %s", role, why_not)
+        _logging.tuning(f"{role} data: read by tf.data",
+                        "%s data: read by tf.data, not inside the compiled loop: %s", role,
+                        why_not)
         return None
     orders = numpy.order_drawer if numpy is not None and numpy.shuffle else None
-    logger.info("%s data: read inside the compiled loop, one batch per step, no tf.data "
-                "iterator: %s%s (switch off with tuning={'in_step_batches': False})",
-                role, what, f", copied once to {device}" if device else "")
+    _logging.tuning(f"{role} data: read inside the compiled loop",
+                    "%s data: read inside the compiled loop, one batch per step, no tf.data "
+                    "iterator: %s%s (switch off with tuning={'in_step_batches': False})",
+                    role, what, f", copied once to {device}" if device else "")
 
     def make():
         return InStepBatches(tensors, element_spec, size, drop_remainder=drop,

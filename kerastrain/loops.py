@@ -408,9 +408,9 @@ class Step:
     def _say_unrolled(self):
         if not self._said_unrolled:
             self._said_unrolled = True
-            logger.info("training loop: %d steps per iteration where that many are known to "
-                        "be left, so consecutive steps overlap; same steps, same order "
-                        "(switch off with tuning={'unroll_steps': False})", self.unroll)
+            logger.debug("training loop: %d steps per iteration where that many are known "
+                         "to be left, so consecutive steps overlap; same steps, same order "
+                         "(switch off with tuning={'unroll_steps': False})", self.unroll)
 
     def skip_loop(self):
         """`fn(iterator, n) -> skipped`: read and drop up to n steps' batches (resuming

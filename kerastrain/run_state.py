@@ -56,9 +56,10 @@ class RunState:
                 optimizer=model.optimizer, global_step=global_step,
                 epoch_totals=self.epoch_totals, **self.counters)
 
-    def restore(self, driver, train_input, global_step):
+    def restore(self, driver, train_input, global_step, epochs=None):
         """On the first fit, restore the latest checkpoint and move the driver's data to
-        where it stood; return where training stood (None: nothing restored)."""
+        where it stood; return where training stood (None: nothing restored). `epochs`:
+        the fit's, for the log line."""
         if self.restored or self.checkpointer is None:
             return None
         self.restored = True
@@ -67,9 +68,14 @@ class RunState:
             return None
         info = {k: int(v.numpy()) for k, v in self.counters.items()}
         info["totals"] = np.asarray(self.epoch_totals.numpy(), np.float64)
-        logger.info("resumed from %s: step %d, epoch %d%s", path, global_step(),
-                    info["epoch"] + 1, f", {info['step_in_epoch']} steps into it"
-                    if info["step_in_epoch"] else " (at its start)")
+        of = f" of {epochs}" if epochs else ""
+        if info["step_in_epoch"]:
+            where = f"{info['step_in_epoch']} steps into epoch {info['epoch'] + 1}{of}"
+        elif info["epoch"]:
+            where = f"after epoch {info['epoch']}{of}"
+        else:
+            where = "at the start of epoch 1"
+        logger.info("resumed from %s: step %d, %s", path, global_step(), where)
         driver.fast_forward(train_input, info["data_pass"], info["data_offset"])
         return info
 

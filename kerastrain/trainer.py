@@ -291,7 +291,7 @@ class Trainer:
         jit, why = tuning_lib.resolve_jit_compile(
             self._jit_compile, self._model, places_variables=self._built.places_variables,
             has_gpu=bool(strategies.gpus()))
-        logger.info("jit_compile: %s (%s)", jit, why)
+        _logging.tuning(f"jit_compile {jit}", "jit_compile: %s (%s)", jit, why)
         # Under multi-worker mirrored, workers must agree on where to stop (collectives
         # would hang otherwise), so no per-worker stop inside their loops.
         flag = None if self._built.is_multi_worker else self._stop_flag
@@ -495,7 +495,7 @@ class Trainer:
                                           epochs=epochs, steps=steps_per_epoch)
         watch = self._start_watching()
         driver = self._driver(lambda: watch.requested or self._model.stop_training)
-        resumed = self._run.restore(driver, train_input, lambda: self.global_step)
+        resumed = self._run.restore(driver, train_input, lambda: self.global_step, epochs)
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
         first_step, monitor = self.global_step, self._monitor(train_input.element_spec)
         cbs.on_train_begin()
@@ -522,12 +522,29 @@ class Trainer:
             self._run.export(self._model, model_source=self._model_source, step=self.global_step,
                              partitioned=self._step.partitioned)
 
+    def _say_tuning(self, training, steps_per_loop):
+        """The loop's own tuning notes, then the one line of this fit's (none when nothing
+        is left to train)."""
+        if isinstance(steps_per_loop, tuning_lib.LoopSizer):
+            _logging.tuning("steps_per_loop measured in the first loops", "steps_per_loop="
+                            "'auto': measured in the first loops (said once measured)")
+        else:
+            _logging.tuning(f"steps_per_loop {steps_per_loop}", "steps_per_loop: %s",
+                            steps_per_loop)
+        if self._tuning.unroll_steps:
+            _logging.tuning(f"up to {tuning_lib.UNROLL} steps per loop iteration where the "
+                            "input allows",
+                            "training loop: up to %d steps per iteration (said when used)",
+                            tuning_lib.UNROLL)
+        _logging.tuning_summary(say=training)
+
     def _train_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,
                       steps_per_loop, resumed, callback_list):
         """Run the epochs: the driver's loops, the actions after each loop and epoch."""
         step = self._step
         p = actions_lib.Progress(epoch=epochs.start, step=self.global_step, batch=0,
                                  totals=np.zeros(step.width, np.float64))
+        self._say_tuning(bool(len(epochs)), steps_per_loop)
         for epoch in epochs:
             callback_list.on_epoch_begin(epoch)
             step.start_epoch()

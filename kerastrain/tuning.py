@@ -234,7 +234,7 @@ class LoopSizer:
             return
         self.per_step = max(self._probes[1] - self.fixed, 0.0) / self.probe
         self.size = self.decide(self.fixed + seconds, self.per_step)
-        logger.info(
+        logger.debug(
             "steps_per_loop='auto': %d (measured per loop %.2f ms of call and %.2f ms between "
             "loops, %.3f ms per step; switch off with tuning={'measure_steps_per_loop': "
             "False} for a constant %d)", self.size, self.fixed * 1e3, seconds * 1e3,

@@ -38,7 +38,7 @@ def test_fit_resumes_to_the_requested_total_with_identical_results(tmp_path, cap
     with caplog.at_level(logging.INFO, logger="kerastrain"):
         resumed = trainer(tmp_path)
         history = resumed.fit(epochs=3).history
-    assert "resumed from" in caplog.text and "step 12, epoch 3 (at its start)" in caplog.text
+    assert "resumed from" in caplog.text and "step 12, after epoch 2 of 3" in caplog.text
     assert resumed.global_step == 18
     np.testing.assert_allclose(history["loss"], ref_history["loss"][2:], rtol=1e-6)
     for a, b in zip(resumed.model.get_weights(), reference.model.get_weights()):
@@ -68,7 +68,7 @@ def test_mid_epoch_checkpoint_resumes_the_epoch_exactly(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="kerastrain"):
         resumed = trainer(tmp_path, checkpoint={"every_steps": 4})
         history = resumed.fit(epochs=2).history
-    assert "step 4, epoch 1, 4 steps into it" in caplog.text
+    assert "step 4, 4 steps into epoch 1 of 2" in caplog.text
     assert resumed.global_step == 12
     # Epoch 1's first 4 steps come from the checkpoint: the same epoch loss as uninterrupted.
     np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=1e-6)
@@ -235,7 +235,7 @@ def test_sigterm_saves_at_the_step_reached_and_exits_143_then_resumes(tmp_path):
     assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith(f"ckpt-{step}")
     again = rerun()
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"step {step}, epoch 1, {step} steps into it" in again.stderr
+    assert f"step {step}, {step} steps into epoch 1 of" in again.stderr
     assert json.loads((tmp_path / "out.json").read_text())["global_step"] == 180
 
 

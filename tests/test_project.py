@@ -28,6 +28,37 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert test in ci_lines
 
 
+def test_the_readme_main_command_says_only_true_things_on_a_new_model_dir(tmp_path):
+    """The README's first command's recipe, as a new user runs it (no TF_CPP_MIN_LOG_LEVEL)."""
+    import subprocess
+    import sys
+
+    import helpers
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")}
+    env["PYTHONPATH"] = helpers.REPO
+    command = [sys.executable, "-m", "kerastrain.cli", "run", "recipes/quickstart.yaml", "--set",
+               f"trainer.model_dir={tmp_path / 'run'}"]
+    first = subprocess.run(command, env=env, cwd=helpers.REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    lines = (first.stdout + first.stderr).splitlines()
+    assert not [line for line in lines if re.match(r"[EWIF]\d{4} ", line)], lines[:20]
+    assert not [line for line in lines if "warning" in line.lower()], lines
+    twice = {line for line in lines if lines.count(line) > 1}
+    assert not twice, twice
+    log = first.stderr.splitlines()
+    assert log[0].startswith("kerastrain: devices: the CPU"), log[:3]
+    assert len([line for line in log if line.startswith("kerastrain: tuning:")]) == 1
+    assert "Epoch 3/3" in lines and "kerastrain: done: 3 epochs, step 768" in first.stdout
+    # The same command again: it says truly where the run stopped, and that nothing is left.
+    again = subprocess.run(command, env=env, cwd=helpers.REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "step 768, after epoch 3 of 3" in again.stderr, again.stderr
+    assert "nothing left to train" in again.stdout + again.stderr
+    assert "tuning:" not in again.stderr and "epoch 4" not in again.stderr
+
+
 def test_cli_quickstart_trains_for_real(tmp_path):
     import helpers
     proc = helpers.run_python(["-m", "kerastrain.cli", "quickstart", "--examples", "2048",

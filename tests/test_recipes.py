@@ -508,3 +508,14 @@ def test_validate_help_says_it_imports_the_recipes_modules(capsys):
     assert "validate IMPORTS THE RECIPE'S MODULES, which runs their code" in out
     assert "For a recipe you do not trust, use --no-import" in out
     assert "--no-import do not import the recipe's modules (no code of theirs runs)" in out
+
+
+@pytest.mark.parametrize("command", ["run", "validate", "launch", "export", "quickstart", "info",
+                                     "bench"])
+def test_each_commands_help_shows_examples_of_that_command(capsys, command):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    examples = capsys.readouterr().out.split("examples:", 1)[1]
+    lines = [line.split()[:2] for line in examples.splitlines() if "kerastrain" in line]
+    assert lines and all(["kerastrain", command] == words for words in lines if
+                         words[0] == "kerastrain"), examples

@@ -218,7 +218,7 @@ def test_launch_starts_a_dispatcher_and_workers_and_points_the_recipe_at_them():
 
 
 def test_validation_and_evaluation_data_stay_off_the_service(caplog):
-    caplog.set_level("INFO", "kerastrain")
+    caplog.set_level("DEBUG", "kerastrain")  # one input pipeline: said in full at DEBUG
     x, y = _service_worker.arrays(64)
     trainer = kt.Trainer(_service_worker.build_model(64), strategy="one_device", verbose=0,
                          data_service="local", seed=0)

@@ -33,7 +33,7 @@ def test_tuning_on_and_off_train_the_same_weights(strategy, two_cpus, caplog):
     x, y = arrays(96, seed=3)
     runs = {}
     for tuned in (True, False):
-        with caplog.at_level(logging.INFO, logger="kerastrain"):
+        with caplog.at_level(logging.DEBUG, logger="kerastrain"):  # the full account
             caplog.clear()
             trainer = kt.Trainer(build_model, strategy=strategy, strategy_options=options,
                                  seed=0, verbose=0, tuning=tuned)
