@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
+import random
 import socket
+import tempfile
+import threading
 import time
 
 from kerastrain import network
@@ -100,10 +104,78 @@ def read_tf_config(environ=None) -> ClusterConfig | None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the OS picks it; small race accepted)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port for a server of a local cluster, free now and reserved for this process's life.
+
+    Asking the OS for any port (bind to port 0) is not enough. That port comes from the
+    ephemeral range, where every outgoing connection also takes its local port, and nothing
+    stops the same port going to another caller (another test, another launch) before the
+    server binds it. gRPC servers bind with SO_REUSEPORT, so two servers on one port both
+    accept, and one cluster's requests reach the other's server: "Unable to parse request".
+    So the port is chosen below the ephemeral range, must be bindable on every interface now
+    (TensorFlow binds 0.0.0.0, the tf.data service [::]), and is reserved: a byte-range lock
+    on one shared file, one byte per port, which the kernel drops when this process ends.
+    Within the process a set keeps it from being handed out twice.
+    """
+    with _PORTS_LOCK:
+        for _ in range(200):
+            port = _candidate()
+            if port is None:  # no range to choose from: the OS's choice, as before
+                with socket.socket() as s:
+                    s.bind((host, 0))
+                    return s.getsockname()[1]
+            if port in _RESERVED or not _bindable(port) or not _reserve(port):
+                continue
+            _RESERVED.add(port)
+            return port
+    raise RuntimeError(f"No free port found for a local cluster between {_LOWEST} and the "
+                       "ephemeral range after 200 tries; too many servers of local clusters "
+                       "are running on this machine. Stop some, or pass explicit addresses.")
+
+
+_LOWEST = 20000
+_PORTS_LOCK = threading.Lock()
+_RESERVED: set = set()
+_reservations = None  # the open reservation file (closing it would drop every reservation)
+
+
+def _candidate():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if ephemeral - _LOWEST < 1000:
+        return None
+    return random.randrange(_LOWEST, ephemeral)
+
+
+def _bindable(port):
+    for family, address in ((socket.AF_INET, ("0.0.0.0", port)), (socket.AF_INET6, ("::", port))):
+        try:
+            with socket.socket(family) as s:
+                s.bind(address)
+        except OSError as e:
+            if family == socket.AF_INET6 and e.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                continue  # no IPv6 here
+            return False
+    return True
+
+
+def _reserve(port):
+    """Lock byte `port` of the machine's reservation file; False when another process holds it."""
+    global _reservations
+    try:
+        import fcntl
+    except ImportError:  # Windows: the in-process set and the bind check only
+        return True
+    if _reservations is None:
+        path = os.path.join(tempfile.gettempdir(), f"kerastrain-ports-{os.getuid()}")
+        _reservations = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.lockf(_reservations, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
+    except OSError:
+        return False
+    return True
 
 
 def ports(cluster: dict) -> list[int]:

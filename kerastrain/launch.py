@@ -216,6 +216,10 @@ class Launcher:
         self.interrupts = interrupts
         self.out = out or sys.stdout
         self.env = dict(os.environ if env is None else env)
+        if env is None and not _tf_log_level_set_by_user():
+            # Set by `import kerastrain` in this process, not by the user: each task's
+            # command line then holds TensorFlow's start-up lines back itself.
+            self.env.pop("TF_CPP_MIN_LOG_LEVEL", None)
         self.max_restarts = max_restarts
         self.poll_secs = poll_secs
         self.parameter_servers = any(t.type == "ps" for t in tasks)
@@ -378,6 +382,11 @@ class Launcher:
             if own:
                 self.interrupts.__exit__(None, None, None)
                 self.interrupts = None
+
+
+def _tf_log_level_set_by_user():
+    import kerastrain
+    return kerastrain._TF_LOG_LEVEL_SET_BY_USER
 
 
 def _signal_group(process, signum):

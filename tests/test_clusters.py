@@ -59,6 +59,29 @@ def test_malformed_tf_config_is_a_clear_error_before_any_server_starts(
     assert message in err and "Traceback" not in err, err
 
 
+def test_local_cluster_ports_never_collide(monkeypatch):
+    # The cause of "Unable to parse request" from a worker: two servers given one port.
+    mine = [cluster.free_port() for _ in range(20)]
+    assert len(set(mine)) == 20
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+    assert all(port < ephemeral for port in mine)  # clients' local ports never take them
+    # Another process (a test beside this one, another launch) cannot reserve them.
+    proc = helpers.run_python(f"from kerastrain import cluster; "
+                              f"print([cluster._reserve(p) for p in {mine}])")
+    assert proc.stdout.strip() == str([False] * 20), proc.stderr
+    # A port some server listens on (every interface, as TensorFlow's) is skipped.
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        choices = iter([taken, mine[0], taken + 1 if taken + 1 not in mine else taken + 2])
+        monkeypatch.setattr(cluster, "_candidate", lambda: next(choices))
+        got = cluster.free_port()
+    assert got not in (taken, mine[0])
+
+
 def test_tf_config_from_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "2")
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
