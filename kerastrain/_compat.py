@@ -37,6 +37,18 @@ def _check_keras_version(version):
 _check_keras_version(keras.__version__)
 
 
+def wait_at_barrier(name: str, timeout_ms: int) -> bool:
+    """Wait until every task of the coordination service's cluster is here (multi-worker
+    mirrored); False when the barrier failed (a peer gone, a timeout) or there is no
+    service. TF 2.16-2.21 expose it on the eager context only."""
+    from tensorflow.python.eager import context
+    try:
+        context.context().wait_at_barrier(name, timeout_ms)
+    except Exception:  # noqa: BLE001 - any failure means: do not wait for peers
+        return False
+    return True
+
+
 def compile_metrics(model):
     """The model's `CompileMetrics` container (or None).
 

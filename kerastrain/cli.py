@@ -330,6 +330,11 @@ def _run(args, train):
     trainer, _ = recipes.run(recipe, resolved_text=f"# resolved from {args.recipe}" + (
         f" with --set {' --set '.join(args.set)}" if args.set else "") + "\n" + text)
     trainer.close()  # the run is over: its model_dir is free (also for a next run in-process)
+    if trainer.strategy_name == "multi_worker_mirrored":
+        from kerastrain import cluster
+        config = cluster.read_tf_config()
+        if config is not None:
+            cluster.end_together(config)
     return 0
 
 

@@ -228,6 +228,35 @@ def _reachable(address: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def end_together(config: ClusterConfig, *, timeout: float = 60.0, clock=time.monotonic,
+                 sleep=time.sleep) -> None:
+    """End one task of a multi-worker mirrored job so that no task reports the others gone.
+
+    TensorFlow's coordination service runs in the leader task (the chief, else worker 0),
+    and every other task keeps a call open to it. A task still alive when the leader exits
+    logs "StartAbort UNAVAILABLE: Failed to send RPC to coordination service" though the
+    job succeeded. So: every task waits at a barrier (all have finished); then the others
+    exit, and the leader waits until their servers are gone (at most `timeout` seconds)
+    before it exits last. A peer that died already fails the barrier: then this returns at
+    once, and the failure is reported by whoever noticed it.
+    """
+    import tensorflow as tf  # noqa: F401 (the context below is TensorFlow's)
+
+    from kerastrain import _compat
+    if not _compat.wait_at_barrier("kerastrain_end", int(timeout * 1000)):
+        return
+    leader = ("chief", 0) if config.cluster.get("chief") else ("worker", 0)
+    if (config.task_type, config.task_index) != leader:
+        return
+    peers = [address for job in ("chief", "worker") for i, address in
+             enumerate(config.cluster.get(job, ())) if (job, i) != leader]
+    deadline = clock() + timeout
+    while peers and clock() < deadline:
+        peers = [address for address in peers if _reachable(address, timeout=0.5)]
+        if peers:
+            sleep(0.05)
+
+
 def serve(config: ClusterConfig | None = None, *, startup_timeout: float = 600.0,
           max_seconds: float | None = None, poll_seconds: float = 1.0,
           clock=time.monotonic, sleep=time.sleep) -> str:

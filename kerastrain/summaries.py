@@ -333,7 +333,10 @@ class Monitor:
         self._profile(step)
 
     def steps_to_boundary(self, step):
-        return self.schedule.steps_to_boundary(step) if self.active else None
+        # On every task, writing or not: the workers of a multi-worker job must end their
+        # loops at the same steps, or one reads on to the data's end alone and waits forever
+        # for the others' collectives.
+        return self.schedule.steps_to_boundary(step)
 
     def _profile(self, step):
         action = self.schedule.profile_action(step)

@@ -440,9 +440,11 @@ class Trainer:
                   self._recovery or actions_lib.StopOnNonFinite(self._model)]
         if validation is not None:
             listed.append(validation)
-        if self.is_chief and monitor.active:  # other tasks write no summaries
-            listed.append(actions_lib.Summaries(
-                monitor, results, timed=not self._built.is_parameter_server))
+        # Listed on every task: only the chief's monitor has a writer, but every worker
+        # of a multi-worker job must end its loops at the same log steps (a loop that
+        # reads on to the data's end alone waits forever for the others' collectives).
+        listed.append(actions_lib.Summaries(
+            monitor, results, timed=not self._built.is_parameter_server))
         if self._run.checkpointer is not None:  # every task saves; only the chief keeps files
             listed.append(actions_lib.Checkpoints(self._run.checkpointer, save,
                                                   steps_per_epoch))

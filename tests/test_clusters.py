@@ -82,6 +82,19 @@ def test_local_cluster_ports_never_collide(monkeypatch):
     assert got not in (taken, mine[0])
 
 
+@pytest.mark.multiprocess
+def test_a_multi_worker_task_that_ends_normally_prints_no_error_about_peers():
+    # The coordination service lives in worker:0; a task alive when it exits logged
+    # "StartAbort UNAVAILABLE: Failed to send RPC to coordination service".
+    codes, outputs = helpers.run_workers("tests/_end_together_worker.py", "together", "",
+                                         timeout=120)
+    assert codes == [0, 0], outputs
+    ended = [float(re.search(r"ended at ([0-9.]+)", out).group(1)) for out in outputs]
+    assert ended[0] >= ended[1], outputs  # the leader last
+    assert not [line for out in outputs for line in out.splitlines()  # cuInit: no GPU here
+                if re.match(r"E\d{4} ", line) and "cuInit" not in line or "StartAbort" in line]
+
+
 def test_tf_config_from_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "2")
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")

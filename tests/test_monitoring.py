@@ -192,8 +192,12 @@ def test_multi_worker_only_the_chief_writes(tmp_path):
     cluster = {"worker": [f"127.0.0.1:{kt.cluster.free_port()}" for _ in range(2)]}
     procs = []
     for i in range(2):
+        # A log step at each epoch's end: the chief alone writes, yet every worker must
+        # end its loops there too (a loop that reads on to the data's end on one worker
+        # only waits forever for the others' collectives).
         job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": 2,
-                          "model_dir": str(tmp_path / f"dir{i}"), "verbose": "auto"})
+                          "model_dir": str(tmp_path / f"dir{i}"), "verbose": "auto",
+                          "tensorboard": {"log_every_steps": 6}})
         scratch = tmp_path / f"tmp{i}"
         scratch.mkdir()
         env = dict(os.environ, TF_CONFIG=helpers.tf_config(cluster, "worker", i),
@@ -201,7 +205,7 @@ def test_multi_worker_only_the_chief_writes(tmp_path):
         procs.append(subprocess.Popen(
             [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
             cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
     # The chief keeps logs, checkpoints and exports ...
     assert glob.glob(str(tmp_path / "dir0/logs/train/events.out.tfevents.*"))
