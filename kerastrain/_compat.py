@@ -128,6 +128,19 @@ def replace_storage(variables, values):
         variable._initialize(value)
 
 
+def rekey_optimizer(optimizer):
+    """After `replace_storage` of the variables an optimizer was built for: key them again.
+
+    Keras's TensorFlow optimizer finds a variable's slots by its TensorFlow variable's id
+    (`_var_key`), taken at `build`; new storage is a new TensorFlow variable, which the
+    optimizer would refuse as "Unknown variable" (checked on Keras 3.10-3.15).
+    """
+    if not optimizer.built:
+        return
+    optimizer._trainable_variables_indices = {
+        optimizer._var_key(v): i for i, v in enumerate(optimizer._trainable_variables)}
+
+
 def class_weight_to_sample_weights(y, class_weight):
     """Keras's own conversion of NumPy targets to per-example class weights (as `fit`)."""
     from keras.src.trainers.data_adapters import data_adapter_utils

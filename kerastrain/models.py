@@ -64,19 +64,75 @@ def detach(model):
     return Detached(model) if isinstance(model, keras.Model) else None
 
 
-def copy_weights(trained, user_model):
-    """Put `trained`'s weights into the user's own model object.
+def hand_back(trained, user_model):
+    """Put what `trained` holds into the user's own model object, so that everything code
+    written for `model.fit` does next works on it: `predict`, `evaluate`, `fit`, `save`.
 
-    Under parameter servers the user's variables sit on a device this process
-    left when it connected to the cluster: they get new storage here, holding the
-    trained values, so `model.predict` / `model.save` work on the user's object.
+    - Its variables (weights and random seeds' states) and its optimizer's (step count,
+      learning rate, slots; built first if the user's never was) take `trained`'s values.
+    - Under parameter servers the user's variables, optimizer and metrics made before this
+      process connected to the cluster sit on a device that is gone ("Client for target
+      /job:localhost... not found"): they get new storage here.
+    - Keras's cached train / test / predict functions were traced for those devices and the
+      old values: they are dropped, and Keras traces them again on next use.
     """
-    import tensorflow as tf
-    values = trained.get_weights()
+    values = _values_if_paired(user_model.variables, trained.variables)
+    if values is not None:
+        _assign(user_model.variables, values)
+    else:  # a partitioned model's variables are shards: its weights pair up
+        _assign(user_model.weights, trained.get_weights())
+    mine, theirs = user_model.optimizer, getattr(trained, "optimizer", None)
+    if mine is not None:
+        _compat.rekey_optimizer(mine)  # its model's variables may have new storage now
+    if mine is not None and theirs is not None and getattr(theirs, "built", False):
+        _rehome_unreadable(mine.variables)
+        if not mine.built:
+            mine.build(user_model.trainable_variables)
+        values = _values_if_paired(mine.variables, theirs.variables)
+        if values is not None:
+            _assign(mine.variables, values)
+    _rehome_unreadable(user_model.metrics_variables)
+    user_model.train_function = user_model.test_function = user_model.predict_function = None
+
+
+def _values_if_paired(mine, theirs):
+    """`theirs`' values when the two lists pair up one to one by shape, else None."""
+    if len(mine) != len(theirs) or any(tuple(a.shape) != tuple(b.shape)
+                                       for a, b in zip(mine, theirs)):
+        return None
     try:
-        user_model.set_weights(values)
+        return [v.numpy() for v in theirs]
+    except (AttributeError, TypeError, ValueError):  # e.g. a partitioned variable's shards
+        return None
+
+
+def _assign(variables, values):
+    import numpy as np
+    for variable, value in zip(variables, values):
+        value = np.asarray(value)
+        if not _set(variable, value):
+            _compat.replace_storage([variable], [value])
+
+
+def _set(variable, value) -> bool:
+    import tensorflow as tf
+    try:
+        variable.assign(value)
+        return True
     except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
-        _compat.replace_storage(user_model.weights, values)
+        return False
+
+
+def _rehome_unreadable(variables):
+    """New storage, holding zeros, for variables on a device that is gone (metric states,
+    an optimizer's count: their values there cannot be read)."""
+    import numpy as np
+    import tensorflow as tf
+    for variable in variables:
+        try:
+            variable.numpy()
+        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+            _compat.replace_storage([variable], [np.zeros(variable.shape, variable.dtype)])
 
 
 def _fresh(obj):

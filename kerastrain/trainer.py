@@ -330,7 +330,7 @@ class Trainer:
             yield
         finally:
             if self._user_model is not None:
-                models_lib.copy_weights(self._model, self._user_model)
+                models_lib.hand_back(self._model, self._user_model)
 
     @contextlib.contextmanager
     def _cluster_errors_explained(self):

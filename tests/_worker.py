@@ -53,6 +53,10 @@ def main():
         import keras
         keras.utils.set_random_seed(0)
         model = helpers.build_model()
+        if job.get("prior") == "both":
+            x, y = helpers.arrays(16)
+            model.predict(x, verbose=0)
+            model.fit(x, y, batch_size=8, verbose=0)
         initial = model.get_weights()
     trainer = kt.Trainer(model, dataset_fn, strategy=job["strategy"], seed=0,
                          verbose=job.get("verbose", 0), model_dir=job.get("model_dir"),
@@ -90,6 +94,9 @@ def main():
             model.get_weights(), trainer.model.get_weights()))
         result["user_vs_initial"] = max(float(np.max(np.abs(a - b))) for a, b in zip(
             model.get_weights(), initial))
+        if job.get("use_after_fit"):
+            result["used_after_fit"] = helpers.use_after_fit(model, trainer,
+                                                             job["use_after_fit"])
     if job.get("fresh_restore"):
         # A fresh trainer on the same model_dir asked for the same epochs: it restores
         # and has nothing left to train.

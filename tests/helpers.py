@@ -183,3 +183,39 @@ def sigterm_worker(job, out_prefix, delay, start_timeout=120, stop_timeout=120):
         return subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True,
                               timeout=300)
     return proc.returncode, stderr, int(found.group(1)) if found else None, rerun
+
+
+def use_after_fit(model, trainer, directory):
+    """What code written for `model.fit` does next with the user's own `model` after
+    `trainer.fit`, `trainer = Trainer(model)`: predict, evaluate, fit, save, load.
+
+    Returns a dict of findings (floats and bools) that tests compare.
+    """
+    import keras
+    x, y = arrays(32, seed=5)
+    found = {}
+    ours = model.predict(x, verbose=0)
+    found["predict_vs_trained"] = float(np.max(np.abs(ours - trainer.predict(x))))
+    found["iterations_vs_trained"] = int(model.optimizer.iterations.numpy()) - int(
+        trainer.model.optimizer.iterations.numpy())
+    found["evaluate_loss"] = float(model.evaluate(x, y, verbose=0)[0])
+    path = os.path.join(str(directory), "user.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    found["loaded_vs_saved"] = float(np.max(np.abs(loaded.predict(x, verbose=0) - ours)))
+    found["loaded_iterations"] = int(loaded.optimizer.iterations.numpy())
+    before = [w.copy() for w in model.get_weights()]
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    found["fit_loss_finite"] = bool(np.isfinite(history.history["loss"][0]))
+    found["fit_changed_weights"] = max(float(np.max(np.abs(a - b))) for a, b in zip(
+        model.get_weights(), before)) > 0
+    return found
+
+
+def check_use_after_fit(found):
+    assert found["predict_vs_trained"] <= 1e-5, found
+    assert found["iterations_vs_trained"] == 0, found
+    assert np.isfinite(found["evaluate_loss"]), found
+    assert found["loaded_vs_saved"] <= 1e-6, found
+    assert found["loaded_iterations"] > 0, found
+    assert found["fit_loss_finite"] and found["fit_changed_weights"], found

@@ -122,20 +122,31 @@ def _instance():
     return helpers.build_model()
 
 
-@pytest.mark.parametrize("strategy", ["default", "one_device", MIRRORED, "central_storage"],
-                         ids=["default", "one_device", "mirrored", "central_storage"])
-def test_the_users_model_instance_holds_the_trained_weights(strategy):
+# Each strategy without prior use, and with the model used before (Keras caches a predict
+# function on the object; fit also builds its optimizer and metrics).
+USES = [("default", "unused"), ("default", "fitted"), ("one_device", "unused"),
+        ("one_device", "predicted"), (MIRRORED, "unused"), (MIRRORED, "predicted"),
+        (MIRRORED, "fitted"), ("central_storage", "fitted")]
+
+
+@pytest.mark.parametrize("strategy,prior", USES, ids=[
+    f"{s if isinstance(s, str) else 'mirrored'}-{p}" for s, p in USES])
+def test_the_users_model_instance_holds_the_trained_weights(strategy, prior, tmp_path):
     import helpers
     model = _instance()
+    x, y = helpers.arrays(64)
+    if prior == "predicted":  # Keras caches its predict function on the object
+        model.predict(x[:8], verbose=0)
+    elif prior == "fitted":  # ...and its optimizer state and metrics
+        model.fit(x[:16], y[:16], batch_size=8, verbose=0)
     initial = model.get_weights()
     trainer = kt.Trainer(model, strategy=strategy, verbose=0)
-    trainer.fit(helpers.arrays(64), batch_size=16, epochs=2)
+    trainer.fit((x, y), batch_size=16, epochs=2)
     for mine, trained, before in zip(model.get_weights(), trainer.model.get_weights(), initial):
         np.testing.assert_array_equal(mine, trained)
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), initial)) > 0
     # ...and code written for model.fit keeps working on it.
-    np.testing.assert_allclose(model.predict(helpers.arrays(8)[0], verbose=0),
-                               trainer.model.predict(helpers.arrays(8)[0], verbose=0), rtol=1e-6)
+    helpers.check_use_after_fit(helpers.use_after_fit(model, trainer, tmp_path))
 
 
 def test_the_users_model_instance_is_updated_when_training_stops_early():
@@ -152,17 +163,23 @@ def test_the_users_model_instance_is_updated_when_training_stops_early():
 
 
 @pytest.mark.multiprocess
-def test_the_users_model_instance_under_parameter_servers(tmp_path):
+@pytest.mark.parametrize("prior", ["unused", "both"])
+def test_the_users_model_instance_under_parameter_servers(tmp_path, prior):
+    """The headline call: `Trainer(model, strategy="ps").fit`, then the user's own object
+    predicts, evaluates, trains, saves and loads as after `model.fit`, also when it was
+    used before (predict, then fit: Keras's cached functions and optimizer state)."""
     import json
 
     import helpers
     job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": 2,
-                      "steps_per_epoch": 6, "data": "infinite", "instance": True})
+                      "steps_per_epoch": 6, "data": "infinite", "instance": True,
+                      "prior": prior, "use_after_fit": str(tmp_path)})
     proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads((tmp_path / "chief.json").read_text())
     assert result["global_step"] == 12
     assert result["user_vs_trained"] == 0.0 and result["user_vs_initial"] > 0
+    helpers.check_use_after_fit(result["used_after_fit"])
 
 
 @pytest.mark.multiprocess
