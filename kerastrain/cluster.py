@@ -106,12 +106,12 @@ def read_tf_config(environ=None) -> ClusterConfig | None:
 def free_port(host: str = "127.0.0.1") -> int:
     """A port for a server of a local cluster, free now and reserved for this process's life.
 
-    Asking the OS for any port (bind to port 0) is not enough. That port comes from the
-    ephemeral range, where every outgoing connection also takes its local port, and nothing
-    stops the same port going to another caller (another test, another launch) before the
-    server binds it. gRPC servers bind with SO_REUSEPORT, so two servers on one port both
-    accept, and one cluster's requests reach the other's server: "Unable to parse request".
-    So the port is chosen below the ephemeral range, must be bindable on every interface now
+    Asking the OS for any port (bind to port 0, then close) is not enough: nothing stops the
+    same port going to another caller (another test, another launch, or this process again)
+    before the server binds it, and it comes from the ephemeral range, where every outgoing
+    connection also takes its local port. Two tasks then meet on one port, or a task's port
+    is taken by a stranger. So the port is chosen below the ephemeral range, must be
+    bindable on every interface now
     (TensorFlow binds 0.0.0.0, the tf.data service [::]), and is reserved: a byte-range lock
     on one shared file, one byte per port, which the kernel drops when this process ends.
     Within the process a set keeps it from being handed out twice.

@@ -50,13 +50,15 @@ def _problems(result):
 
 
 def _grid():
-    """steps_per_loop x steps_per_epoch x {NumPy, dataset_fn(ctx)}, every combination. Each
-    epoch is scheduled anew and checked on its own, so the three epochs of a case are its
-    three runs (an epoch of 256 steps is eight passes, each id checked to be trained 8 times)."""
+    """steps_per_loop x steps_per_epoch x {NumPy, dataset_fn(ctx)}. Each epoch is scheduled
+    anew and checked on its own: half-pass epochs run three times (the second straddles two
+    passes), one-pass epochs twice (a new pass each), an epoch of 256 steps (eight passes,
+    each id checked to be trained 8 times) once. One step per loop is not run for eight
+    passes: 256 loops that cross pass ends as the 16- and 32-step epochs already do."""
     return [{"form": form, "steps_per_loop": spl, "steps_per_epoch": spe,
-             "epochs": 1 if spe == 256 else 3}
+             "epochs": {16: 3, 32: 2, 256: 1}[spe]}
             for spl in ("auto", 1, 4, 16) for spe in (16, 32, 256)
-            for form in ("numpy", "context_fn")]
+            for form in ("numpy", "context_fn") if not (spl == 1 and spe == 256)]
 
 
 def test_every_example_once_per_pass_for_any_loop_and_epoch_length(tmp_path):
