@@ -49,14 +49,36 @@ COMMAND_EXAMPLES = {
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --service-workers 2
   kerastrain launch recipes/parameter_server.yaml --workers 4 --ps 2 --dry-run   # TF_CONFIGs
 """,
+    "quickstart": """
+  kerastrain quickstart                          # auto strategy on this machine
+  kerastrain quickstart --strategy mirrored --cpu-devices 2
+  kerastrain quickstart --strategy ps --epochs 2 --steps-per-epoch 50
+  kerastrain quickstart --model-dir runs/quick   # checkpoints, export; a rerun resumes
+""",
+    "info": """
+  kerastrain info
+  TF_CONFIG="$(cat tf_config.json)" kerastrain info   # what a task of that cluster would do
+""",
+    "bench": """
+  kerastrain bench --quick
+  kerastrain bench --only numpy,ps --json bench.json
+""",
+    "export": """
+  kerastrain export k8s recipes/parameter_server.yaml --workers 4 --ps 2 --image registry/me/train:1 > job.yaml
+  kerastrain export slurm recipes/multi_worker.yaml --nodes 4 > job.sbatch
+""",
 }
+
+
+def _examples(command):
+    """`add_parser` arguments that show the command's examples below its help."""
+    return {"epilog": "examples:" + COMMAND_EXAMPLES[command],
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
 def _recipe_command(sub, name, summary, description, recipe_optional=False):
     """A subcommand taking RECIPE and repeatable --set overrides."""
-    command = sub.add_parser(name, help=summary, description=description,
-                             epilog="examples:" + COMMAND_EXAMPLES[name],
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    command = sub.add_parser(name, help=summary, description=description, **_examples(name))
     command.add_argument("recipe", nargs="?" if recipe_optional else None,
                          help="the recipe file (YAML)")
     command.add_argument(
@@ -94,6 +116,55 @@ def _parser():
         "--no-import", action="store_true",
         help="do not import the recipe's modules (no code of theirs runs): check everything "
              "else, and list the import paths whose existence and arguments went unchecked")
+    _add_launch(sub)
+    _add_export(sub)
+    quick = sub.add_parser(
+        "quickstart", help="train the built-in example model for real on this machine",
+        description="Train a 2x256 MLP on 65,536 synthetic examples (binary target).",
+        **_examples("quickstart"))
+    quick.add_argument("--strategy", default="auto", help="strategy name (default: auto)")
+    quick.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                       help="strategy option, value parsed as YAML (repeatable)")
+    quick.add_argument("--cpu-devices", type=int, default=None,
+                       help="split the CPU into N logical devices (mirrored without GPUs)")
+    quick.add_argument("--epochs", type=int, default=3)
+    quick.add_argument("--steps-per-epoch", type=int, default=None)
+    quick.add_argument("--examples", type=int, default=65536)
+    quick.add_argument("--batch-size", type=int, default=256, help="global batch size")
+    quick.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None)
+    quick.add_argument("--model-dir", default=None,
+                       help="keep checkpoints, TensorBoard logs and the export here; a rerun resumes")
+    sub.add_parser("info", help="show devices, TF_CONFIG and the strategy 'auto' would choose",
+                   **_examples("info"))
+    bench = sub.add_parser(
+        "bench", help="run the speed table (bench/all.py in a repository checkout)",
+        description="Every input form and strategy against its bare baseline, one table "
+                    "(docs/performance.md). Needs the repository's bench/ directory.",
+        **_examples("bench"))
+    bench.add_argument("--quick", action="store_true", help="3 rounds per section (~3 min)")
+    bench.add_argument("--only", default=None, help="comma-separated sections")
+    bench.add_argument("--json", default=None, help="also write the rows here")
+    return parser
+
+
+def _bench(args):
+    """Run bench/all.py from the checkout this package lives in."""
+    import os
+    import subprocess
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "bench", "all.py")
+    if not os.path.exists(script):
+        raise ValueError("`kerastrain bench` runs bench/all.py of a kerastrain repository "
+                         f"checkout, and there is none next to this package. Received: no "
+                         f"file {script}. Clone the repository and run it there.")
+    command = [sys.executable, script] + (["--quick"] if args.quick else []) + sum(
+        ([flag, value] for flag, value in (("--only", args.only), ("--json", args.json))
+         if value), [])
+    return subprocess.call(command)
+
+
+def _add_launch(sub):
+    """`kerastrain launch RECIPE --workers N ...`."""
     launch = _recipe_command(
         sub, "launch", "run a recipe on a local cluster of processes (one per task)",
         "Start a real local cluster: free ports on 127.0.0.1 of a private network namespace "
@@ -123,58 +194,6 @@ def _parser():
              "without authentication; host: this machine's network, for tasks that need it "
              "(a gs:// model_dir, downloads). Default: the recipe's strategy.network, else "
              "private")
-    _add_export(sub)
-    quick = sub.add_parser(
-        "quickstart", help="train the built-in example model for real on this machine",
-        description="Train a 2x256 MLP on 65,536 synthetic examples (binary target).",
-        epilog="""examples:
-  kerastrain quickstart                          # auto strategy on this machine
-  kerastrain quickstart --strategy mirrored --cpu-devices 2
-  kerastrain quickstart --strategy ps --epochs 2 --steps-per-epoch 50
-  kerastrain quickstart --model-dir runs/quick   # checkpoints, export; a rerun resumes
-""", formatter_class=argparse.RawDescriptionHelpFormatter)
-    quick.add_argument("--strategy", default="auto", help="strategy name (default: auto)")
-    quick.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                       help="strategy option, value parsed as YAML (repeatable)")
-    quick.add_argument("--cpu-devices", type=int, default=None,
-                       help="split the CPU into N logical devices (mirrored without GPUs)")
-    quick.add_argument("--epochs", type=int, default=3)
-    quick.add_argument("--steps-per-epoch", type=int, default=None)
-    quick.add_argument("--examples", type=int, default=65536)
-    quick.add_argument("--batch-size", type=int, default=256, help="global batch size")
-    quick.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None)
-    quick.add_argument("--model-dir", default=None,
-                       help="keep checkpoints, TensorBoard logs and the export here; a rerun resumes")
-    sub.add_parser("info", help="show devices, TF_CONFIG and the strategy 'auto' would choose",
-                   epilog="examples:\n  kerastrain info\n  TF_CONFIG=\"$(cat tf_config.json)\" "
-                          "kerastrain info   # what a task of that cluster would do\n",
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench = sub.add_parser(
-        "bench", help="run the speed table (bench/all.py in a repository checkout)",
-        description="Every input form and strategy against its bare baseline, one table "
-                    "(docs/performance.md). Needs the repository's bench/ directory.",
-        epilog="examples:\n  kerastrain bench --quick\n  kerastrain bench --only numpy,ps "
-               "--json bench.json\n", formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("--quick", action="store_true", help="3 rounds per section (~3 min)")
-    bench.add_argument("--only", default=None, help="comma-separated sections")
-    bench.add_argument("--json", default=None, help="also write the rows here")
-    return parser
-
-
-def _bench(args):
-    """Run bench/all.py from the checkout this package lives in."""
-    import os
-    import subprocess
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "bench", "all.py")
-    if not os.path.exists(script):
-        raise ValueError("`kerastrain bench` runs bench/all.py of a kerastrain repository "
-                         f"checkout, and there is none next to this package. Received: no "
-                         f"file {script}. Clone the repository and run it there.")
-    command = [sys.executable, script] + (["--quick"] if args.quick else []) + sum(
-        ([flag, value] for flag, value in (("--only", args.only), ("--json", args.json))
-         if value), [])
-    return subprocess.call(command)
 
 
 def _add_export(sub):
@@ -184,10 +203,7 @@ def _add_export(sub):
         description="Print a Kubeflow TFJob manifest (k8s) or a Slurm batch script (slurm) "
                     "whose tasks all run `kerastrain run RECIPE`; the cluster manager provides "
                     "TF_CONFIG. See docs/clusters.md.",
-        epilog="examples:\n  kerastrain export k8s recipes/parameter_server.yaml --workers 4 "
-               "--ps 2 --image registry/me/train:1 > job.yaml\n  kerastrain export slurm "
-               "recipes/multi_worker.yaml --nodes 4 > job.sbatch\n",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        **_examples("export"))
     export.add_argument("target", choices=("k8s", "slurm"))
     export.add_argument("recipe", help="the recipe's path as the tasks will see it")
     export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -477,7 +477,8 @@ class DistributedInput:
         """Log the plan (the service's, if one splits the data) and how batches are read."""
         if self._service is not None:
             self.plan = self._service_plan(probe)
-        if self.plan.policy == "none":  # nothing to decide across workers: a tuning note
+        if self.plan.policy == "none" and self._built.strategy.num_replicas_in_sync == 1:
+            # One pipeline feeding one replica: nothing decided worth a line of its own.
             _logging.tuning(f"{self._role} data: one input pipeline", "%s data: %s",
                             self._role, self.plan.sentence)
         else:

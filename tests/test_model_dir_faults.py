@@ -46,7 +46,7 @@ def test_lost_state_file_resumes_at_the_right_step_and_overwrites_nothing(tmp_pa
         resumed.fit(epochs=4)
     assert "rebuilt it from the 3 checkpoint(s) in that directory (ckpt-6, ckpt-12, ckpt-18)" \
         in caplog.text
-    assert "resumed from" in caplog.text and "ckpt-18: step 18, epoch 4" in caplog.text
+    assert "resumed from" in caplog.text and "ckpt-18: step 18, after epoch 3 of 4" in caplog.text
     assert resumed.global_step == 24
     after = {p.name: digest(p) for p in ckpts.iterdir() if p.name.startswith("ckpt-")}
     for name in ("ckpt-12.index", "ckpt-18.index", "ckpt-12.data-00000-of-00001",

@@ -70,7 +70,7 @@ def test_a_url_model_dir_keeps_everything_there_and_resumes(url, strategy, caplo
         resumed = trainer(url, strategy)
         resumed.fit(epochs=3)
     resumed.close()
-    assert f"resumed from {url}/checkpoints/ckpt-12: step 12, epoch 3" in caplog.text
+    assert f"resumed from {url}/checkpoints/ckpt-12: step 12, after epoch 2 of 3" in caplog.text
     assert resumed.global_step == 18
     assert checkpoints.export_is_current(f"{url}/export", 18)
 
