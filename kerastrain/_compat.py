@@ -495,6 +495,38 @@ def atomic_update_count(optimizer):
 
 
 @contextlib.contextmanager
+def atomic_adds(variables):
+    """While tracing a parameter-server step: `assign_add` / `assign_sub` of these Keras
+    variables (a layer's counters and running totals, metrics' states) are atomic.
+
+    Keras 3.10-3.15's `Variable.assign_add` is `assign(self + value)`, a read then a write:
+    with two workers updating a variable on a parameter server at once, updates are lost
+    (a keras.io counting layer counted 3,392 of 6,144 examples). TensorFlow's `assign_add`
+    on the variable's `.value` is one op on the parameter server. Plain `assign` stays what
+    it is (last writer wins). Partitioned variables keep Keras's way.
+    """
+    import tensorflow as tf
+    with contextlib.ExitStack() as stack:
+        for variable in variables:
+            value = getattr(variable, "value", None)
+            if not isinstance(value, tf.Variable) or hasattr(value, "variables"):
+                continue
+            for name, sign in (("assign_add", 1), ("assign_sub", -1)):
+                stack.enter_context(instance_override(
+                    variable, name, _atomic_add(value, variable.dtype, sign)))
+        yield
+
+
+def _atomic_add(value, dtype, sign):
+    import tensorflow as tf
+
+    def add(delta):
+        delta = tf.cast(tf.convert_to_tensor(delta), dtype)
+        return value.assign_add(delta) if sign > 0 else value.assign_sub(delta)
+    return add
+
+
+@contextlib.contextmanager
 def learning_rate_at(optimizer, iteration):
     """While tracing an update: a learning-rate schedule reads `iteration`.
 

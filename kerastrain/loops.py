@@ -323,7 +323,9 @@ class Step:
         # Keras's own count of updates would lose increments with workers updating
         # at once; Adam's bias correction and schedules read it. (A model's own
         # step may keep no optimizer: None.)
-        with _compat.atomic_update_count(self.model.optimizer):
+        # So would a layer's own counters and totals (`assign_add` in `call`).
+        with _compat.atomic_update_count(self.model.optimizer), \
+                _compat.atomic_adds(self.model.variables + self.model.metrics_variables):
             totals = self.accumulate(totals, self._run_train(batch))
         self.global_step.assign_add(1)
         return totals

@@ -47,7 +47,7 @@ def main():
                 ctx.get_per_replica_batch_size(helpers.GLOBAL_BATCH))
     else:
         dataset_fn = helpers.global_batch_dataset_fn(job.get("n", 96))
-    model = helpers.build_model
+    model = helpers.build_counting_model if job.get("counting") else helpers.build_model
     if job.get("instance"):
         # A compiled model built the ordinary way, outside any scope, handed over as is.
         import keras
@@ -88,6 +88,8 @@ def main():
         "predict": trainer.predict(helpers.arrays(job.get("n", 96))[0], batch_size=10).tolist()
         if job.get("predict") else None,
     }
+    if job.get("counting"):
+        result["count"] = float(trainer.model.get_layer("count").count.numpy())
     if job.get("instance"):
         # The user's own object holds what was trained.
         result["user_vs_trained"] = max(float(np.max(np.abs(a - b))) for a, b in zip(

@@ -44,6 +44,27 @@ def build_model(optimizer="adam", l2=0.0):
     return model
 
 
+def build_counting_model():
+    """`build_model` behind a layer that counts the examples it trains on, the keras.io way
+    (a non-trainable weight, `assign_add` in `call`)."""
+    import keras
+
+    class Count(keras.layers.Layer):
+        def build(self, input_shape):
+            self.count = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                         name="count")
+
+        def call(self, x, training=None):
+            if training:
+                self.count.assign_add(keras.ops.cast(keras.ops.shape(x)[0], "float32"))
+            return x
+
+    inner = build_model()
+    model = keras.Sequential([keras.Input((FEATURES,)), Count(name="count")] + inner.layers)
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
 def global_batch_dataset_fn(n=96, global_batch=GLOBAL_BATCH, seed=0):
     """A dataset_fn whose k-th global batch holds the same examples under every strategy.
 

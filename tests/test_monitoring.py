@@ -205,7 +205,11 @@ def test_multi_worker_only_the_chief_writes(tmp_path):
         procs.append(subprocess.Popen(
             [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
             cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:  # a hung worker must not outlive its test
+        for p in procs:
+            p.kill()
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
     # The chief keeps logs, checkpoints and exports ...
     assert glob.glob(str(tmp_path / "dir0/logs/train/events.out.tfevents.*"))
