@@ -37,6 +37,30 @@ def _check_keras_version(version):
 _check_keras_version(keras.__version__)
 
 
+_SKIPPING_REMOVAL_AT_EXIT = []
+
+
+def skip_function_removal_at_exit():
+    """At interpreter exit, do not remove this process's functions from the cluster one by one.
+
+    Once a context is connected to a cluster, deleting a function removes it from every
+    remote task too, and one traced before connecting (a mirrored Trainer's loop, a dataset's
+    map) was never there: each logs "Failed to remove function remotely" (about 40 lines at
+    the exit of a script that trained under mirrored, then ps). TensorFlow's own switch for
+    module teardown, `atomic_function.RUNTIME_FUNCTION_REFS = None`, skips the removal;
+    the process is ending anyway. Checked on TF 2.16-2.21.
+    """
+    if _SKIPPING_REMOVAL_AT_EXIT:
+        return
+    import atexit
+
+    def skip():
+        from tensorflow.python.eager.polymorphic_function import atomic_function
+        atomic_function.RUNTIME_FUNCTION_REFS = None
+    atexit.register(skip)
+    _SKIPPING_REMOVAL_AT_EXIT.append(True)
+
+
 def wait_at_barrier(name: str, timeout_ms: int) -> bool:
     """Wait until every task of the coordination service's cluster is here (multi-worker
     mirrored); False when the barrier failed (a peer gone, a timeout) or there is no

@@ -411,6 +411,7 @@ def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=
             warning = network_lib.exposure_line(ports, network_lib.avoid_in_process(network))
             if warning:
                 logger.warning(warning)
+            _collect_before_connecting()
             strategy = tf.distribute.ParameterServerStrategy(resolver)
             coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
             _LOCAL_PS_CACHE[key] = (strategy, coordinator, tuple(servers), ports)
@@ -444,6 +445,7 @@ def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(training), task_type=config.task_type, task_id=config.task_index,
         rpc_layer=config.rpc_layer)
+    _collect_before_connecting()
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     return BuiltStrategy(
@@ -451,3 +453,18 @@ def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=
         f"{len(config.cluster['worker'])} workers and {config.num_ps} ps from TF_CONFIG{split}",
         coordinator=coordinator, num_workers=len(config.cluster["worker"]),
         is_chief=config.task_type == "chief")
+
+
+def _collect_before_connecting():
+    """Delete this process's garbage functions while its context is still local.
+
+    Once connected to a cluster, TensorFlow removes each deleted function from every remote
+    task too, where one traced before (another Trainer's, a dataset's map) never was, and
+    logs an error line for each ("Failed to remove function remotely": about 40 lines after
+    a mirrored Trainer in the same script).
+    """
+    import gc
+
+    from kerastrain import _compat  # imports Keras: strategies.py itself stays light
+    gc.collect()
+    _compat.skip_function_removal_at_exit()  # what lives on is removed at exit

@@ -134,3 +134,26 @@ def test_ps_sigterm_saves_the_step_its_variables_hold_and_resumes_to_the_exact_t
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed from {path}: step {step}" in again.stderr
     assert json.loads((tmp_path / "out.json").read_text())["global_step"] == epochs * steps
+
+
+@pytest.mark.multiprocess
+def test_a_script_that_trains_mirrored_then_ps_prints_no_function_removal_errors():
+    # Functions traced before the process connected to the cluster were removed "remotely"
+    # when deleted, from tasks that never had them: one error line each (about 40).
+    proc = helpers.run_python("""
+import sys; sys.path.insert(0, "tests")
+import kerastrain as kt
+kt.configure_cpu_devices(2)
+import helpers
+x, y = helpers.arrays(256)
+kt.Trainer(helpers.build_model, strategy={"name": "mirrored", "cpu_devices": 2},
+           verbose=0).fit((x, y), batch_size=16, epochs=1)
+mirrored = kt.Trainer(helpers.build_model, strategy={"name": "mirrored", "cpu_devices": 2},
+                      verbose=0)
+mirrored.fit((x, y), batch_size=16, epochs=1)  # still alive at exit
+kt.Trainer(helpers.build_model, strategy={"name": "ps", "num_workers": 2, "num_ps": 1},
+           verbose=0).fit((x, y), batch_size=16, epochs=1)
+print("trained")
+""")
+    assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-3000:]
+    assert "Failed to remove function" not in proc.stderr, proc.stderr[-3000:]
