@@ -537,15 +537,19 @@ def atomic_adds(variables):
                 continue
             for name, sign in (("assign_add", 1), ("assign_sub", -1)):
                 stack.enter_context(instance_override(
-                    variable, name, _atomic_add(value, variable.dtype, sign)))
+                    variable, name, _atomic_add(variable, value, name, sign)))
         yield
 
 
-def _atomic_add(value, dtype, sign):
+def _atomic_add(variable, value, name, sign):
     import tensorflow as tf
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    keras_way = getattr(type(variable), name)
 
     def add(delta):
-        delta = tf.cast(tf.convert_to_tensor(delta), dtype)
+        if in_stateless_scope():  # kerastrain's own metric step: updates are collected there
+            return keras_way(variable, delta)
+        delta = tf.cast(tf.convert_to_tensor(delta), variable.dtype)
         return value.assign_add(delta) if sign > 0 else value.assign_sub(delta)
     return add
 
