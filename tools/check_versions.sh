@@ -16,11 +16,12 @@ cd "$(dirname "$0")/.."
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 if [ "$keras" = nightly ]; then
     # keras-nightly installs the same `keras` package; the released one must go first.
-    "$venv/bin/pip" install -q "tensorflow==$tf" pytest scikit-learn pyyaml
+    "$venv/bin/pip" install -q "tensorflow==$tf" tensorboard pytest scikit-learn pyyaml
     "$venv/bin/pip" uninstall -q -y keras
     "$venv/bin/pip" install -q --pre --upgrade keras-nightly
 else
-    "$venv/bin/pip" install -q "tensorflow==$tf" "keras==$keras" pytest scikit-learn pyyaml
+    "$venv/bin/pip" install -q "tensorflow==$tf" "keras==$keras" tensorboard pytest scikit-learn \
+        pyyaml  # kerastrain's own dependencies: it is installed with --no-deps below
 fi
 "$venv/bin/pip" install -q --no-deps -e .
 "$venv/bin/python" -c "import tensorflow as tf, keras; print('TensorFlow', tf.__version__, '/ Keras', keras.__version__)"
