@@ -405,6 +405,8 @@ def _export(args):
 
 
 def main(argv=None) -> int:
+    from kerastrain import launch
+    launch.die_with_launcher()  # a task of `kerastrain launch` ends with it (SIGKILL included)
     args = _parser().parse_args(argv)
     if args.version:
         from kerastrain import __version__

@@ -298,6 +298,21 @@ def test_ctrl_c_or_sigterm_while_training(tmp_path, signum, code):
     assert len(_interrupt_and_check(run, signum, code)) == 3
 
 
+def test_no_task_outlives_a_launcher_killed_with_sigkill(tmp_path):
+    # SIGKILL (an OOM killer, a CI timeout) leaves the launcher no moment to stop its tasks,
+    # each in a session of its own: they end with it (PR_SET_PDEATHSIG).
+    run = LaunchStub("training", tmp_path)
+    for index in range(3):
+        run.wait_for(rf"^\[worker:{index}\] training")
+    pids = run.pids()
+    run.process.kill()
+    run.finish(timeout=10)
+    deadline = time.monotonic() + 10
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pids) == 3 and not [p for p in pids if _alive(p)], run.text
+
+
 def test_ctrl_c_during_a_restart(tmp_path):
     run = LaunchStub("restart", tmp_path)
     run.wait_for(r"restarting every task \(1/1\)")
