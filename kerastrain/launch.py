@@ -146,7 +146,8 @@ def chief_of(tasks: list[Task]) -> Task:
         t for t in tasks if t.type == "worker" and t.index == 0)
 
 
-def dry_run(tasks: list[Task], out=sys.stdout) -> None:
+def dry_run(tasks: list[Task], out=None) -> None:
+    out = out or sys.stdout  # the current one: a default bound at import would outlive it
     for task in tasks:
         print(f"[{task.name}] TF_CONFIG='{task.tf_config}'", file=out)
         print(f"[{task.name}] {' '.join(task.command)}", file=out)
