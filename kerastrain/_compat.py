@@ -497,35 +497,14 @@ def iteration_counter(optimizer):
 
 
 @contextlib.contextmanager
-def atomic_update_count(optimizer):
-    """While tracing a parameter-server step: the optimizer counts its updates atomically.
-
-    Keras 3.15 increments `_iterations` with its `Variable.assign_add`, which is
-    `assign(value + 1)`: a read and a write, so workers updating at once lose
-    increments (60 updates counted 50), and Adam's bias correction and schedules
-    read a wrong step. TensorFlow's `assign_add` on the variable's `.value` is one
-    atomic op on the parameter server. Keras has no option for it.
-    """
-    if optimizer is None:
-        yield
-        return
-    import tensorflow as tf
-    counter = iteration_counter(optimizer)
-
-    def atomic_add(delta):
-        return counter.value.assign_add(tf.cast(delta, counter.dtype))
-    with instance_override(counter, "assign_add", atomic_add):
-        yield
-
-
-@contextlib.contextmanager
 def atomic_adds(variables):
     """While tracing a parameter-server step: `assign_add` / `assign_sub` of these Keras
     variables (a layer's counters and running totals, metrics' states) are atomic.
 
     Keras 3.10-3.15's `Variable.assign_add` is `assign(self + value)`, a read then a write:
     with two workers updating a variable on a parameter server at once, updates are lost
-    (a keras.io counting layer counted 3,392 of 6,144 examples). TensorFlow's `assign_add`
+    (a keras.io counting layer counted 3,392 of 6,144 examples; the optimizer's count of its
+    updates, which Adam's bias correction and schedules read, 50 of 60). TensorFlow's `assign_add`
     on the variable's `.value` is one op on the parameter server. Plain `assign` stays what
     it is (last writer wins). Partitioned variables keep Keras's way.
     """

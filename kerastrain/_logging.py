@@ -49,7 +49,7 @@ def start_tensorflow_quietly():
     import kerastrain
     if kerastrain._TF_LOG_LEVEL_SET_BY_USER or "tensorflow" in sys.modules:
         import tensorflow as tf
-        return _devices_line(tf, cuda_failed=False)
+        return _devices_line(tf.config.list_physical_devices("GPU"), cuda_failed=False)
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:
@@ -71,12 +71,11 @@ def start_tensorflow_quietly():
             cuda_failed = True
             continue
         print(line, file=sys.stderr)
-    return _devices_line(tf, cuda_failed)
+    return _devices_line(gpus, cuda_failed)
 
 
-def _devices_line(tf, cuda_failed):
+def _devices_line(gpus, cuda_failed):
     from kerastrain import tuning
-    gpus = tf.config.list_physical_devices("GPU")
     cores = tuning.usable_cores()
     if gpus:
         line = f"devices: {len(gpus)} GPU(s) ({', '.join(g.name for g in gpus)}) and the CPU"

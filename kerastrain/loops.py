@@ -320,12 +320,12 @@ class Step:
 
     def _worker_step(self, totals, batch):
         """Traced on a parameter-server worker: one step on `batch`, added to `totals`."""
-        # Keras's own count of updates would lose increments with workers updating
-        # at once; Adam's bias correction and schedules read it. (A model's own
+        # Keras's own count of updates, a layer's counters and totals (`assign_add` in
+        # `call`) would lose increments with workers updating at once. (A model's own
         # step may keep no optimizer: None.)
-        # So would a layer's own counters and totals (`assign_add` in `call`).
-        with _compat.atomic_update_count(self.model.optimizer), \
-                _compat.atomic_adds(self.model.variables + self.model.metrics_variables):
+        optimizer = self.model.optimizer
+        counter = [] if optimizer is None else [_compat.iteration_counter(optimizer)]
+        with _compat.atomic_adds(self.model.variables + self.model.metrics_variables + counter):
             totals = self.accumulate(totals, self._run_train(batch))
         self.global_step.assign_add(1)
         return totals
