@@ -25,9 +25,11 @@ from kerastrain._options import option
 
 logger = logging.getLogger("kerastrain")
 
-# Training steps per iteration of a compiled loop (`unroll_steps`). Measured on the core
-# MLP, 2 cores: NumPy input read in the loop, 2 -> 1.03x, 4 -> 1.05x, 8 -> 1.03x the loop of
-# one step per iteration; ps workers, 4 -> 1.07x. Each step more costs a trace of the step.
+# Training steps per iteration of a compiled loop (`unroll_steps`, off by default). Measured
+# on the core MLP, 2 cores: NumPy input read in the loop, 2 -> 1.03x, 4 -> 1.05x, 8 -> 1.03x
+# the loop of one step per iteration; ps workers, 4 -> 1.07x. The price (bench/first_fit.py,
+# 2026-11-26): the first fit takes ~2 s longer on that MLP (the step traced and optimized 4
+# more times), repaid after ~150,000 of its steps; docs/performance.md.
 UNROLL = 4
 
 
@@ -43,9 +45,11 @@ class TuningOptions:
               "pipelines read by index inside the compiled loop, without a tf.data iterator; "
               "same batches, same order")
     unroll_steps: bool = option(
-        True, "4 training steps per iteration of the compiled loop where 4 are known to be "
-              "left (input read inside the loop; parameter-server workers), so one step's "
-              "last updates overlap the next step's first layers; same steps, same order")
+        False, "4 training steps per iteration of the compiled loop where 4 are known to be "
+               "left (input read inside the loop; parameter-server workers), so one step's "
+               "last updates overlap the next step's first layers; same steps, same order. "
+               "Off by default: it gains ~5% of the step time but traces the step 4 more "
+               "times, which pays only on long runs of large steps")
     measure_steps_per_loop: bool = option(
         True, "steps_per_loop='auto' sized so a compiled call's fixed cost is ~1% of its time, "
               "measured on the first loops (synchronous strategies); else 100")
@@ -59,7 +63,7 @@ class TuningOptions:
 
     @classmethod
     def coerce(cls, value):
-        """True (all on), False/None (all off), a mapping of fields, or an instance."""
+        """True (the defaults), False/None (all off), a mapping of fields, or an instance."""
         from kerastrain import _options
         coerced = _options.coerce(cls, value, "tuning")
         return coerced if coerced is not None else cls(

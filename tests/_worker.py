@@ -62,7 +62,8 @@ def main():
                          verbose=job.get("verbose", 0), model_dir=job.get("model_dir"),
                          steps_per_loop=job.get("steps_per_loop", "auto"),
                          tensorboard=job.get("tensorboard", True),
-                         checkpoint=job.get("checkpoint", True))
+                         checkpoint=job.get("checkpoint", True),
+                         tuning=job.get("tuning", True))
     callbacks = []
     if job.get("sleep_per_step"):
         import keras

@@ -29,8 +29,10 @@ def check_result(result):
 def test_ps_without_cluster_starts_local_in_process_cluster(tmp_path):
     job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
                       "epochs": EPOCHS, "steps_per_epoch": STEPS, "data": "infinite",
-                      # Loops of 5: 4 steps per loop iteration, then one.
-                      "steps_per_loop": 5, "evaluate": True, "model_dir": str(tmp_path / "run"),
+                      # Loops of 5: 4 steps per loop iteration, then one (no step lost
+                      # or repeated: the exact counts of check_result).
+                      "steps_per_loop": 5, "tuning": {"unroll_steps": True},
+                      "evaluate": True, "model_dir": str(tmp_path / "run"),
                       "tensorboard": {"log_every_steps": 6}})
     proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

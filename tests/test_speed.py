@@ -32,11 +32,12 @@ def test_tuning_on_and_off_train_the_same_weights(strategy, two_cpus, caplog):
     options = two_cpus if strategy == "mirrored" else {}
     x, y = arrays(96, seed=3)
     runs = {}
-    for tuned in (True, False):
+    for tuned in (True, False):  # every choice on (unrolling is off by default), all off
         with caplog.at_level(logging.DEBUG, logger="kerastrain"):  # the full account
             caplog.clear()
             trainer = kt.Trainer(build_model, strategy=strategy, strategy_options=options,
-                                 seed=0, verbose=0, tuning=tuned)
+                                 seed=0, verbose=0,
+                                 tuning={"unroll_steps": True} if tuned else False)
             first = trainer.fit(readme_dataset_fn, epochs=2).history["loss"]
             second = trainer.fit((x, y), batch_size=16, epochs=3, initial_epoch=2)
             # A global dataset of whole batches: split per replica by TensorFlow.
