@@ -1,5 +1,13 @@
-"""Every Python example in the strategy, data and parameter-server docs runs as written."""
+"""Every Python example in the strategy, data and parameter-server docs runs as written.
 
+The examples that train inside their own process run one after another in one Python process,
+each in fresh globals (TensorFlow starts once for all of them, with the CPU split in two as
+in a test process; the parameter-server ones last, as they connect the process to a cluster);
+the examples that start processes of their own
+(TF_CONFIG clusters) run alone. Each example is still its own test, with its own output.
+"""
+
+import json
 import re
 from pathlib import Path
 
@@ -11,6 +19,24 @@ DOCS = [Path(helpers.REPO) / "docs" / name
         for name in ("strategies.md", "data.md", "parameter_servers.md", "optimizers.md")]
 BLOCKS = [block for doc in DOCS
           for block in re.findall(r"```python\n(.+?)```", doc.read_text(), flags=re.S)]
+ALONE = [i for i, block in enumerate(BLOCKS) if "subprocess" in block]
+TOGETHER = sorted(set(range(len(BLOCKS))) - set(ALONE), key=lambda i: ('"ps"' in BLOCKS[i], i))
+
+RUNNER = """
+import json, os, sys, traceback
+import kerastrain
+os.dup2(1, 2)
+kerastrain.configure_cpu_devices(2)   # as a test process does: examples ask for 2 CPUs
+for index, code in json.loads(sys.argv[1]):
+    print(f"@@ example {index} starts", flush=True)
+    try:
+        exec(compile(code, f"<docs example {index}>", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        traceback.print_exc()
+        print(f"@@ example {index} failed", flush=True)
+    else:
+        print(f"@@ example {index} ran", flush=True)
+"""
 
 
 def test_every_strategy_has_an_example():
@@ -19,8 +45,26 @@ def test_every_strategy_has_an_example():
         assert name in text
 
 
+@pytest.fixture(scope="module")
+def together():
+    """The output of each example that ran in the shared process, by index."""
+    proc = helpers.run_python(["-c", RUNNER, json.dumps([[i, BLOCKS[i]] for i in TOGETHER])])
+    outputs = dict(re.findall(r"@@ example (\d+) starts\n(.*?)(?=@@ example \d+ starts|\Z)",
+                              proc.stdout, flags=re.S))
+    return {int(i): out for i, out in outputs.items()}, proc
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_strategy_example_runs(index):
+@pytest.mark.parametrize("index", TOGETHER)
+def test_example_runs_in_a_shared_process(index, together):
+    outputs, proc = together
+    out = outputs.get(index, "(never started; the process ended with code "
+                             f"{proc.returncode}:\n{proc.stdout[-3000:]}")
+    assert out.rstrip().endswith(f"@@ example {index} ran"), BLOCKS[index] + out[-4000:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("index", ALONE)
+def test_example_that_starts_processes_runs(index):
     proc = helpers.run_python(BLOCKS[index])
     assert proc.returncode == 0, BLOCKS[index] + proc.stdout[-2000:] + proc.stderr[-4000:]
