@@ -84,12 +84,21 @@ def global_batch_dataset_fn(n=96, global_batch=GLOBAL_BATCH, seed=0):
     return dataset_fn
 
 
+def child_env(tests=False, **extra):
+    """The environment of a Python process a test starts: the repo importable (and `tests/`
+    when `tests`), `tests/_site` first (its sitecustomize keeps scikit-learn unloaded unless
+    KERASTRAIN_TEST_SKLEARN=1), unbuffered output, no TF_CONFIG, then `extra`."""
+    paths = [REPO, *([os.path.join(REPO, "tests")] if tests else []),
+             os.path.join(REPO, "tests", "_site")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
 def run_python(code_or_args, env=None, timeout=420):
     """Run a Python process with the repo importable; return CompletedProcess."""
-    full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                    TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    full_env.pop("TF_CONFIG", None)
-    full_env.update(env or {})
+    full_env = child_env(TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     args = code_or_args if isinstance(code_or_args, list) else ["-c", code_or_args]
     return subprocess.run([sys.executable, *args], env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
@@ -109,9 +118,8 @@ def run_workers(script, job, out_prefix, num_workers=2, env=None, timeout=300):
     cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]}
     procs = []
     for i in range(num_workers):
-        full_env = dict(os.environ, TF_CONFIG=tf_config(cluster, "worker", i), PYTHONPATH=REPO,
-                        TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-        full_env.update(env or {})
+        full_env = child_env(TF_CONFIG=tf_config(cluster, "worker", i),
+                             TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
         procs.append(subprocess.Popen(
             [sys.executable, script, json.dumps(job), f"{out_prefix}{i}"], env=full_env,
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -131,10 +139,7 @@ class Child:
     """
 
     def __init__(self, args, env=None, prefix=()):
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
-                        PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
-        full_env.pop("TF_CONFIG", None)
-        full_env.update(env or {})
+        full_env = child_env(tests=True, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
         self.process = subprocess.Popen(
             [*prefix, sys.executable, *args], env=full_env, cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -187,7 +192,7 @@ def sigterm_worker(job, out_prefix, delay, start_timeout=120, stop_timeout=120):
     runs the same job again to its end and returns the CompletedProcess).
     """
     import signal
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, "tests/_worker.py", json.dumps(job), str(out_prefix)]
     proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

@@ -142,7 +142,7 @@ def test_accumulation_under_multi_worker_mirrored_and_parameter_servers(tmp_path
     import sys
     ps_job = {"strategy": {"name": "ps", "num_workers": 1, "num_ps": 1}, "n": 512, "k": 4,
               "batch": 64, "epochs": 2, "steps_per_loop": 1}
-    env = dict(__import__("os").environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
     ps = subprocess.Popen([sys.executable, "tests/_accumulation_worker.py", json.dumps(ps_job),
                            str(tmp_path / "ps")], cwd=helpers.REPO, env=env,

@@ -86,7 +86,7 @@ def test_sigkill_mid_training_then_rerun_gives_identical_weights(tmp_path, strat
     job = json.dumps({"strategy": strategy, "epochs": epochs, "data": "shuffled",
                       "model_dir": str(model_dir), "checkpoint": {"every_steps": 4},
                       "sleep_per_step": 0.15})
-    env = dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, "tests/_worker.py", job, str(tmp_path / "out")]
     proc = subprocess.Popen(args, env=env, cwd=helpers.REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
@@ -251,8 +251,8 @@ def test_multi_worker_sigterm_on_one_worker_stops_all_at_one_step_then_resumes(t
             job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": 2, "n": 960,
                               "data": "slow", "steps_per_loop": 5, "model_dir": str(model_dir),
                               "started_marker": str(marker)})
-            env = dict(os.environ, TF_CONFIG=helpers.tf_config(cluster, "worker", i),
-                       PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+            env = helpers.child_env(TF_CONFIG=helpers.tf_config(cluster, "worker", i),
+                                    TF_CPP_MIN_LOG_LEVEL="2")
             procs.append(subprocess.Popen(
                 [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
                 cwd=helpers.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))

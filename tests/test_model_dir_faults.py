@@ -149,7 +149,7 @@ def test_twenty_simultaneous_takeovers_leave_exactly_one_owner(tmp_path, stale):
                                              "since": time.time()}),
                      "empty": "", "garbage": "{{{"}[stale])
     go, done = tmp_path / "go", tmp_path / "done"
-    env = dict(os.environ, PYTHONPATH=helpers.REPO)
+    env = helpers.child_env()
     procs = [subprocess.Popen([sys.executable, "-c", TAKER, str(lock.parent), str(go), str(done)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(20)]

@@ -200,8 +200,8 @@ def test_multi_worker_only_the_chief_writes(tmp_path):
                           "tensorboard": {"log_every_steps": 6}})
         scratch = tmp_path / f"tmp{i}"
         scratch.mkdir()
-        env = dict(os.environ, TF_CONFIG=helpers.tf_config(cluster, "worker", i),
-                   PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(scratch))
+        env = helpers.child_env(TF_CONFIG=helpers.tf_config(cluster, "worker", i),
+                                TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(scratch))
         procs.append(subprocess.Popen(
             [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
             cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

@@ -19,7 +19,7 @@ PS = {"name": "ps", "num_workers": 1, "num_ps": 1}
 
 
 def _start(job, out):
-    env = dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
     return subprocess.Popen([sys.executable, "tests/_own_step_worker.py", json.dumps(job), out],
                             cwd=helpers.REPO, env=env, stdout=subprocess.PIPE,

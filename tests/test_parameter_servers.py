@@ -59,7 +59,7 @@ def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):
     cluster = {"chief": [f"127.0.0.1:{port()}"],
                "worker": [f"127.0.0.1:{port()}", f"127.0.0.1:{port()}"],
                "ps": [f"127.0.0.1:{port()}", f"127.0.0.1:{port()}"]}
-    env_base = dict(__import__("os").environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env_base = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
     servers = []
     for task_type, index in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)):
         env = dict(env_base, TF_CONFIG=helpers.tf_config(cluster, task_type, index))

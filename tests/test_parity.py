@@ -66,8 +66,8 @@ def test_multi_worker_mirrored_two_processes_match_one_device(tmp_path, referenc
     job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": EPOCHS, "predict": True})
     procs = []
     for i in range(2):
-        env = dict(__import__("os").environ, TF_CONFIG=helpers.tf_config(cluster, "worker", i),
-                   PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+        env = helpers.child_env(TF_CONFIG=helpers.tf_config(cluster, "worker", i),
+                                TF_CPP_MIN_LOG_LEVEL="2")
         procs.append(subprocess.Popen(
             [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
             cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

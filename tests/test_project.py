@@ -34,8 +34,8 @@ def test_the_readme_main_command_says_only_true_things_on_a_new_model_dir(tmp_pa
     import sys
 
     import helpers
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")}
-    env["PYTHONPATH"] = helpers.REPO
+    env = helpers.child_env()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     command = [sys.executable, "-m", "kerastrain.cli", "run", "recipes/quickstart.yaml", "--set",
                f"trainer.model_dir={tmp_path / 'run'}"]
     first = subprocess.run(command, env=env, cwd=helpers.REPO, capture_output=True, text=True,

@@ -154,8 +154,7 @@ def test_ps_two_workers_train_every_example_once_per_epoch_through_a_local_servi
 def _server(args):
     return subprocess.Popen([sys.executable, "-m", "kerastrain.service", *args],
                             cwd=helpers.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONPATH=helpers.REPO,
-                                     TF_CPP_MIN_LOG_LEVEL="2"))
+                            env=helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 @pytest.mark.multiprocess
@@ -180,7 +179,7 @@ def test_a_service_worker_killed_mid_epoch_training_finishes_and_reports_the_los
     chief = subprocess.Popen(
         [sys.executable, "tests/_service_worker.py", json.dumps(job), str(tmp_path / "out.json")],
         cwd=helpers.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+        env=helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2"))
     try:
         deadline = time.monotonic() + 240
         while not marker.exists():

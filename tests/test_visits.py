@@ -120,7 +120,7 @@ def test_sigterm_mid_epoch_then_resume_trains_every_example_of_the_epoch_once(tm
             "marker_epoch": 1, "sleep_per_loop": 0.05}
     job = json.dumps({"n": 128, "cases": [case]})   # 32 batches a pass: 3 passes an epoch
     args = [sys.executable, "tests/_visits_worker.py", job, str(tmp_path / "out")]
-    env = dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
     first = subprocess.Popen(args, env=env, cwd=helpers.REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
@@ -161,7 +161,7 @@ def test_a_worker_killed_mid_epoch_repeats_only_its_loop_in_flight_and_says_so(t
     cluster = {"chief": [f"127.0.0.1:{free_port()}"],
                "worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
                "ps": [f"127.0.0.1:{free_port()}"]}
-    env = dict(os.environ, PYTHONPATH=helpers.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
     servers = [subprocess.Popen(
         [sys.executable, "-m", "kerastrain.cluster"], cwd=helpers.REPO,
         env=dict(env, TF_CONFIG=helpers.tf_config(cluster, task, index)),
