@@ -108,9 +108,8 @@ def test_ps_checkpoint_restores_into_a_fresh_trainer_with_the_exact_step(tmp_pat
     assert "resumed from" in proc.stderr
 
 
-@pytest.mark.parametrize("seed", [0, 1])  # two random stop points (test_visits stops one more)
-def test_ps_sigterm_saves_the_step_its_variables_hold_and_resumes_to_the_exact_total(
-        tmp_path, seed):
+def test_ps_sigterm_saves_the_step_its_variables_hold_and_resumes_to_the_exact_total(tmp_path):
+    """Stopped at a new random point each run (said on failure; test_visits stops another)."""
     import random
 
     import tensorflow as tf
@@ -120,9 +119,10 @@ def test_ps_sigterm_saves_the_step_its_variables_hold_and_resumes_to_the_exact_t
     job = {"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": epochs,
            "steps_per_epoch": steps, "n": 960, "data": "slow", "steps_per_loop": 4,
            "model_dir": str(model_dir), "started_marker": str(marker)}
-    code, stderr, step, rerun = helpers.sigterm_worker(  # at a random point of the run
-        job, tmp_path / "out", delay=random.Random(seed).uniform(0.2, 2.0), start_timeout=180)
-    assert code == 143 and step is not None, stderr[-3000:]
+    delay = random.uniform(0.2, 2.0)
+    code, stderr, step, rerun = helpers.sigterm_worker(
+        job, tmp_path / "out", delay=delay, start_timeout=180)
+    assert code == 143 and step is not None, (delay, stderr[-3000:])
     path = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
     assert path.endswith(f"ckpt-{step}")
     saved = tf.train.load_checkpoint(path)
