@@ -98,7 +98,7 @@ def child_env(tests=False, **extra):
 
 def run_python(code_or_args, env=None, timeout=420):
     """Run a Python process with the repo importable; return CompletedProcess."""
-    full_env = child_env(TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    full_env = child_env(**{"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
     args = code_or_args if isinstance(code_or_args, list) else ["-c", code_or_args]
     return subprocess.run([sys.executable, *args], env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
@@ -118,8 +118,8 @@ def run_workers(script, job, out_prefix, num_workers=2, env=None, timeout=300):
     cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]}
     procs = []
     for i in range(num_workers):
-        full_env = child_env(TF_CONFIG=tf_config(cluster, "worker", i),
-                             TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+        full_env = child_env(**{"TF_CONFIG": tf_config(cluster, "worker", i),
+                                "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
         procs.append(subprocess.Popen(
             [sys.executable, script, json.dumps(job), f"{out_prefix}{i}"], env=full_env,
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -139,7 +139,7 @@ class Child:
     """
 
     def __init__(self, args, env=None, prefix=()):
-        full_env = child_env(tests=True, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+        full_env = child_env(tests=True, **{"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
         self.process = subprocess.Popen(
             [*prefix, sys.executable, *args], env=full_env, cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
