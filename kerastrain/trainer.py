@@ -147,6 +147,7 @@ class Trainer:
         self._tb_writer = None
         self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
         self._seed = seed
+        self._numpy_inputs = 0  # NumPy training inputs given so far (`_order_seed`)
         self._steps_per_loop = steps_per_loop
         self._verbose = verbose
         self._dataset_fn = dataset_fn
@@ -276,10 +277,25 @@ class Trainer:
         if key not in self._inputs or self._inputs[key][0] is not data:
             self._inputs[key] = (data, data_lib.DistributedInput(
                 self._built, data, argument=argument, shard=self._shard,
-                batch_size=batch_size, seed=self._seed, role=role, shuffle=shuffle,
+                batch_size=batch_size, seed=self._order_seed(data, argument, role), role=role,
+                shuffle=shuffle,
                 input_options=self._tuning.input_options,
                 in_step=self._tuning.in_step_batches, service=self._service))
         return self._inputs[key][1]
+
+    def _order_seed(self, data, argument, role):
+        """The seed of new data's example orders. NumPy training arrays given anew (each
+        `fit(x, y)` call) draw new orders, as every `model.fit` call reshuffles: the k-th
+        such input of this Trainer is shuffled by a seed drawn from (seed, k), so a rerun
+        of the same script (resuming) meets the same orders in the same calls."""
+        seed = self._seed
+        if seed is None and self._built.is_multi_worker:
+            seed = 0  # every worker must shuffle alike (as `data.DistributedInput` says)
+        if seed is None or role != "training" or data_lib.input_form(data, argument) != "numpy":
+            return seed
+        k, self._numpy_inputs = self._numpy_inputs, self._numpy_inputs + 1
+        return seed if k == 0 else int(
+            np.random.SeedSequence([seed, k]).generate_state(1)[0] % 2 ** 31)
 
     def _ensure_built(self, element_spec):
         if self._step is not None:

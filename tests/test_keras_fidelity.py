@@ -366,6 +366,33 @@ def test_numpy_shuffling_is_seeded_and_shuffle_false_keeps_the_order():
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
+def test_each_fit_call_on_numpy_arrays_draws_new_orders_and_a_rerun_draws_them_again():
+    """`model.fit(x, y)` reshuffles at every call; so does `trainer.fit(x, y)`, with orders
+    that a rerun of the same calls (a resumed script) meets again. With a learning rate of
+    0 the per-batch losses spell out the order of the batches."""
+    x, y = _binary()
+
+    def build():
+        model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+        return model
+
+    def batch_losses(trainer):
+        seen = []
+        trainer.fit(x, y, batch_size=8, epochs=1, callbacks=[keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: seen.append(round(float(logs["loss"]), 6)))])
+        return seen
+
+    runs = []
+    for _ in range(2):   # the same script twice
+        trainer = kt.Trainer(build, strategy="one_device", seed=3, verbose=0)
+        runs.append([batch_losses(trainer) for _ in range(3)])
+    first, second, third = runs[0]
+    assert len(first) == len(x) // 8
+    assert first != second and second != third and first != third
+    assert runs[0] == runs[1]
+
+
 def test_fit_arguments_that_do_not_apply_get_clear_errors():
     import helpers
     x, y = _binary()
