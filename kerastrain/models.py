@@ -269,6 +269,7 @@ def _build_state(model, built, element_spec):
             # Keras could not call the model to build it (keras.io's GAN has no `call`).
             if not _own_step_with_parts_built(model):
                 raise
+    build_step_optimizers(model, built, element_spec)
     partitioned = partitioning.Partitioning(model) if ps else None
     if partitioned:
         partitioned.check()
@@ -279,6 +280,52 @@ def _build_state(model, built, element_spec):
         optimizer.build(model.trainable_variables)
     _read_rows_if_lazy(model, optimizer)
     return partitioned or None
+
+
+def build_step_optimizers(model, built, element_spec):
+    """Build the optimizers a model's own `train_step` applies besides `model.optimizer`
+    (keras.io's GAN: `compile(d_optimizer=..., g_optimizer=...)`, each left to build itself
+    in its first `apply`), as Keras would on one device.
+
+    Under a strategy an optimizer cannot create its slots inside the compiled step (Keras
+    `fit` under MirroredStrategy fails there too; a parameter-server worker cannot create
+    variables at all). So the step is traced once, never run, with each unbuilt optimizer's
+    `apply` recording the variables it is given; each is then built with those variables,
+    here, inside the strategy's scope. Call inside `strategy.scope()`.
+    """
+    import tensorflow as tf
+    from kerastrain import loops
+
+    if not loops.overrides(model, "train_step"):
+        return
+    unbuilt = {name: value for name, value in sorted(vars(model).items())
+               if isinstance(value, keras.optimizers.Optimizer) and not value.built
+               and value is not model.optimizer}
+    if not unbuilt:
+        return
+    updated = {}
+
+    def recorder(name):
+        def apply(grads, trainable_variables=None):
+            if trainable_variables is not None:
+                updated.setdefault(name, list(trainable_variables))
+        return apply
+
+    with contextlib.ExitStack() as stack:
+        for name, optimizer in unbuilt.items():
+            stack.enter_context(_compat.instance_override(optimizer, "apply", recorder(name)))
+        strategy = built.strategy
+
+        @tf.function
+        def dry_run(data):
+            strategy.run(model.train_step, args=(data,))
+        dry_run.get_concrete_function(element_spec)
+    for name, optimizer in unbuilt.items():
+        if name in updated:
+            optimizer.build(updated[name])
+            logger.info("optimizer `%s` (%s) built for the %d variable(s) the model's "
+                        "train_step updates with it", name, type(optimizer).__name__,
+                        len(updated[name]))
 
 
 def _read_rows_if_lazy(model, optimizer):

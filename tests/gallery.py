@@ -47,6 +47,9 @@ class Example:
     missing_keys: tuple = ()  # logged by model.fit, not by kerastrain (a known difference)
     keras_mirrored: bool = True  # False: Keras fit fails under MirroredStrategy (compared
     # with Keras fit on one device instead)
+    keras_by_hand: object = None  # (model) -> None: what a user must add for Keras fit to
+    # run under a tf.distribute strategy, done to the reference before its fit (kerastrain
+    # does it itself)
 
 
 def _seeded(fn):
@@ -230,6 +233,77 @@ def gan_two_optimizers():
     model.compile(d_optimizer=keras.optimizers.Adam(0.01), g_optimizer=keras.optimizers.Adam(0.01),
                   loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
     return model
+
+
+# -- 5b. the GAN exactly as keras.io writes it ("DCGAN overriding train_step") -------------
+# Its optimizers build themselves in their first `apply` (kerastrain builds them first:
+# `models.build_step_optimizers`), its metrics are made in `compile`, it has no `call`.
+
+class KerasIoGAN(keras.Model):
+    def __init__(self, discriminator, generator, latent_dim):
+        super().__init__()
+        self.discriminator = discriminator
+        self.generator = generator
+        self.latent_dim = latent_dim
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer = d_optimizer
+        self.g_optimizer = g_optimizer
+        self.loss_fn = loss_fn
+        self.d_loss_metric = keras.metrics.Mean(name="d_loss")
+        self.g_loss_metric = keras.metrics.Mean(name="g_loss")
+
+    @property
+    def metrics(self):
+        return [self.d_loss_metric, self.g_loss_metric]
+
+    def train_step(self, real_images):
+        batch_size = ops.shape(real_images)[0]
+        random_latent_vectors = keras.random.normal(
+            shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        generated_images = self.generator(random_latent_vectors)
+        combined_images = ops.concatenate([generated_images, real_images], axis=0)
+        labels = ops.concatenate([ops.ones((batch_size, 1)), ops.zeros((batch_size, 1))], axis=0)
+        labels += 0.05 * keras.random.uniform(ops.shape(labels), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            predictions = self.discriminator(combined_images)
+            d_loss = self.loss_fn(labels, predictions)
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        random_latent_vectors = keras.random.normal(
+            shape=(batch_size, self.latent_dim), seed=self.seed_generator)
+        misleading_labels = ops.zeros((batch_size, 1))
+        with tf.GradientTape() as tape:
+            predictions = self.discriminator(self.generator(random_latent_vectors))
+            g_loss = self.loss_fn(misleading_labels, predictions)
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_metric.update_state(d_loss)
+        self.g_loss_metric.update_state(g_loss)
+        return {"d_loss": self.d_loss_metric.result(), "g_loss": self.g_loss_metric.result()}
+
+
+def _build_gan_by_hand(gan):
+    # Keras fit under a tf.distribute strategy cannot build a model without `call`, nor
+    # (under MirroredStrategy) create an optimizer's slots in its first `apply`.
+    gan.d_optimizer.build(gan.discriminator.trainable_variables)
+    gan.g_optimizer.build(gan.generator.trainable_variables)
+    gan.built = True
+
+
+@_seeded
+def gan_keras_io():
+    discriminator = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4),
+                                      keras.layers.LeakyReLU(negative_slope=0.2),
+                                      keras.layers.Dense(1)], name="discriminator")
+    generator = keras.Sequential([keras.Input((3,)), keras.layers.Dense(6)], name="generator")
+    gan = KerasIoGAN(discriminator=discriminator, generator=generator, latent_dim=3)
+    gan.compile(d_optimizer=keras.optimizers.Adam(learning_rate=0.01),
+                g_optimizer=keras.optimizers.Adam(learning_rate=0.01),
+                loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+    return gan
 
 
 # -- 6. compute_loss overridden ------------------------------------------------------------
@@ -442,6 +516,8 @@ EXAMPLES = [
             missing_keys=("accuracy",)),
     Example("vae_train_step", vae_train_step, _x_only),
     Example("gan_two_optimizers", gan_two_optimizers, _x_only, ps_key="d_loss"),
+    Example("gan_keras_io", gan_keras_io, _x_only, ps_key="d_loss",
+            keras_by_hand=_build_gan_by_hand),
     Example("compute_loss_override", compute_loss_override, _xy(), ps_range=(0.1, 10)),
     Example("multi_io_dict", multi_io_dict, _multi_io_data, ps_range=(0.5, 20)),
     Example("x_only_add_loss", x_only_add_loss, _x_only, ps_range=(0.1, 5)),

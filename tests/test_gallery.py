@@ -40,6 +40,8 @@ def run_both(example, strategy, tmp_path):
     if example.keras_mirrored or strategy == "one_device":
         with trainer.strategy.scope():
             reference = gallery.build_reference(example)
+            if example.keras_by_hand:   # Keras fit under any tf.distribute strategy
+                example.keras_by_hand(reference)
     else:  # Keras fails under MirroredStrategy: the single-device result is the reference
         reference = gallery.build_reference(example)
     theirs = reference.fit(epochs=example.epochs, verbose=0,
