@@ -13,3 +13,18 @@ import sys
 
 if not os.environ.get("KERASTRAIN_TEST_SKLEARN"):
     sys.modules.setdefault("sklearn", None)   # `import sklearn` raises ImportError
+
+if os.environ.get("KERASTRAIN_TEST_PROCLOG"):   # tools: which processes the suite starts
+    import atexit
+    import resource
+    import time
+
+    _start = time.monotonic()
+
+    def _log():
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        with open(os.environ["KERASTRAIN_TEST_PROCLOG"], "a") as f:
+            f.write(f"{usage.ru_utime + usage.ru_stime:.2f}\t{time.monotonic() - _start:.2f}\t"
+                    f"{'tensorflow' in sys.modules}\t{os.environ.get('PYTEST_CURRENT_TEST', '')}"
+                    f"\t{' '.join(sys.argv)[:200]}\n")
+    atexit.register(_log)
