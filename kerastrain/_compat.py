@@ -87,6 +87,17 @@ def compile_loss(model):
     return getattr(model, "_compile_loss", None)
 
 
+def layer_metrics(model):
+    """Metrics the model's layers own and update in `call` (keras.io's endpoint layer:
+    `self.accuracy_fn.update_state(...)`), which `model.metrics` lists after the compiled
+    ones and `fit` logs: every metric with variables in `model.metrics` but the loss
+    tracker, the compiled metrics container and the compiled loss's trackers."""
+    loss = compile_loss(model)
+    compiled = {id(m) for m in [getattr(model, "_loss_tracker", None), compile_metrics(model),
+                                *(getattr(loss, "metrics", None) or [])] if m is not None}
+    return [m for m in model.metrics if id(m) not in compiled and m.variables]
+
+
 def symbolic_build(model, element_spec):
     """Create model, metric, loss and optimizer state from shapes only.
 

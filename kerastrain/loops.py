@@ -39,12 +39,16 @@ class MetricState:
         loss = _compat.compile_loss(model)
         if loss is not None:
             containers.extend(getattr(loss, "metrics", []) or [])
+        owned = []
         if metrics is not None:  # a model's own metrics (`model.metrics`)
             containers = list(metrics)
-        for metric in containers:
+        else:  # metrics the layers update in `call`, logged by `fit` too (after the others)
+            owned = _compat.layer_metrics(model)
+        for metric in containers + owned:
             if metric is not None and metric.variables:
                 self.parts.append((metric, list(metric.variables)))
         self.variables = [v for _, vs in self.parts for v in vs]
+        self.layer_variables = [v for m in owned for v in m.variables]
         self._results = None  # the compiled `_metric_results`
         self.sizes = [int(np.prod(v.shape)) for v in self.variables]
         odd = sorted({v.path for v in self.variables if getattr(v, "aggregation", "sum") != "sum"})
@@ -157,7 +161,33 @@ class Step:
         import tensorflow as tf
         return tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
 
-    def _losses_and_metrics(self, x, y, y_pred, sw, training):
+    def _forward(self, x, training):
+        """`(y_pred, forward)`: the model's forward pass, and what `_losses_and_metrics`
+        needs of it (None without layer-owned metrics).
+
+        With metrics that layers update in `call`, the pass runs in a stateless scope in
+        which those metrics' variables start at zero, so their updates come back as deltas
+        (summed across replicas and steps like the compiled metrics'); the pass's
+        `add_loss` losses are collected in the scope, and every other update it makes
+        (batch statistics, seed states) is applied for real as it returns.
+        """
+        import tensorflow as tf
+        variables = self.metrics.layer_variables
+        if not variables:
+            return self.model(x, training=training), None
+        zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
+        with worker_steps.RecordingScope(list(zip(variables, zeros)),
+                                         collect_losses=True) as scope:
+            y_pred = self.model(x, training=training)
+            losses = list(self.model.losses)
+            deltas = [scope.get_current_value(v) for v in variables]
+        mine = {id(v) for v in variables}
+        for key, variable in scope.updated.items():
+            if key not in mine:
+                variable.assign(scope.get_current_value(variable))
+        return y_pred, (losses, deltas)
+
+    def _losses_and_metrics(self, x, y, y_pred, sw, training, forward=None):
         """Keras's compiled loss plus `model.losses` (scaled 1/replicas by Keras), and
         the metric deltas.
 
@@ -169,8 +199,13 @@ class Step:
         """
         model = self.model
         variables = self.metrics.variables
-        extra = list(model.losses)
-        with _compat.stateless_scope(list(zip(variables, self.metrics.zeros()))) as scope, \
+        start = self.metrics.zeros()
+        if forward is None:
+            extra = list(model.losses)
+        else:  # layer-owned metrics' deltas from the forward pass, its losses
+            extra, deltas = forward
+            start[len(start) - len(deltas):] = deltas
+        with _compat.stateless_scope(list(zip(variables, start))) as scope, \
                 _compat.model_losses(model, extra):
             loss = _compat.compute_loss(model, x, y, y_pred, sw, training)
             cm = _compat.compile_metrics(model)
@@ -200,8 +235,9 @@ class Step:
             global_n = tf.distribute.get_replica_context().all_reduce("sum", n)
         guard = _EmptyBatchGuard(self.model, x, n, replicas)
         with tf.GradientTape() as tape:
-            y_pred = self.model(x, training=True)
-            loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True)
+            y_pred, forward = self._forward(x, training=True)
+            loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True,
+                                                   forward=forward)
             # Keras returned (local mean + regularization) / replicas. Weighting each
             # replica by its share of the global batch makes the summed gradient the
             # gradient of the global mean, also when the last batch is partial.
@@ -233,8 +269,9 @@ class Step:
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         x, y, sw = unpack(data)
         n = self._batch_size(x)
-        y_pred = self.model(x, training=False)
-        loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=False)
+        y_pred, forward = self._forward(x, training=False)
+        loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=False,
+                                               forward=forward)
         return self._pack(loss * (replicas * n), n, state)
 
     # -- what a loop returns, and how results add up ---------------------------

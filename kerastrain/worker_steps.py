@@ -16,7 +16,7 @@ from __future__ import annotations
 import keras
 
 
-class _RecordingScope(keras.StatelessScope):
+class RecordingScope(keras.StatelessScope):
     """A stateless scope that remembers which variables were updated in it."""
 
     def __init__(self, *args, **kwargs):
@@ -53,7 +53,7 @@ def run_with_metric_deltas(step_fn, data, metric_variables):
     import tensorflow as tf
 
     zeros = [tf.zeros(v.shape, v.dtype) for v in metric_variables]
-    with _RecordingScope(list(zip(metric_variables, zeros)), collect_losses=True) as scope:
+    with RecordingScope(list(zip(metric_variables, zeros)), collect_losses=True) as scope:
         logs = step_fn(data)
         if not isinstance(logs, dict):
             raise TypeError("The model's `train_step` must return a dict of scalar logs, as "

@@ -512,8 +512,7 @@ def embedding_classifier():
 EXAMPLES = [
     Example("custom_layer_add_loss", custom_layer_add_loss, _xy(), ps_range=(0.5, 20)),
     Example("activity_regularizer", activity_regularizer, _xy(), ps_range=(0.5, 20)),
-    Example("endpoint_layer", endpoint_layer, _endpoint_data, ps_range=(0.1, 3),
-            missing_keys=("accuracy",)),
+    Example("endpoint_layer", endpoint_layer, _endpoint_data, ps_range=(0.1, 3)),
     Example("vae_train_step", vae_train_step, _x_only),
     Example("gan_two_optimizers", gan_two_optimizers, _x_only, ps_key="d_loss"),
     Example("gan_keras_io", gan_keras_io, _x_only, ps_key="d_loss",

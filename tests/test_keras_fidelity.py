@@ -393,6 +393,26 @@ def test_each_fit_call_on_numpy_arrays_draws_new_orders_and_a_rerun_draws_them_a
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_a_metric_a_layer_updates_in_call_is_logged_as_fit_logs_it(strategy, two_cpus):
+    """keras.io's endpoint layer updates its own accuracy in `call`: `fit` logs it, for
+    training and validation data, and so does kerastrain (mirrored: against `fit` under the
+    Trainer's own strategy)."""
+    import gallery
+    data = gallery.BY_NAME["endpoint_layer"].fit_args(None)["x"]
+    kwargs = dict(x=data, validation_data=data.take(2), epochs=2)
+    trainer = kt.Trainer(gallery.endpoint_layer, strategy=strategy, verbose=0, seed=0,
+                         strategy_options=two_cpus if strategy == "mirrored" else {})
+    ours = trainer.fit(**kwargs).history
+    with trainer.strategy.scope():
+        reference = gallery.endpoint_layer()
+    theirs = reference.fit(verbose=0, **kwargs).history
+    assert set(ours) == set(theirs) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, err_msg=key)
+    assert 0 < theirs["accuracy"][-1] < 1   # a real rate, not a count
+
+
 def test_fit_arguments_that_do_not_apply_get_clear_errors():
     import helpers
     x, y = _binary()
