@@ -191,8 +191,18 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
         configure_cpu_devices(options["cpu_devices"])
     built = _REGISTRY[name].build(**options)
     built.options = options
-    logger.info("strategy: %s (%s)", built.name, built.reason)
+    logger.info("strategy: %s (%s)%s", built.name, built.reason, _asynchronous_note(built))
     return built
+
+
+def _asynchronous_note(built):
+    """What a ps user must read before meeting it: with several workers, updates are
+    asynchronous (docs/parameter_servers.md has the measured spread)."""
+    if not built.is_parameter_server or built.num_workers < 2:
+        return ""
+    return (f"; its {built.num_workers} workers update the variables asynchronously, each "
+            "step reading weights others may be updating: losses differ from one device's "
+            "and from run to run (one worker runs the steps in order)")
 
 
 # ---------------------------------------------------------------------------

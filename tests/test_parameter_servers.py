@@ -38,6 +38,10 @@ def test_ps_without_cluster_starts_local_in_process_cluster(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     # Truthful: TensorFlow's servers listen on every interface, not on 127.0.0.1.
     assert "local in-process cluster of 2 worker(s) and 1 ps, listening on ports" in proc.stderr
+    # Said before a user meets it: two workers update asynchronously.
+    assert "; its 2 workers update the variables asynchronously, each step reading weights " \
+        "others may be updating: losses differ from one device's and from run to run" \
+        in proc.stderr
     result = json.loads((tmp_path / "chief.json").read_text())
     check_result(result)
     # The coordinator (chief) wrote TensorBoard logs: running values every 6 steps, and at

@@ -31,6 +31,7 @@ def test_table_is_split_over_both_ps_tasks_and_training_matches_one_device(resul
     assert ("partitioned variables: sequential/table/embeddings (100000, 32) in 2 shards "
             "(50000+50000 rows) on ps:0, ps:1") in result["log"]
     assert "variables split by min_size(min_shard_bytes=262144, max_shards=2)" in result["log"]
+    assert "asynchronously" not in result["log"]   # one worker: steps in order
 
 
 @pytest.mark.multiprocess
