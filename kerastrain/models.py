@@ -328,6 +328,24 @@ def build_step_optimizers(model, built, element_spec):
                         len(updated[name]))
 
 
+def say_unsynchronized_batchnorm(model, strategy):
+    """One line when BatchNormalization layers normalise per replica: under a strategy of
+    several replicas each normalises its share of the batch with that share's statistics,
+    as under Keras `fit` with the same strategy, which a one-device run does not."""
+    replicas = strategy.num_replicas_in_sync
+    if replicas < 2:
+        return
+    names = [layer.name for layer in model._flatten_layers(include_self=False)
+             if isinstance(layer, keras.layers.BatchNormalization)
+             and not getattr(layer, "synchronized", False)]
+    if names:
+        logger.info("BatchNormalization layer(s) %s normalise each of the %d replicas' share "
+                    "of a batch with that share's statistics (as Keras fit does under this "
+                    "strategy), so results differ slightly from one device's; "
+                    "BatchNormalization(synchronized=True) uses the whole batch's",
+                    ", ".join(map(repr, names)), replicas)
+
+
 def _read_rows_if_lazy(model, optimizer):
     # A lazy optimizer writes rows in place; a whole-table read per step (Keras's
     # Embedding) would then copy the table each step (kerastrain.optimizers.read_rows).

@@ -6,6 +6,8 @@ Trainer's own strategy object: two MirroredStrategy objects in one process colli
 TensorFlow's collective keys).
 """
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -460,6 +462,43 @@ def test_lookup_tables_under_parameter_servers(tmp_path):
     assert np.isfinite(report["builder_eval"])
     assert "holds a lookup table created before kerastrain connected" in report["stale"] \
         or "was created before kerastrain connected" in report["stale"], report["stale"]
+
+
+@pytest.mark.parametrize("synchronized", [False, True])
+def test_batchnorm_per_replica_is_said_at_the_start_and_synchronized_matches_one_device(
+        synchronized, caplog):
+    """Under 2 replicas BatchNormalization normalises each replica's half batch (as Keras
+    fit does under MirroredStrategy): one line says so; `synchronized=True` uses the whole
+    batch, like one device."""
+    rng = np.random.RandomState(1)
+    x, y = rng.randn(64, 4).astype("float32") * 3, rng.randn(64, 1).astype("float32")
+
+    def build_model():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                                  keras.layers.BatchNormalization(synchronized=synchronized,
+                                                                  name="bn"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        return model
+
+    losses = {}
+    for strategy in ("one_device", MIRRORED):
+        with caplog.at_level(logging.INFO, logger="kerastrain"):
+            caplog.clear()
+            trainer = kt.Trainer(build_model, strategy=strategy, verbose=0, seed=0)
+            losses[str(strategy)] = trainer.fit(x, y, batch_size=16, epochs=2,
+                                                shuffle=False).history["loss"]
+        said = "BatchNormalization layer(s) 'bn' normalise each of the 2 replicas' share" in \
+            caplog.text
+        assert said == (strategy != "one_device" and not synchronized), caplog.text
+    ours, one = np.asarray(losses[str(MIRRORED)]), np.asarray(losses["one_device"])
+    difference = float(np.max(np.abs(ours - one) / one))
+    print(f"BATCHNORM synchronized={synchronized} max_rel_diff_vs_one_device={difference:.2g}")
+    if synchronized:
+        assert difference <= 1e-5
+    else:
+        assert difference > 1e-4   # per-replica statistics: not one device's numbers
 
 
 def test_a_partial_last_batch_under_mirrored_with_batchnorm_and_embedding():
