@@ -61,6 +61,24 @@ def skip_function_removal_at_exit():
     _SKIPPING_REMOVAL_AT_EXIT.append(True)
 
 
+def keep_local_functions_local():
+    """Functions traced before this process connects to a cluster stay out of its reach.
+
+    Once connected, deleting a function removes it from every remote task as well, where
+    one traced before (an earlier Trainer's loop, still referenced: a notebook's previous
+    `trainer`) never was, and TensorFlow logs an error for each ("Failed to remove function
+    remotely ... non-existent function", two lines per remote task). One more reference on
+    each live function's runtime entry means its deletion never reaches the cluster: its
+    definition stays in this process's context (a few per earlier Trainer) until exit.
+    TensorFlow's refcount `atomic_function.RUNTIME_FUNCTION_REFS`; checked on TF 2.16-2.21.
+    """
+    from tensorflow.python.eager.polymorphic_function import atomic_function
+    refs = atomic_function.RUNTIME_FUNCTION_REFS
+    if refs:
+        for key in list(refs):
+            refs[key] += 1
+
+
 def wait_at_barrier(name: str, timeout_ms: int) -> bool:
     """Wait until every task of the coordination service's cluster is here (multi-worker
     mirrored); False when the barrier failed (a peer gone, a timeout) or there is no

@@ -466,15 +466,17 @@ def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=
 
 
 def _collect_before_connecting():
-    """Delete this process's garbage functions while its context is still local.
+    """Delete this process's garbage functions while its context is still local, and keep
+    the live ones from ever being removed remotely.
 
     Once connected to a cluster, TensorFlow removes each deleted function from every remote
     task too, where one traced before (another Trainer's, a dataset's map) never was, and
     logs an error line for each ("Failed to remove function remotely": about 40 lines after
-    a mirrored Trainer in the same script).
+    a mirrored Trainer in the same script, more when that Trainer is dropped later).
     """
     import gc
 
     from kerastrain import _compat  # imports Keras: strategies.py itself stays light
     gc.collect()
-    _compat.skip_function_removal_at_exit()  # what lives on is removed at exit
+    _compat.keep_local_functions_local()  # what lives on is never removed remotely
+    _compat.skip_function_removal_at_exit()  # nor, at exit, what was traced after

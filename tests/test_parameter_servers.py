@@ -157,8 +157,13 @@ kt.Trainer(helpers.build_model, strategy={"name": "mirrored", "cpu_devices": 2},
 mirrored = kt.Trainer(helpers.build_model, strategy={"name": "mirrored", "cpu_devices": 2},
                       verbose=0)
 mirrored.fit((x, y), batch_size=16, epochs=1)  # still alive at exit
-kt.Trainer(helpers.build_model, strategy={"name": "ps", "num_workers": 2, "num_ps": 1},
-           verbose=0).fit((x, y), batch_size=16, epochs=1)
+one = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0)
+one.fit((x, y), batch_size=16, epochs=1)
+ps = kt.Trainer(helpers.build_model, strategy={"name": "ps", "num_workers": 2, "num_ps": 1},
+                verbose=0)
+ps.fit((x, y), batch_size=16, epochs=1)
+del one   # dropped once connected (a notebook's `trainer = ...` again): removed locally
+import gc; gc.collect()
 print("trained")
 """)
     assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-3000:]
