@@ -319,7 +319,13 @@ def build_step_optimizers(model, built, element_spec):
         @tf.function
         def dry_run(data):
             strategy.run(model.train_step, args=(data,))
-        dry_run.get_concrete_function(element_spec)
+        try:
+            dry_run.get_concrete_function(element_spec)
+        except Exception as e:  # noqa: BLE001 - the real step then runs as it would have
+            logger.debug("could not trace the model's train_step to find what its unbuilt "
+                         "optimizer(s) %s update (%s: %s); they build on first use",
+                         sorted(unbuilt), type(e).__name__, e)
+            return
     for name, optimizer in unbuilt.items():
         if name in updated:
             optimizer.build(updated[name])
