@@ -181,10 +181,7 @@ class Step:
             y_pred = self.model(x, training=training)
             losses = list(self.model.losses)
             deltas = [scope.get_current_value(v) for v in variables]
-        mine = {id(v) for v in variables}
-        for key, variable in scope.updated.items():
-            if key not in mine:
-                variable.assign(scope.get_current_value(variable))
+        scope.apply_updates_except(variables)
         return y_pred, (losses, deltas)
 
     def _losses_and_metrics(self, x, y, y_pred, sw, training, forward=None):

@@ -27,6 +27,14 @@ class RecordingScope(keras.StatelessScope):
         super().add_update(update)
         self.updated[id(update[0])] = update[0]
 
+    def apply_updates_except(self, kept):
+        """After the scope: apply for real every update made in it but those to `kept`
+        (variables whose scope values the caller reads as deltas)."""
+        kept = {id(v) for v in kept}
+        for key, variable in self.updated.items():
+            if key not in kept:
+                variable.assign(self.get_current_value(variable))
+
 
 def flat_logs(logs):
     """Nested dicts of logs merged into one, as `model.fit` reports them (a compiled
@@ -61,10 +69,7 @@ def run_with_metric_deltas(step_fn, data, metric_variables):
         # Read here: a log that is a metric's result reads the scope's values.
         logs = {k: tf.convert_to_tensor(v) for k, v in flat_logs(logs).items()}
         deltas = [scope.get_current_value(v) for v in metric_variables]
-    metric_ids = {id(v) for v in metric_variables}
-    for key, variable in scope.updated.items():
-        if key not in metric_ids:
-            variable.assign(scope.get_current_value(variable))
+    scope.apply_updates_except(metric_variables)
     return logs, deltas
 
 
