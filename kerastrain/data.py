@@ -58,6 +58,12 @@ def array_leaves(data):
     return leaves if leaves and all(_is_array(v) for v in leaves) else None
 
 
+def shuffle_seed(seed, built):
+    """The seed of NumPy data's shuffle: `seed`, or 0 without one under multi-worker
+    training (every worker must shuffle alike for data sharding to stay exact)."""
+    return 0 if seed is None and built.is_multi_worker else seed
+
+
 def input_form(data, argument="dataset_fn") -> str:
     """"context_fn", "global_fn", "dataset" or "numpy"; a clear error for anything else."""
     import tensorflow as tf
@@ -420,9 +426,9 @@ class DistributedInput:
         # A `kerastrain.service.Service` reads training data only (validation stays local).
         self._service = service if role == "training" else None
         if self.form == "numpy":
+            seed = shuffle_seed(seed, built)
             if seed is None and for_training:
-                # Every worker must shuffle alike for data sharding to stay exact.
-                seed = 0 if built.is_multi_worker else random.randrange(2 ** 31)
+                seed = random.randrange(2 ** 31)
             self._numpy = NumpyData(data, DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
                                     shuffle=for_training, seed=seed, argument=argument)
             whole = input_options and not ps and pipelines == 1  # a `tuning` choice

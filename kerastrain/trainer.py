@@ -288,9 +288,7 @@ class Trainer:
         `fit(x, y)` call) draw new orders, as every `model.fit` call reshuffles: the k-th
         such input of this Trainer is shuffled by a seed drawn from (seed, k), so a rerun
         of the same script (resuming) meets the same orders in the same calls."""
-        seed = self._seed
-        if seed is None and self._built.is_multi_worker:
-            seed = 0  # every worker must shuffle alike (as `data.DistributedInput` says)
+        seed = data_lib.shuffle_seed(self._seed, self._built)
         if seed is None or role != "training" or data_lib.input_form(data, argument) != "numpy":
             return seed
         k, self._numpy_inputs = self._numpy_inputs, self._numpy_inputs + 1
