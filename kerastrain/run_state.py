@@ -48,13 +48,26 @@ class RunState:
         self.epoch_totals = tf.Variable(np.zeros(width), dtype=tf.float64,
                                         shape=tf.TensorShape([None]), trainable=False,
                                         name="epoch_totals")
-        options = self.options
+        self._saved = dict(model=model, global_step=global_step)
+        self._make_checkpointer()
+
+    def _make_checkpointer(self):
+        options, model = self.options, self._saved["model"]
+        self.checkpointer = None
         if options and (self.model_dir or options.restore not in ("latest", "none")):
             directory = files.join(self.model_dir, "checkpoints") if self.model_dir else None
             self.checkpointer = checkpoints.Checkpointer(
                 directory, options, is_chief=self.is_chief, model=model,
-                optimizer=model.optimizer, global_step=global_step,
+                optimizer=model.optimizer, global_step=self._saved["global_step"],
                 epoch_totals=self.epoch_totals, **self.counters)
+
+    def move(self, *, model_dir, outputs, options):
+        """Keep the state in another place from the next fit on (a `BackupAndRestore`'s
+        backup_dir, or none once it is deleted): it is restored from there if it holds some."""
+        self.model_dir, self.outputs, self.options = model_dir, outputs, options
+        self.restored = False
+        if self.epoch_totals is not None:
+            self._make_checkpointer()
 
     def restore(self, driver, train_input, global_step, epochs=None):
         """On the first fit, restore the latest checkpoint and move the driver's data to

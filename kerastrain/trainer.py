@@ -16,6 +16,7 @@ from kerastrain import callbacks as callbacks_lib
 from kerastrain import checkpoints
 from kerastrain import data as data_lib
 from kerastrain import driver as driver_lib
+from kerastrain import files
 from kerastrain import fit_args
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
@@ -146,6 +147,7 @@ class Trainer:
         self._writer = None
         self._tb_writer = None
         self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
+        self._backup = None  # a BackupAndRestore's `callbacks.Backup`, when model_dir is its
         self._seed = seed
         self._numpy_inputs = 0  # NumPy training inputs given so far (`_order_seed`)
         self._steps_per_loop = steps_per_loop
@@ -500,7 +502,7 @@ class Trainer:
         _check_counts(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                       validation_steps=validation_steps, validation_freq=validation_freq)
         data = self._fit_data(dataset_fn, y, validation_dataset_fn, keras_args)
-        callbacks = callbacks_lib.check_callbacks(callbacks)
+        callbacks = self._use_backup(callbacks_lib.check_callbacks(callbacks))
         train_input = self._input(data.train, "dataset_fn", "training", batch_size,
                                   shuffle=data.shuffle)
         validation = self._validation(data.validation, validation_steps, batch_size,
@@ -529,15 +531,69 @@ class Trainer:
             raise listed[0].preempted  # after the handlers above have let go of SIGTERM
         cbs.on_train_end(progress.logs or {})
         if progress.stop != actions_lib.DIVERGED:
-            self._export(trained=self.global_step > first_step)
+            self._training_ended(trained=self.global_step > first_step)
         return callbacks_lib.history_of(cbs)
 
-    def _export(self, *, trained):
+    def _use_backup(self, callbacks):
+        """A `keras.callbacks.BackupAndRestore` among `callbacks`: its backup_dir is this
+        Trainer's model_dir (the same place) or, without one, where the run's checkpoints
+        go (nothing else is written there). Returns the other callbacks."""
+        callbacks, backup = callbacks_lib.take_backup(callbacks)
+        if backup is None or backup.backup_dir == self.model_dir:
+            return callbacks
+        if self.model_dir is not None and self._backup is None:
+            raise ValueError(
+                "`BackupAndRestore(backup_dir=...)` and the Trainer's `model_dir` are two places "
+                "for one run's state: pass the same directory, or drop the callback (model_dir's "
+                "checkpoints already back the run up). Received: backup_dir="
+                f"{backup.backup_dir!r}, model_dir={self.model_dir!r}")
+        if self._backup is None:
+            self._options_before_backup = self._ckpt_options
+        self._switch_model_dir(backup.backup_dir, backup.checkpoint_options())
+        self._backup, self._tb_options = backup, None
+        logger.info("BackupAndRestore: the run's checkpoints go to backup_dir %s (save_freq=%r"
+                    "%s); kerastrain's checkpoints replace the callback's own files", backup.
+                    backup_dir, backup.save_freq, ", removed when training ends" if
+                    backup.delete else "")
+        return callbacks
+
+    def _switch_model_dir(self, model_dir, options):
+        if self._lock is not None:
+            self._lock.release()
+        self.model_dir, self._ckpt_options = model_dir, options
+        self._settings.update(model_dir=model_dir, checkpoint=options and dataclasses.asdict(
+            options))
+        self._settings_text = None
+        self._outputs = outputs_lib.Outputs(model_dir, self.is_chief)
+        self._lock = self._outputs.claim(tidy=checkpoints.tidy)
+        with self.strategy.scope():
+            self._run.move(model_dir=model_dir, outputs=self._outputs, options=options)
+
+    def _backup_done(self):
+        """Training ended: remove a `BackupAndRestore(delete_checkpoint=True)`'s state, as
+        Keras does (kerastrain's own files only), so the script's next run starts over."""
+        backup = self._backup
+        if backup is None or not backup.delete:
+            return
+        directory = self._outputs.path()
+        if directory is not None:
+            for name in ("checkpoints", "config.yaml"):
+                files.remove(files.join(directory, name))
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        if directory is not None and not files.listdir(directory):
+            files.remove(directory)
+        self._switch_model_dir(None, self._options_before_backup)
+        self._backup = None
+
+    def _training_ended(self, *, trained):
         """Export after training, or when the export is missing or stale (a resumed run
-        with nothing left to train keeps a current export)."""
+        with nothing left to train keeps a current export); then a finished backup goes."""
         if trained or self._run.export_missing(self.global_step):
             self._run.export(self._model, model_source=self._model_source, step=self.global_step,
                              partitioned=self._step.partitioned)
+        self._backup_done()
 
     def _say_tuning(self, training, steps_per_loop):
         """The loop's own tuning notes, then the one line of this fit's (none when nothing

@@ -461,6 +461,13 @@ def _callbacks_data(directory):
                                                     save_weights_only=True)])
 
 
+# -- 14b. a Keras script's BackupAndRestore (kerastrain keeps its checkpoints there) --------
+
+def _backup_data(directory):
+    return dict(x=X, y=Y, batch_size=BATCH, shuffle=False, callbacks=[
+        keras.callbacks.BackupAndRestore(os.path.join(directory, "backup"), save_freq=2)])
+
+
 # -- 15. sample weights with weighted metrics --------------------------------------------
 
 @_seeded
@@ -528,6 +535,7 @@ EXAMPLES = [
     Example("mixed_bfloat16", mixed_bfloat16, _xy(), ps_range=(0.5, 20),
             trainer_kwargs={"mixed_precision": "mixed_bfloat16"}),
     Example("callbacks", callbacks, _callbacks_data, ps_range=(0.1, 20), epochs=6),
+    Example("backup_and_restore", callbacks, _backup_data, ps_range=(0.1, 20), epochs=3),
     Example("sample_weight_metrics", sample_weight_metrics,
             _xy(y=LABELS, sample_weight=np.linspace(0.1, 2.0, N).astype("float32")),
             ps_range=(0.1, 5)),

@@ -70,6 +70,9 @@ def test_the_gallery_trains_as_under_model_fit(name, strategy, tmp_path):
         assert len(ours_csv) == len(theirs_csv) == 4  # header + 3 epochs: EarlyStopping
         # the rate logged at an epoch end is the one it trained with; then halved
         assert ours["learning_rate"] == pytest.approx([0.05, 0.05, 0.025])
+    if name == "backup_and_restore":  # deleted once training ended, as Keras does
+        assert not (tmp_path / "ours" / "backup").exists()
+        assert not (tmp_path / "theirs" / "backup").exists()
 
 
 @pytest.mark.multiprocess

@@ -181,11 +181,9 @@ def _fit_errors():
                    r"`epochs` must be an int >= 0\. Received: epochs=-1"),
         "verbose": ({"x": X, "y": Y, "verbose": 3}, ValueError,
                     r"`verbose` must be 0, 1, 2 or 'auto'\. Received: verbose=3"),
-        "callbacks": ({"x": X, "y": Y, "callbacks": [
-            keras.callbacks.BackupAndRestore("/tmp/unused-kerastrain-backup")]}, ValueError,
-            r"`BackupAndRestore` does what kerastrain's checkpoints already do.*Remove the "
-            r"callback and pass `model_dir` instead.*Received: callbacks=\[\.\.\., "
-            r"BackupAndRestore\(\.\.\.\)\]"),
+        "callbacks": ({"x": X, "y": Y, "callbacks": [print]}, TypeError,
+                      r"`callbacks` must be a list of keras.callbacks.Callback instances.*"
+                      r"Received an item of type builtin_function_or_method"),
         "validation_split": ({"x": ds, "validation_split": 0.2}, ValueError,
                              r"`validation_split` applies to NumPy arrays `x`.*Received: "
                              r"validation_split with x of form 'dataset'"),

@@ -439,12 +439,81 @@ def test_fit_arguments_that_do_not_apply_get_clear_errors():
         trainer.fit(x, y, use_multiprocessing=True)
 
 
-def test_backup_and_restore_is_refused_in_favour_of_model_dir(tmp_path):
+class _CrashAt(keras.callbacks.Callback):
+    """Stands for a process that dies at the start of an epoch (an exception out of fit)."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError(f"crash at epoch {epoch}")
+
+
+def _backup_script(backup_dir, crash_at=None, **backup):
+    """A Keras script with BackupAndRestore, run by kerastrain: (history, weights, trainer)."""
     import helpers
-    trainer = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0)
-    with pytest.raises(ValueError, match=r"`BackupAndRestore` does what kerastrain's "
-                                         r"checkpoints already do.*pass `model_dir`"):
-        trainer.fit(_binary(), callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path))])
+    x, y = _binary(96)
+    trainer = kt.Trainer(helpers.build_model, strategy="one_device", seed=3, verbose=0)
+    callbacks = [keras.callbacks.BackupAndRestore(str(backup_dir), **backup)]
+    if crash_at is not None:
+        callbacks.append(_CrashAt(crash_at))
+    try:
+        history = trainer.fit(x, y, epochs=4, batch_size=16, callbacks=callbacks)
+        return history.history, trainer.model.get_weights(), trainer
+    finally:
+        trainer.close()  # the process would end here
+
+
+def test_backup_and_restore_resumes_a_crashed_script_as_if_it_never_stopped(tmp_path, caplog):
+    """The callback's backup_dir holds kerastrain's checkpoints: a script that crashed at
+    epoch 2, run again unchanged, ends with the history and weights of a run that never
+    stopped; then, as in Keras (delete_checkpoint=True), the backup is gone."""
+    whole, whole_weights, _ = _backup_script(tmp_path / "whole")
+    assert not (tmp_path / "whole").exists()  # removed once training ended
+    backup = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="crash at epoch 2"):
+        _backup_script(backup, crash_at=2)
+    assert sorted(p.name for p in backup.iterdir()) == ["checkpoints", "config.yaml"], \
+        "only checkpoints (no export, no TensorBoard logs) go to a backup_dir"
+    with caplog.at_level(logging.INFO, logger="kerastrain"):
+        rerun, weights, trainer = _backup_script(backup)
+    assert "BackupAndRestore: the run's checkpoints go to backup_dir" in caplog.text
+    assert "after epoch 2 of 4" in caplog.text, caplog.text
+    assert list(rerun["loss"]) == pytest.approx(whole["loss"][2:], rel=1e-6, abs=1e-7)
+    for a, b in zip(weights, whole_weights):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert not backup.exists()
+    assert trainer.model_dir is None
+
+
+def test_backup_and_restore_options_map_onto_checkpoints(tmp_path):
+    """save_freq=N saves every N steps, delete_checkpoint=False keeps the state (a rerun
+    has nothing left to train, as under Keras), double_checkpoint keeps two; a backup_dir
+    other than the Trainer's model_dir is refused, the same one is model_dir itself."""
+    import helpers
+    history, _, _ = _backup_script(tmp_path / "b", save_freq=5, delete_checkpoint=False,
+                                   double_checkpoint=True)
+    assert len(history["loss"]) == 4
+    kept = sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("ckpt-*.index"))
+    assert kept == ["ckpt-20.index", "ckpt-24.index"], kept  # 6 steps an epoch: 5, 6, 10, ..
+    again, _, _ = _backup_script(tmp_path / "b", delete_checkpoint=False)
+    assert again == {}
+    x, y = _binary()
+    trainer = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0,
+                         model_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=r"`BackupAndRestore\(backup_dir=...\)` and the Trainer"
+                       r"'s `model_dir` are two places.*Received: backup_dir='.*elsewhere', "
+                       r"model_dir='.*run'"):
+        trainer.fit(x, y, callbacks=[
+            keras.callbacks.BackupAndRestore(str(tmp_path / "elsewhere"))])
+    trainer.fit(x, y, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path / "run"))])
+    assert (tmp_path / "run" / "export").exists() and (tmp_path / "run" / "checkpoints").exists()
+    with pytest.raises(ValueError, match=r"save_freq.*Received: save_freq=0"):
+        trainer.fit(x, y, callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path / "run"),
+                                                                      save_freq=0)])
+    trainer.close()
 
 
 @pytest.mark.multiprocess
