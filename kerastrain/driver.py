@@ -59,11 +59,15 @@ class SyncDriver:
     Args:
         train_loop: the compiled training loop; it stops early where the data ends.
         skip_loop: `fn(iterator, n) -> skipped`, reads and drops up to n batches.
+        accumulation: batches a step reads (gradient accumulation). `offset` counts
+            steps; checkpoints keep batches (`saved_offset`), as `PSDriver` does, so a
+            checkpoint resumes under any strategy.
     """
 
-    def __init__(self, train_loop, skip_loop):
+    def __init__(self, train_loop, skip_loop, accumulation=1):
         self._loop = train_loop
         self._skip = skip_loop
+        self._batches = accumulation
         self._iterator = None
         self._continue_pass = False
         self.passes = 0
@@ -80,8 +84,14 @@ class SyncDriver:
         self.passes += 1
         self.offset = 0
 
-    def fast_forward(self, train_input, passes, offset):
-        """Stand where a run that began `passes` passes and read `offset` batches stood."""
+    @property
+    def saved_offset(self):
+        """Batches into the current pass (a step that the data ended early only ends a pass)."""
+        return self.offset * self._batches
+
+    def fast_forward(self, train_input, passes, offset, *, batches=False):
+        """Stand where a run that began `passes` passes and trained `offset` steps of the
+        last (`batches=True`: read `offset` batches, as a checkpoint keeps it) stood."""
         import tensorflow as tf
 
         dataset = train_input.distributed()
@@ -90,8 +100,14 @@ class SyncDriver:
         self.passes = passes - (1 if offset else 0)
         if offset:
             self._new_iterator(train_input)
-            self.offset = int(self._skip(self._iterator, tf.constant(offset, tf.int32)))
+            wanted = offset if batches else offset * self._batches
+            skipped = int(self._skip(self._iterator, tf.constant(wanted, tf.int32)))
+            self.offset = -(-skipped // self._batches)
             self._continue_pass = True
+
+    def resume(self, train_input, passes, offset):
+        """Stand where a checkpoint's (passes, batches into the pass) say."""
+        self.fast_forward(train_input, passes, offset, batches=True)
 
     def epoch_done(self, steps_per_epoch):
         if steps_per_epoch is None:
@@ -119,7 +135,7 @@ class SyncDriver:
         """Read and drop the batches at this position that a recovery marked."""
         import tensorflow as tf
         while (self.passes, self.offset) in self.skips:
-            if not int(self._skip(self._iterator, tf.constant(1, tf.int32))):
+            if not int(self._skip(self._iterator, tf.constant(self._batches, tf.int32))):
                 return
             self.offset += 1
 
@@ -314,12 +330,20 @@ class PSDriver:
             return
         self._use(reader)
         per_pass = self._per_pass
+        if per_pass:  # a synchronous run counts a group the pass ended early as k batches
+            offset = min(offset, per_pass)
         self.cursor = (passes - (1 if offset else 0)) * per_pass + offset if per_pass else offset
         where = (f"pass {self.cursor // per_pass + 1}, batch {self.cursor % per_pass} of "
                  f"{per_pass}" if per_pass else f"batch {self.cursor} of its stream")
         logger.info("the data continues at %s: no batch of the epoch is skipped; batches the "
                     "stopped run trained after this checkpoint are trained again (none after a "
                     "SIGTERM, which saves once its loops in flight finish)", where)
+
+    resume = fast_forward  # a checkpoint's offset counts batches, as `cursor` does
+
+    @property
+    def saved_offset(self):
+        return self.offset
 
     def epoch_done(self, steps_per_epoch):
         pass

@@ -449,20 +449,19 @@ class Step:
                          "(switch off with tuning={'unroll_steps': False})", self.unroll)
 
     def skip_loop(self):
-        """`fn(iterator, n) -> skipped`: read and drop up to n steps' batches (resuming
-        mid-pass); a step reads `accumulation` batches."""
+        """`fn(iterator, n) -> skipped`: read and drop up to n batches (resuming mid-pass;
+        a step reads `accumulation` of them)."""
         import tensorflow as tf
-        k = self.accumulation
 
         @tf.function
-        def skip(iterator, num_steps):
+        def skip(iterator, num_batches):
             skipped = tf.constant(0, tf.int32)
-            for _ in tf.range(num_steps * k):
+            for _ in tf.range(num_batches):
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
                 skipped += 1
-            return (skipped + k - 1) // k
+            return skipped
         return skip
 
     def eval_loop(self):

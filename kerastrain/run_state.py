@@ -89,12 +89,12 @@ class RunState:
         else:
             where = "at the start of epoch 1"
         logger.info("resumed from %s: step %d, %s", path, global_step(), where)
-        driver.fast_forward(train_input, info["data_pass"], info["data_offset"])
+        driver.resume(train_input, info["data_pass"], info["data_offset"])
         return info
 
     def set(self, driver, epoch, batch, totals):
         for name, value in (("epoch", epoch), ("step_in_epoch", batch),
-                            ("data_pass", driver.passes), ("data_offset", driver.offset)):
+                            ("data_pass", driver.passes), ("data_offset", driver.saved_offset)):
             self.counters[name].assign(value)
         self.epoch_totals.assign(totals)
 

@@ -427,7 +427,7 @@ class Trainer:
         """The driver of this strategy's epochs: this task's replicas, or the ps workers."""
         step = self._step
         if not self._built.is_parameter_server:
-            return driver_lib.SyncDriver(step.train_loop(), step.skip_loop())
+            return driver_lib.SyncDriver(step.train_loop(), step.skip_loop(), step.accumulation)
         ckpt = self._run.checkpointer
         return driver_lib.PSDriver(
             step.train_loop(), self._built.coordinator, self._global_step,

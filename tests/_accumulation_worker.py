@@ -18,9 +18,13 @@ def main():
     import test_accumulation as cases
 
     x, y = cases.data(job["n"])
+    resume = {"model_dir": job["model_dir"], "checkpoint": {"every_steps": 1}} \
+        if "model_dir" in job else {}
     trainer = kt.Trainer(cases.builder(job["k"]), strategy=job["strategy"], verbose=0,
-                         steps_per_loop=job.get("steps_per_loop", "auto"))
-    history = trainer.fit(x, y, batch_size=job["batch"], epochs=job["epochs"], shuffle=False)
+                         steps_per_loop=job.get("steps_per_loop", "auto"), **resume)
+    callbacks = [cases.StopAfter(job["stop_after"])] if "stop_after" in job else []
+    history = trainer.fit(x, y, batch_size=job["batch"], epochs=job["epochs"], shuffle=False,
+                          callbacks=callbacks)
     result = {"history": history.history, "global_step": trainer.global_step,
               "iterations": int(trainer.model.optimizer.iterations),
               "weights": [w.tolist() for w in trainer.model.get_weights()]}

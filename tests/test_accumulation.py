@@ -42,6 +42,19 @@ def builder(steps, *, batchnorm=False, schedule=False):
     return build
 
 
+class StopAfter(keras.callbacks.Callback):
+    """Stops a fit after `steps` steps (with `steps_per_loop=1`, one batch hook per step)."""
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps -= 1
+        if self.steps <= 0:
+            self.model.stop_training = True
+
+
 def max_difference(a, b):
     return max(float(np.abs(p - q).max()) for p, q in zip(a.get_weights(), b.get_weights()))
 
@@ -162,3 +175,56 @@ def test_accumulation_under_multi_worker_mirrored_and_parameter_servers(tmp_path
         _check(json.loads((tmp_path / f"w{i}.json").read_text()), weights, history, 4)
     weights, history = _reference(512, 2)
     _check(json.loads((tmp_path / "ps.json").read_text()), weights, history, 4)
+
+
+def _leg(strategy, k, model_dir, stop_after=None, epochs=3):
+    """One run of a chain in this process: resume from model_dir, train, save every step."""
+    x, y = data(256)
+    trainer = kt.Trainer(builder(k), strategy=strategy, verbose=0, steps_per_loop=1,
+                         model_dir=str(model_dir), checkpoint={"every_steps": 1})
+    trainer.fit(x, y, batch_size=16, epochs=epochs, shuffle=False,
+                callbacks=[StopAfter(stop_after)] if stop_after else None)
+    trainer.close()
+    return trainer
+
+
+@pytest.mark.multiprocess
+def test_a_checkpoint_resumes_under_any_other_strategy_at_the_same_batch(tmp_path, caplog):
+    """Every strategy keeps the data position in batches, so a run stopped mid-epoch under
+    one strategy resumes under another at the batch where it stood. With 4 batches a step:
+    one_device -> ps -> mirrored; with 1: ps -> mirrored -> one_device (ps with one worker:
+    no asynchrony). Each chain ends with the weights of one run that never stopped."""
+    import subprocess
+    import sys
+    chains = {4: tmp_path / "k4", None: tmp_path / "k1"}
+    _leg("one_device", 4, chains[4], stop_after=1)      # 4 of the pass's 16 batches
+    ps_jobs = {4: {"stop_after": 5}, None: {"stop_after": 5}}  # k=4: into epoch 2; k=1: epoch 1
+    env = helpers.child_env(tests=True, TF_CPP_MIN_LOG_LEVEL="2")
+    procs = {}
+    for k, job in ps_jobs.items():
+        job.update(strategy={"name": "ps", "num_workers": 1, "num_ps": 1}, n=256, k=k,
+                   batch=16, epochs=3, steps_per_loop=1, model_dir=str(chains[k]))
+        procs[k] = subprocess.Popen(
+            [sys.executable, "tests/_accumulation_worker.py", json.dumps(job),
+             str(tmp_path / f"ps{k}")], cwd=helpers.REPO, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+    try:
+        outputs = {k: proc.communicate(timeout=300)[0] for k, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.kill()
+    for k, proc in procs.items():
+        assert proc.returncode == 0, outputs[k][-4000:]
+    assert "the data continues at pass 1, batch 4 of 16" in outputs[4]
+    with caplog.at_level("INFO", logger="kerastrain"):
+        resumed_4 = _leg(MIRRORED, 4, chains[4])                  # ps stopped at step 6
+        _leg(MIRRORED, None, chains[None], stop_after=20)         # ps stopped at step 5
+        resumed_1 = _leg("one_device", None, chains[None])
+    assert "step 6, 2 steps into epoch 2 of 3" in caplog.text, caplog.text
+    assert "step 25, 9 steps into epoch 2 of 3" in caplog.text, caplog.text
+    for k, resumed in ((4, resumed_4), (None, resumed_1)):
+        x, y = data(256)
+        straight = kt.Trainer(builder(k), strategy="one_device", verbose=0)
+        straight.fit(x, y, batch_size=16, epochs=3, shuffle=False)
+        assert resumed.global_step == straight.global_step == 48 // (k or 1)
+        assert max_difference(resumed.model, straight.model) < 1e-5, k

@@ -82,9 +82,9 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
                          strategy="default", model_dir=tmp_path, verbose=0)
 
     class NoLoops:
-        passes = offset = 0
+        passes = offset = saved_offset = 0
 
-        def fast_forward(self, *args):
+        def resume(self, *args):
             pass
 
         def epoch_done(self, steps_per_epoch):
