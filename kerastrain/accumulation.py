@@ -68,6 +68,7 @@ class Accumulator:
         self.step = step
         self.steps = steps
         self._present = None  # which variables get a gradient (known when traced)
+        self._held = None  # `batch_loop`'s sums between calls: per-replica variables
         # XLA fuses one batch's forward pass and gradients; the update runs apart.
         self._run_micro = (tf.function(self._micro, jit_compile=True) if jit_compile
                            else self._micro)
@@ -87,6 +88,8 @@ class Accumulator:
 
     def _apply(self, sums, examples, last):
         variables, optimizer = self.step.update_target()
+        if sums is None:  # `batch_loop`: the sums held in this replica's variables
+            sums = [held.read_value() for held, on in zip(self._held, self._present) if on]
         sums = iter(sums)
         grads = [next(sums) / examples if on else None for on in self._present]
         with keras_accumulation_off(optimizer), _compat.learning_rate_at(optimizer, last):
@@ -152,6 +155,70 @@ class Accumulator:
             after(steps)
             return totals, steps
         return loop
+
+    def batch_loop(self, after):
+        """`fn(iterator) -> (totals, steps, batches)`: one batch per call, the update after
+        each k-th (or, with fewer held, where the data ends: a call that reads nothing).
+
+        For callbacks that watch every batch: under `model.fit` the optimizer applies at
+        every k-th batch, so a callback sees the variables change there and only there.
+        Each replica holds its gradient sums between calls in variables of its own
+        (`ON_READ`), which `reset()` empties (a rewind, a resume: the group's batches are
+        read again). `batches`: the batches of the group read so far (0 at a flush).
+        """
+        import tensorflow as tf
+        strategy, k = self.step.strategy, self.steps
+        if self._held is None:
+            variables, _ = self.step.update_target()
+            with strategy.scope():
+                self._held = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                          synchronization=tf.VariableSynchronization.ON_READ,
+                                          aggregation=tf.VariableAggregation.SUM)
+                              for v in variables]
+                self._held_examples = tf.Variable(0.0, trainable=False)
+                self._held_batches = tf.Variable(0, trainable=False)
+
+        def hold(sums):
+            sums = iter(sums)
+            for held, on in zip(self._held, self._present):
+                if on:
+                    held.assign_add(next(sums))
+
+        def clear():
+            for held in self._held:
+                held.assign(tf.zeros_like(held))
+
+        @tf.function
+        def loop(iterator):
+            totals = tf.zeros([self.step.width], tf.float32)
+            steps, batches = tf.constant(0, tf.int32), tf.constant(0, tf.int32)
+            optional = iterator.get_next_as_optional()
+            if optional.has_value():
+                sums, packed = strategy.run(self._run_micro, args=(optional.get_value(),))
+                part = self.step.reduce(packed)
+                totals = self.step.accumulate(totals, part)
+                strategy.run(hold, args=(sums,))
+                self._held_examples.assign_add(tf.cast(part[1], tf.float32))
+                self._held_batches.assign_add(1)
+                batches = self._held_batches.read_value()
+            held = self._held_batches.read_value()
+            if held >= k or (batches == 0 and held > 0):
+                self._update(None, tf.cast(self._held_examples.read_value(), totals.dtype))
+                strategy.run(clear)
+                self._held_examples.assign(0.0)
+                self._held_batches.assign(0)
+                steps = tf.constant(1, tf.int32)
+            after(steps)
+            return totals, steps, batches
+
+        return loop
+
+    def reset(self):
+        """Drop the sums a `batch_loop` holds (the data goes back to a group's start)."""
+        if self._held is not None:
+            self.step.strategy.run(lambda: [h.assign(h * 0) for h in self._held])
+            self._held_examples.assign(0.0)
+            self._held_batches.assign(0)
 
     def ps_steps(self, step_counter, read, state, num_steps):
         """Traced on a worker: `num_steps` updates, each of k batches read by

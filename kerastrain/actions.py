@@ -207,18 +207,24 @@ class Callbacks(Action):
 
     reports_divergence = True  # callbacks see the end of an epoch that diverged
 
-    def __init__(self, callback_list, model, results, batch_logs):
+    def __init__(self, callback_list, model, results, batch_logs, accumulation=1):
         self.callback_list = callback_list
         self.model = model
         self.results = results
         self.batch_logs = batch_logs  # whether anyone reads batch-level logs
+        self.accumulation = accumulation  # batches per step
 
     def __call__(self, p):
+        last = p.last
         if p.epoch_end:
             self.callback_list.on_epoch_end(p.epoch, p.logs)
         elif p.stop == DIVERGED:
             return
-        elif p.last.steps and self.batch_logs:
+        elif last.batches is not None:  # one batch per result: Keras's batch index
+            if last.batches and self.batch_logs:
+                index = (p.batch - last.steps) * self.accumulation + last.batches - 1
+                self.callback_list.on_train_batch_end(index, self.results(p.totals))
+        elif last.steps and self.batch_logs:
             self.callback_list.on_train_batch_end(p.batch - 1, self.results(p.totals))
         if self.model.stop_training and not p.stop:
             p.stop = REQUESTED

@@ -31,11 +31,15 @@ class LoopResult:
         in_sync: the variables hold the state after exactly the steps reported so
             far. Always true under synchronous strategies; under parameter servers,
             only for the last result delivered by a join.
+        batches: None, or one batch per result (`SyncDriver` with a `batch_loop`): the
+            batches of the current group read so far, this one included (0: the data
+            ended and the held batches were applied).
     """
 
     totals: np.ndarray
     steps: int
     in_sync: bool = True
+    batches: int | None = None
 
 
 def loop_size(steps_per_loop, steps_per_epoch, done, to_boundary):
@@ -64,10 +68,13 @@ class SyncDriver:
             checkpoint resumes under any strategy.
     """
 
-    def __init__(self, train_loop, skip_loop, accumulation=1):
+    def __init__(self, train_loop, skip_loop, accumulation=1, batch_loop=None, reset=None):
         self._loop = train_loop
         self._skip = skip_loop
         self._batches = accumulation
+        # One batch per call, the update at each k-th (`Accumulator.batch_loop`), and how
+        # to drop the batches it holds: for callbacks that watch every batch.
+        self._batch_loop, self._reset, self._held = batch_loop, reset, 0
         self._iterator = None
         self._continue_pass = False
         self.passes = 0
@@ -107,7 +114,13 @@ class SyncDriver:
 
     def resume(self, train_input, passes, offset):
         """Stand where a checkpoint's (passes, batches into the pass) say."""
+        self._drop_held()
         self.fast_forward(train_input, passes, offset, batches=True)
+
+    def _drop_held(self):
+        if self._held:
+            self._reset()
+            self._held = 0
 
     def epoch_done(self, steps_per_epoch):
         if steps_per_epoch is None:
@@ -127,6 +140,7 @@ class SyncDriver:
     def _rewind(self, train_input):
         passes, offset = self._rewind_to
         self._rewind_to = None
+        self._drop_held()
         self._iterator, self._continue_pass, self.passes, self.offset = None, False, 0, 0
         train_input.distributed(fresh=True)  # a dataset object that was iterated 0 times
         self.fast_forward(train_input, passes, offset)
@@ -171,6 +185,9 @@ class SyncDriver:
             self._continue_pass = False
         elif steps_per_epoch is None or self._iterator is None:
             self._new_iterator(train_input)
+        if self._batch_loop is not None:
+            yield from self._run_batches(train_input, steps_per_epoch)
+            return
         done = 0
         restarted = False
         sizer = None if isinstance(steps_per_loop, int) else steps_per_loop
@@ -201,6 +218,29 @@ class SyncDriver:
                 # The data ended before `steps_per_epoch`: start another pass.
                 self._new_iterator(train_input)
                 restarted = True
+
+
+    def _run_batches(self, train_input, steps_per_epoch):
+        """`run_epoch` one batch per result, the update at each k-th: a step's batches are
+        each a result (steps 0), its last one the update (steps 1)."""
+        done, restarted = 0, False
+        while steps_per_epoch is None or done < steps_per_epoch:
+            if self.skips and not self._held:  # skip a marked group at its start
+                self._skip_poisoned()
+            part, ran, read = self._batch_loop(self._iterator)
+            ran, read = int(ran), int(read)
+            if not ran and not read:  # the data ended, nothing held
+                if steps_per_epoch is None or restarted:
+                    return
+                self._new_iterator(train_input)
+                restarted = True
+                continue
+            restarted = False
+            self._held = 0 if ran else read
+            self.last_loop = (self.passes, self.offset, ran)
+            done += ran
+            self.offset += ran
+            yield LoopResult(np.asarray(part, np.float64), ran, batches=read)
 
 
 class PSDriver:

@@ -154,6 +154,7 @@ class Step:
         self._said_unrolled = False
         self._accumulator = (accumulation_lib.Accumulator(self, accumulation, jit_compile)
                              if accumulation > 1 else None)
+        self._batches = None  # `batch_loop`, made on first use
 
     # -- per-replica steps ---------------------------------------------------
 
@@ -331,6 +332,25 @@ class Step:
             loop = self._until_end(self._run_train, after=count, stop_flag=self.stop_flag,
                                    unroll=self.unroll)
         return loop
+
+    def batch_loop(self):
+        """One batch per call with the update at each k-th (`Accumulator.batch_loop`), for
+        callbacks that watch every batch; None without accumulation or under ps."""
+        if self._accumulator is None or self.built.is_parameter_server:
+            return None
+        if self._batches is None:
+            import tensorflow as tf
+            step_counter = self.global_step
+
+            def count(steps):
+                step_counter.assign_add(tf.cast(steps, step_counter.dtype))
+            self._batches = self._accumulator.batch_loop(after=count)
+        self._accumulator.reset()  # a fit stopped inside a group left its batches held
+        return self._batches
+
+    def reset_held(self):
+        if self._accumulator is not None:
+            self._accumulator.reset()
 
     def worker_steps(self, read, state, num_steps, width=None):
         """Traced on a parameter-server worker: `num_steps` steps (updates), each reading

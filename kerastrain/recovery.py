@@ -216,7 +216,9 @@ class Recovery(actions.Action):
         return None
 
     def __call__(self, p):
-        if p.epoch_end or not p.last.steps:
+        last = p.last
+        # A result of one batch (`LoopResult.batches`) is judged by that batch's loss.
+        if p.epoch_end or not (last.steps if last.batches is None else last.batches):
             return
         loss = self.loop_loss(p.last.totals)
         why = self._bad(loss)

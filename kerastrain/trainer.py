@@ -423,11 +423,16 @@ class Trainer:
             return self._loop_sizer
         return _AUTO_STEPS_PER_LOOP
 
-    def _driver(self, stop_requested):
-        """The driver of this strategy's epochs: this task's replicas, or the ps workers."""
+    def _driver(self, stop_requested, callbacks=()):
+        """The driver of this strategy's epochs: this task's replicas, or the ps workers. When
+        callbacks watch every batch and a step reads several, one batch per loop (as fit)."""
         step = self._step
         if not self._built.is_parameter_server:
-            return driver_lib.SyncDriver(step.train_loop(), step.skip_loop(), step.accumulation)
+            watched = self._steps_per_loop in ("auto", 1) and any(
+                map(callbacks_lib.wants_every_batch, callbacks))
+            batches = step.batch_loop() if watched else None
+            return driver_lib.SyncDriver(step.train_loop(), step.skip_loop(), step.accumulation,
+                                         batch_loop=batches, reset=step.reset_held)
         ckpt = self._run.checkpointer
         return driver_lib.PSDriver(
             step.train_loop(), self._built.coordinator, self._global_step,
@@ -468,7 +473,8 @@ class Trainer:
         if agree is not None:
             listed.append(actions_lib.AgreeOnPreemption(
                 agree, lambda p: self._run.set(driver, p.epoch, p.batch, p.totals)))
-        listed.append(actions_lib.Callbacks(callback_list, self._model, results, batch_logs))
+        listed.append(actions_lib.Callbacks(callback_list, self._model, results, batch_logs,
+                                            self._step.accumulation))
         return listed
 
     # -- training -------------------------------------------------------------
@@ -513,7 +519,7 @@ class Trainer:
         cbs = callbacks_lib.callback_list(callbacks, model=self._model, verbose=verbose,
                                           epochs=epochs, steps=steps_per_epoch)
         watch = self._start_watching()
-        driver = self._driver(lambda: watch.requested or self._model.stop_training)
+        driver = self._driver(lambda: watch.requested or self._model.stop_training, callbacks)
         resumed = self._run.restore(driver, train_input, lambda: self.global_step, epochs)
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
         first_step, monitor = self.global_step, self._monitor(train_input.element_spec)

@@ -43,7 +43,8 @@ def builder(steps, *, batchnorm=False, schedule=False):
 
 
 class StopAfter(keras.callbacks.Callback):
-    """Stops a fit after `steps` steps (with `steps_per_loop=1`, one batch hook per step)."""
+    """Stops a fit after `steps` batch hooks: one per batch under synchronous strategies
+    (as in fit), one per step (k batches) under ps."""
 
     def __init__(self, steps):
         super().__init__()
@@ -115,8 +116,8 @@ def test_resuming_mid_epoch_skips_whole_groups_of_batches(tmp_path):
     x, y = data(384)
 
     class StopAfterOneStep(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            self.model.stop_training = True
+        def on_train_batch_end(self, batch, logs=None):  # called for every batch, as in fit
+            self.model.stop_training = batch == 3
 
     first = kt.Trainer(builder(4), strategy=MIRRORED, verbose=0, steps_per_loop=1,
                        model_dir=str(tmp_path / "run"), checkpoint={"every_steps": 1})
@@ -129,6 +130,42 @@ def test_resuming_mid_epoch_skips_whole_groups_of_batches(tmp_path):
     straight.fit(x, y, batch_size=32, epochs=1, shuffle=False)
     assert resumed.global_step == straight.global_step == 3
     assert max_difference(resumed.model, straight.model) < 1e-6
+
+
+class KernelWatch(keras.callbacks.Callback):
+    """A user's per-batch callback: the output kernel and the logs at every batch end."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        kernel = np.array(self.model.layers[-1].kernel.numpy())
+        self.seen.append((batch, kernel, dict(logs or {})))
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED])
+def test_a_per_batch_callback_sees_the_model_fit_shows_it(strategy):
+    """Under `model.fit` with 4 batches per update, a callback sees the kernel change at
+    batches 3 and 7 only (Keras applies at every 4th); kerastrain runs one batch per loop
+    for such a callback and applies at the same batches: same indices, kernels and logs.
+    10 batches an epoch: the last group (2 batches) is applied where the data ends."""
+    x, y = data(160)
+    reference = builder(4)()
+    theirs = KernelWatch()
+    reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[theirs])
+    ours = KernelWatch()
+    trainer = kt.Trainer(builder(4), strategy=strategy, verbose=0)
+    history = trainer.fit(x, y, batch_size=16, epochs=1, shuffle=False, callbacks=[ours])
+    first_epoch = theirs.seen[:10]
+    assert history.history["loss"][0] == pytest.approx(first_epoch[9][2]["loss"], rel=1e-5)
+    assert [b for b, _, _ in ours.seen] == [b for b, _, _ in first_epoch] == list(range(10))
+    changed = [i for i in range(1, 10) if not np.array_equal(ours.seen[i][1], ours.seen[i - 1][1])]
+    assert changed == [3, 7], changed
+    for (_, mine, my_logs), (_, keras_kernel, keras_logs) in zip(ours.seen[:8], first_epoch):
+        np.testing.assert_allclose(mine, keras_kernel, rtol=1e-5, atol=1e-6)
+        assert my_logs["loss"] == pytest.approx(keras_logs["loss"], rel=1e-5)
+    assert trainer.global_step == 3  # two groups of 4 and one of 2
 
 
 def _reference(n, epochs):
@@ -197,7 +234,7 @@ def test_a_checkpoint_resumes_under_any_other_strategy_at_the_same_batch(tmp_pat
     import subprocess
     import sys
     chains = {4: tmp_path / "k4", None: tmp_path / "k1"}
-    _leg("one_device", 4, chains[4], stop_after=1)      # 4 of the pass's 16 batches
+    _leg("one_device", 4, chains[4], stop_after=4)      # 1 step: 4 of the pass's 16 batches
     ps_jobs = {4: {"stop_after": 5}, None: {"stop_after": 5}}  # k=4: into epoch 2; k=1: epoch 1
     env = helpers.child_env(tests=True, TF_CPP_MIN_LOG_LEVEL="2")
     procs = {}
