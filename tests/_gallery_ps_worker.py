@@ -1,6 +1,6 @@
 """The gallery (tests/gallery.py) under parameter servers, in one local in-process cluster.
 
-Usage: python tests/_gallery_ps_worker.py OUT_JSON
+Usage: python tests/_gallery_ps_worker.py OUT_JSON [NUM_WORKERS]
 Writes {example: {"loss": [...]} or {"error": message, "type": class name}}; for the
 examples in PREDICT also "predict_rel": the largest relative difference of `Trainer.predict`
 (run by the coordinator, reading the ps) from `model.predict` of a local copy of the weights.
@@ -36,7 +36,8 @@ def main():
     import gallery
     import kerastrain as kt
 
-    ps = {"name": "ps", "num_workers": 1, "num_ps": 1, "network": "host"}
+    workers = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    ps = {"name": "ps", "num_workers": workers, "num_ps": 1, "network": "host"}
     report = {}
     for example in gallery.EXAMPLES:
         with tempfile.TemporaryDirectory() as directory:
