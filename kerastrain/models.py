@@ -14,6 +14,22 @@ logger = logging.getLogger("kerastrain")
 _DEFAULT_OPTIMIZER = "rmsprop"  # what keras.Model.compile uses when none is given
 
 
+class NotClonable(ValueError):
+    """A model instance made outside the strategy's scope that Keras cannot clone into it."""
+
+
+def on_one_device(model, device) -> bool:
+    """Whether every variable of `model` lives on `device` (type and index)."""
+    import tensorflow as tf
+    there = tf.DeviceSpec.from_string(device)
+    for v in model.variables:
+        here = tf.DeviceSpec.from_string(getattr(v, "value", v).device or "")
+        if (here.device_type, here.device_index or 0) != (there.device_type,
+                                                          there.device_index or 0):
+            return False
+    return True
+
+
 def _created_in_scope(strategy, variable) -> bool:
     return strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))
 
@@ -427,7 +443,7 @@ def clone_compiled(model, why, compile_args=None, clone_function=None):
         clone = keras.models.clone_model(model, clone_function=clone_function)
     except Exception as e:  # clone_model raises several types for unclonable models
         cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise ValueError(
+        raise NotClonable(
             f"{why} (Keras cannot clone it from its config). Pass a function that "
             "builds and compiles the model instead, e.g. `Trainer(build_model, ...)`; kerastrain "
             f"calls it wherever it needs the model built. Cause: {type(e).__name__}: {cause}"

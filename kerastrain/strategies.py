@@ -195,6 +195,25 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
     return built
 
 
+def default_for_instance(built, model):
+    """Under `one_device`, the default strategy for a model instance Keras cannot clone into
+    its scope (a subclassed model) whose variables already live on its device: training on
+    one device is the same, and the instance trains as it is. None for any other case."""
+    from kerastrain import models
+    if built.name != "one_device":
+        return None
+    device = built.strategy.extended.worker_devices[0]
+    if not models.on_one_device(model, device):
+        return None
+    fallback = _REGISTRY["default"].build()
+    fallback.reason = (
+        f"one_device was chosen ({built.reason}), but the model instance cannot be cloned into "
+        f"its scope (Keras clones only Sequential and functional models); its variables are "
+        f"on {device}, so the default strategy trains it there as it is, the same training")
+    logger.info("strategy: %s (%s)", fallback.name, fallback.reason)
+    return fallback
+
+
 def _asynchronous_note(built):
     """What a ps user must read before meeting it: with several workers, updates are
     asynchronous (docs/parameter_servers.md has the measured spread)."""

@@ -173,8 +173,16 @@ class Trainer:
     def _make_state(self, model, **compile_overrides):
         """The model and the training state, created under the strategy's scope."""
         import tensorflow as tf
-        with self._built.strategy.scope(), precision.policy(self._precision, model):
-            self._model = models_lib.materialize(model, self._built, **compile_overrides)
+        try:
+            with self._built.strategy.scope(), precision.policy(self._precision, model):
+                self._model = models_lib.materialize(model, self._built, **compile_overrides)
+        except models_lib.NotClonable:
+            fallback = strategies.default_for_instance(self._built, model)
+            if fallback is None:
+                raise
+            self._built = fallback
+            with self._built.strategy.scope(), precision.policy(self._precision, model):
+                self._model = models_lib.materialize(model, self._built, **compile_overrides)
         precision.ensure_loss_scaling(self._model, self._precision)
         with self._built.strategy.scope():
             self._global_step = tf.Variable(

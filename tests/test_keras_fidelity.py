@@ -615,3 +615,29 @@ def test_a_partial_last_batch_under_mirrored_with_batchnorm_and_embedding():
         assert len(copies) == 2 and all(np.isfinite(c.numpy()).all() for c in copies)
         np.testing.assert_allclose(ours_v.numpy(), theirs_v.numpy(), rtol=1e-5, atol=1e-7)
     assert np.isfinite(trainer.evaluate(data)["loss"])
+
+
+def test_a_subclassed_model_instance_trains_on_one_device_and_is_refused_clearly_elsewhere(
+        caplog):
+    """Keras cannot clone a subclassed model into a strategy's scope. Under one_device (what
+    "auto" picks on a machine with one GPU) the instance's variables are already on that
+    device, so it trains as it is under the default strategy (said in the strategy line),
+    equal to a builder function under one_device; under mirrored it is a clear error."""
+    import gallery
+    x, y = gallery.X, gallery.Y
+    with caplog.at_level(logging.INFO, logger="kerastrain"):
+        user_model = gallery.dropout_subclassed()
+        trainer = kt.Trainer(user_model, strategy="one_device", verbose=0, seed=0)
+        ours = trainer.fit(x, y, batch_size=16, epochs=2, shuffle=False).history
+    assert trainer.strategy_name == "default" and trainer.model is user_model
+    assert "one_device was chosen" in caplog.text and "cannot be cloned into its scope" in \
+        caplog.text, caplog.text
+    built = kt.Trainer(gallery.dropout_subclassed, strategy="one_device", verbose=0, seed=0)
+    theirs = built.fit(x, y, batch_size=16, epochs=2, shuffle=False).history
+    assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6)
+    for a, b in zip(user_model.get_weights(), built.model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match=r"created outside the strategy's scope and cannot be "
+                       r"rebuilt inside it \(Keras cannot clone it from its config\)\. Pass a "
+                       r"function that builds and compiles the model"):
+        kt.Trainer(gallery.dropout_subclassed(), strategy=MIRRORED, verbose=0)
