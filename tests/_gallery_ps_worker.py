@@ -31,6 +31,32 @@ def predict_difference(example, trainer, directory):
     return max(tf.nest.flatten(diffs))
 
 
+def make_trainer(example, ps):
+    """A Trainer of the example's model instance, as keras.io code has one, or of its builder
+    where a Trainer option changes the build or Keras cannot clone the instance (said in the
+    error, which the report keeps): (trainer, the instance or None)."""
+    import kerastrain as kt
+    from kerastrain import models
+    if not example.trainer_kwargs:
+        user_model = example.build()
+        try:
+            return kt.Trainer(user_model, strategy=ps, verbose=0, seed=0), user_model
+        except models.NotClonable:
+            pass
+    return kt.Trainer(example.build, strategy=ps, verbose=0, seed=0,
+                      **example.trainer_kwargs), None
+
+
+def after_fit(user_model, trainer, directory):
+    """The user's object after `trainer.fit`: its weights are the trained ones, and it saves."""
+    import numpy as np
+    same = all(np.array_equal(a, b) for a, b in zip(user_model.get_weights(),
+                                                      trainer.model.get_weights()))
+    path = os.path.join(directory, "user.keras")
+    user_model.save(path)
+    return {"weights_equal": bool(same), "saved_bytes": os.path.getsize(path)}
+
+
 def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import gallery
@@ -42,11 +68,12 @@ def main():
     for example in gallery.EXAMPLES:
         with tempfile.TemporaryDirectory() as directory:
             try:
-                trainer = kt.Trainer(example.build, strategy=ps, verbose=0, seed=0,
-                                     **example.trainer_kwargs)
+                trainer, user_model = make_trainer(example, ps)
                 history = trainer.fit(epochs=example.epochs, **example.fit_args(directory))
                 report[example.name] = {
                     "loss": [float(v) for v in history.history[example.ps_key]]}
+                if user_model is not None:
+                    report[example.name]["user_model"] = after_fit(user_model, trainer, directory)
                 if example.name in PREDICT:
                     report[example.name]["predict_rel"] = predict_difference(
                         example, trainer, directory)

@@ -140,6 +140,12 @@ def test_the_gallery_under_parameter_servers(tmp_path):
         difference = max_relative_difference({"k": outcome["loss"]}, {"k": references[name]})
         print(f"GALLERY {name} ps max_rel_diff={difference:.3g}")
         np.testing.assert_allclose(outcome["loss"], references[name], rtol=RTOL, err_msg=name)
+        if "user_model" in outcome:  # trained from the user's instance: it holds the result
+            assert outcome["user_model"]["weights_equal"], (name, outcome)
+            assert outcome["user_model"]["saved_bytes"] > 0, (name, outcome)
+    instances = [n for n, o in report.items() if "user_model" in o]
+    assert {"custom_layer_add_loss", "multi_io_dict", "batchnorm_convnet"} <= set(instances), \
+        instances
     # predict under ps runs on the coordinator, reading the trained variables on the ps
     # (a dict model, a lookup table on the ps, a model with add_loss): as model.predict.
     predicted = {n: o["predict_rel"] for n, o in report.items() if "predict_rel" in o}
