@@ -228,3 +228,14 @@ class Callbacks(Action):
             self.callback_list.on_train_batch_end(p.batch - 1, self.results(p.totals))
         if self.model.stop_training and not p.stop:
             p.stop = REQUESTED
+
+
+class Heartbeat(Action):
+    """Listed last: each loop and epoch end, once every other action is done, is progress
+    (`kerastrain.stalls.StallWatch`)."""
+
+    def __init__(self, watch):
+        self.watch = watch
+
+    def __call__(self, p):
+        self.watch.beat()

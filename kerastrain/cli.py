@@ -12,6 +12,7 @@ import yaml
 from kerastrain import _logging  # pure Python: no TensorFlow
 from kerastrain.config import RecipeError  # pure Python: no TensorFlow
 from kerastrain.files import DiskFull  # pure Python: no TensorFlow
+from kerastrain.stalls import LostPeer  # pure Python too
 
 EXAMPLES = """examples:
   kerastrain run recipes/quickstart.yaml         # train as a recipe says
@@ -425,6 +426,9 @@ def main(argv=None) -> int:
             return _launch(args)
         if args.command in ("run", "validate"):
             return _run(args, train=args.command == "run")
+    except LostPeer as e:  # a cluster fault, not a usage error: the launcher restarts on it
+        print(f"kerastrain: error: {e}", file=sys.stderr)
+        return 1
     except RecipeError as e:  # every problem in the recipe, one per line
         print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
         return 2

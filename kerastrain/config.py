@@ -7,7 +7,7 @@ A recipe is a mapping with six sections (see docs/recipes.md):
     strategy:    name plus options
     trainer:     epochs, steps_per_epoch, validation_steps, steps_per_loop, seed,
                  model_dir, verbose, jit_compile, mixed_precision, on_nonfinite,
-                 max_recoveries, spike_factor
+                 max_recoveries, spike_factor, stall_timeout
     checkpoints: CheckpointOptions fields, or false
     tensorboard: TensorBoardOptions fields, or false
     tuning:      TuningOptions fields (speed choices kerastrain makes), or false
@@ -153,6 +153,15 @@ def _number_over_one(value):
     return value
 
 
+def _stall_timeout(value):
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or \
+            value == float("inf"):
+        raise _Bad("'auto', a number of seconds > 0, or null (never)")
+    return value
+
+
 def _service(value):
     from kerastrain import service  # pure Python until a Trainer starts it
     try:
@@ -294,6 +303,10 @@ class TrainerConfig:
     spike_factor: float | None = option(
         None, "with recover: also a loop loss over k x the running median (null: off)",
         check=_number_over_one)
+    stall_timeout: float | str | None = option(
+        "auto", "a task with no training progress for this long writes who stalled and its "
+                "stacks, and exits 75 (auto: max(120 s, 20 x the slowest loop); null: never)",
+        check=_stall_timeout)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -608,11 +608,29 @@ def _tasks(text):
     return sorted(set(re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)))
 
 
+def _resume_advice(latest_checkpoint):
+    return (f"the latest checkpoint is {latest_checkpoint}; run the job again (or `kerastrain "
+            "launch --max-restarts N`) to resume from it" if latest_checkpoint else
+            "no checkpoint was written yet (set trainer.model_dir to keep progress)")
+
+
+def lost_peer(error, latest_checkpoint=None):
+    """The error to raise when a multi-worker peer is gone: which one, and what to do."""
+    text = str(error)
+    peers = [f"{job}:{index}" for job, index in _tasks(text)]
+    who = ", ".join(peers) if peers else "a peer"
+    why = ("TensorFlow's heartbeats say it stopped answering" if "heartbeat" in text else
+           f"{type(error).__name__}: {text.strip().splitlines()[0][:160]}" if text.strip() else
+           type(error).__name__)
+    from kerastrain.stalls import LostPeer
+    return LostPeer(
+        f"Lost a worker of this multi-worker job ({who}: {why}). Every step needs every worker, "
+        f"so training stops here; {_resume_advice(latest_checkpoint)}.")
+
+
 def lost_cluster(error, latest_checkpoint=None):
     """The error to raise when a parameter server is gone: which task, and what to do."""
-    resume = (f"the latest checkpoint is {latest_checkpoint}; run the job again (or `kerastrain "
-              "launch --max-restarts N`) to resume from it" if latest_checkpoint else
-              "no checkpoint was written yet (set trainer.model_dir to keep progress)")
+    resume = _resume_advice(latest_checkpoint)
     tasks = _tasks(str(error))
     lost = [f"{job}:{index}" for job, index in tasks if job == "ps"] or [
         f"{job}:{index}" for job, index in tasks]

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 
+from kerastrain import stalls
 from kerastrain import network as network_lib
 from kerastrain.cluster import free_port, ports
 
@@ -267,7 +268,10 @@ class Launcher:
         if live and reason:
             self.say(f"stopping {', '.join(t.name for t in live)}: {reason}")
         for task in live:
-            _signal_group(task.process, signal.SIGTERM)
+            # A stopped (frozen) task cannot act on SIGTERM until it runs again, and then it
+            # would save with peers that are gone: it gets SIGKILL at once.
+            frozen = _state(task.process.pid) in ("T", "t")
+            _signal_group(task.process, signal.SIGKILL if frozen else signal.SIGTERM)
         deadline = time.monotonic() + KILL_AFTER_SECS
         for task in live:
             try:
@@ -288,21 +292,28 @@ class Launcher:
             self.start(task)
         chief = chief_of(self.tasks)
         try:
-            while True:
-                code = chief.process.poll()
-                if code is not None:
-                    if code == 0:  # a failed chief's peers are stopped at once (finally)
-                        self._wait_for_the_rest(chief)
-                    return code
-                for task in self.tasks:
-                    if task is chief or task.process.poll() is None:
-                        continue
-                    failed = self._on_exit(task)
-                    if failed is not None:
-                        return failed
-                time.sleep(self.poll_secs)
+            code = self._attempt(chief)
+            if code == stalls.STALLED:  # before the others are stopped: who is frozen
+                self.say(f"a task stalled (exit {code}): no training progress within its "
+                         "stall_timeout" + _frozen_note(self.tasks))
+            return code
         finally:
             self.stop_all()
+
+    def _attempt(self, chief):
+        while True:
+            code = chief.process.poll()
+            if code is not None:
+                if code == 0:  # a failed chief's peers are stopped at once (run_once)
+                    self._wait_for_the_rest(chief)
+                return code
+            for task in self.tasks:
+                if task is chief or task.process.poll() is None:
+                    continue
+                failed = self._on_exit(task)
+                if failed is not None:
+                    return failed
+            time.sleep(self.poll_secs)
 
     def _on_exit(self, task):
         """A task other than the chief exited. Returns an exit code to end the attempt."""
@@ -386,6 +397,29 @@ class Launcher:
             if own:
                 self.interrupts.__exit__(None, None, None)
                 self.interrupts = None
+
+
+def _state(pid):
+    """The kernel's one-letter state of a process (R, S, D, T...), or None (gone, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _frozen_note(tasks):
+    """Which tasks the kernel says are stopped (SIGSTOP, a paused VM) or in an uninterruptible
+    wait, read before they are stopped: on a cluster a peer the launcher cannot see."""
+    found = []
+    for task in tasks:
+        if task.process is None:
+            continue
+        state = _state(task.process.pid)
+        if state in ("T", "t", "D"):
+            how = "stopped" if state in ("T", "t") else "in an uninterruptible wait"
+            found.append(f"{task.name} ({how}, pid {task.process.pid})")
+    return "; frozen here: " + ", ".join(found) if found else ""
 
 
 def die_with_launcher():

@@ -541,7 +541,8 @@ def build_trainer(recipe):
         jit_compile=t.jit_compile, tensorboard=recipe.tensorboard,
         checkpoint=recipe.checkpoints, shard=recipe.data.shard, data_service=recipe.data.service,
         mixed_precision=t.mixed_precision, tuning=recipe.tuning, on_nonfinite=t.on_nonfinite,
-        max_recoveries=t.max_recoveries, spike_factor=t.spike_factor)
+        max_recoveries=t.max_recoveries, spike_factor=t.spike_factor,
+        stall_timeout=t.stall_timeout)
 
 
 def run(recipe, resolved_text=None):

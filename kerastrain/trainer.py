@@ -28,6 +28,7 @@ from kerastrain import recovery as recovery_lib
 from kerastrain import run_state
 from kerastrain import service as service_lib
 from kerastrain import sharding
+from kerastrain import stalls
 from kerastrain import strategies
 from kerastrain import summaries
 from kerastrain import tuning as tuning_lib
@@ -96,6 +97,11 @@ class Trainer:
             bad loss raises `kerastrain.recovery.TooManyRecoveries`.
         spike_factor: with `"recover"`, also recover from a loop whose mean loss is
             over this many times the running median of the loops before (None: off).
+        stall_timeout: a task whose training makes no progress for this long
+            (a frozen or partitioned peer, a lost ps, a deadlock) writes who stalled
+            and its Python stacks, and exits with 75 (`kerastrain.stalls`): seconds,
+            `"auto"` (the larger of 2 minutes and 20 x the slowest loop; 10 minutes
+            before the first), or None (never).
         data_service: read the training data through the tf.data service
             (`kerastrain.service`): None (off), `"local"` (an in-process dispatcher and
             workers), `"grpc://host:port"`, or a mapping of `ServiceOptions` fields.
@@ -110,7 +116,8 @@ class Trainer:
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
                  metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
                  checkpoint=True, shard="auto", mixed_precision=None, tuning=True,
-                 on_nonfinite="stop", max_recoveries=3, spike_factor=None, data_service=None):
+                 on_nonfinite="stop", max_recoveries=3, spike_factor=None, data_service=None,
+                 stall_timeout="auto"):
         if dataset_fn is not None:
             data_lib.input_form(dataset_fn)
         self._shard = sharding.check_policy(shard)
@@ -120,6 +127,7 @@ class Trainer:
         self._nonfinite = dict(on_nonfinite=on_nonfinite, max_recoveries=max_recoveries,
                                spike_factor=spike_factor)
         recovery_lib.check_options(**self._nonfinite)
+        self._stall_timeout = stalls.check(stall_timeout)
         service_options = service_lib.ServiceOptions.coerce(data_service)
         self._tuning = tuning_lib.TuningOptions.coerce(tuning)
         self._loop_sizer = tuning_lib.LoopSizer(fallback=_AUTO_STEPS_PER_LOOP)
@@ -359,10 +367,12 @@ class Trainer:
 
     @contextlib.contextmanager
     def _cluster_errors_explained(self):
-        """Under parameter servers, a lost task becomes one error that says what to do."""
+        """A lost task (a ps task, a multi-worker peer) becomes one error that says what to do."""
         try:
             yield
         except driver_lib.cluster_errors() as e:
+            if self._built.is_multi_worker:
+                raise driver_lib.lost_peer(e, self._run.latest_checkpoint()) from None
             if not self._built.is_parameter_server:
                 raise
             # A ps task went away during a step, a save or a validation pass.
@@ -632,43 +642,47 @@ class Trainer:
         p = actions_lib.Progress(epoch=epochs.start, step=self.global_step, batch=0,
                                  totals=np.zeros(step.width, np.float64))
         self._say_tuning(bool(len(epochs)), steps_per_loop)
-        for epoch in epochs:
-            callback_list.on_epoch_begin(epoch)
-            step.start_epoch()
-            p.epoch, p.batch, p.logs, p.last = epoch, 0, None, None
-            p.totals = np.zeros(step.width, np.float64)
-            if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
-                p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
-            actions_lib.epoch_begin(listed, p)
-            p.stop = actions_lib.RECOVERING
-            while p.stop == actions_lib.RECOVERING:  # again from the restored state
-                p.stop = None
-                remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
-                for result in driver.run_epoch(
-                        train_input, remaining, steps_per_loop, p.step,
-                        lambda step: actions_lib.steps_to_boundary(listed, step)):
-                    p.last = result
-                    p.totals = step.accumulate(p.totals, result.totals)
-                    p.batch += result.steps
-                    p.step += result.steps
-                    if actions_lib.run(listed, p).stop:
-                        break
-            if p.last is None and not p.stop:
-                # No loop ran: a stop came before the epoch's first (SIGTERM between epochs
-                # under ps, where nothing is scheduled then). The actions still see it.
-                p.last = driver_lib.LoopResult(np.zeros_like(p.totals), 0)
-                actions_lib.run(listed, p)
-            if p.stop == actions_lib.PREEMPTED:
-                return p
-            if p.batch == 0:
-                raise ValueError(
-                    f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
-                    "dataset is not empty and that each input pipeline gets data.")
-            p.logs = step.results(p.totals)
-            driver.epoch_done(steps_per_epoch)
-            if actions_lib.run(listed, p).stop:
-                return p
-        return p
+        # Progress after each loop and epoch end, after every action: a beat (no hang).
+        with stalls.StallWatch(self._stall_timeout,
+                               what=f"training under {self._built.name}") as watch:
+            listed = [*listed, actions_lib.Heartbeat(watch)]
+            for epoch in epochs:
+                callback_list.on_epoch_begin(epoch)
+                step.start_epoch()
+                p.epoch, p.batch, p.logs, p.last = epoch, 0, None, None
+                p.totals = np.zeros(step.width, np.float64)
+                if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
+                    p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
+                actions_lib.epoch_begin(listed, p)
+                p.stop = actions_lib.RECOVERING
+                while p.stop == actions_lib.RECOVERING:  # again from the restored state
+                    p.stop = None
+                    remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
+                    for result in driver.run_epoch(
+                            train_input, remaining, steps_per_loop, p.step,
+                            lambda step: actions_lib.steps_to_boundary(listed, step)):
+                        p.last = result
+                        p.totals = step.accumulate(p.totals, result.totals)
+                        p.batch += result.steps
+                        p.step += result.steps
+                        if actions_lib.run(listed, p).stop:
+                            break
+                if p.last is None and not p.stop:
+                    # No loop ran: a stop came before the epoch's first (SIGTERM between epochs
+                    # under ps, where nothing is scheduled then). The actions still see it.
+                    p.last = driver_lib.LoopResult(np.zeros_like(p.totals), 0)
+                    actions_lib.run(listed, p)
+                if p.stop == actions_lib.PREEMPTED:
+                    return p
+                if p.batch == 0:
+                    raise ValueError(
+                        f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
+                        "dataset is not empty and that each input pipeline gets data.")
+                p.logs = step.results(p.totals)
+                driver.epoch_done(steps_per_epoch)
+                if actions_lib.run(listed, p).stop:
+                    return p
+            return p
 
     def _fit_data(self, dataset_fn, y, validation_dataset_fn, keras_args):
         """`fit`'s data arguments, Keras's names included, as a `fit_args.FitData`."""

@@ -359,6 +359,30 @@ def test_launched_multi_worker_mirrored_matches_one_device(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_a_frozen_multi_worker_task_is_a_stall_not_a_hang_and_a_restart_resumes(tmp_path):
+    """SIGSTOP on worker:1 (a hung host, a paused VM): worker:0 waits in a collective, says
+    within its stall_timeout that it stalled, with its stacks, and exits 75; the launcher names
+    the frozen task, kills it and restarts the job, which resumes to the exact step count."""
+    run = Launch([QUICKSTART, "--workers", "2", "--max-restarts", "1", *_sets([
+        "trainer.epochs=2", "data.train.args.num_examples=16384", "trainer.stall_timeout=6",
+        "data.validation.args.num_examples=512", "trainer.verbose=2",
+        "checkpoints.every_steps=16", "tensorboard=false", f"trainer.model_dir={tmp_path}"])])
+    run.wait_for(r"\[worker:0\] kerastrain: checkpoint saved at step")
+    worker = int(re.search(r"started worker:1 \(pid (\d+)\)", run.text).group(1))
+    os.kill(worker, signal.SIGSTOP)
+    assert run.finish() == 0, run.text[-6000:]
+    assert re.search(r"\[worker:0\] kerastrain: stalled: worker:0 made no progress training "
+                     r"under multi_worker_mirrored for \d+ s \(bound 6 s, set by stall_timeout\)",
+                     run.text), run.text[-6000:]
+    assert re.search(r"\[worker:0\] (Thread|Current thread) 0x", run.text)  # its stacks
+    assert f"frozen here: worker:1 (stopped, pid {worker})" in run.text, run.text[-4000:]
+    assert "restarting every task (1/1)" in run.text
+    assert re.search(r"\[worker:0\] kerastrain: resumed from .*ckpt-\d+", run.text)
+    assert "step 128," in run.wait_for(r"\[worker:0\] kerastrain: done:").string
+    assert not [p for p in run.pids() if _alive(p)]
+
+
+@pytest.mark.multiprocess
 def test_a_killed_multi_worker_task_fails_the_job_and_a_restart_resumes(tmp_path):
     run = Launch([QUICKSTART, "--workers", "2", "--max-restarts", "1", *_sets([
         "trainer.epochs=2", "data.train.args.num_examples=16384",

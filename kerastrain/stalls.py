@@ -1,0 +1,144 @@
+"""A task that stops making progress ends, loudly, instead of hanging.
+
+A frozen or partitioned peer, a lost parameter server or a deadlock leaves the other tasks
+waiting for ever: in a collective (multi-worker mirrored), in a `join` of the coordinator
+(parameter servers), in an input pipeline. TensorFlow offers no bound for most of these. While
+`fit` trains, a thread of each task watches its progress: every compiled loop that returns,
+and every action after it (checkpoint, validation, callbacks), is a beat. When no beat comes
+within the bound, the task writes one line saying who stalled and for how long, then every
+thread's Python stack (`faulthandler`), and exits with `STALLED` (75, EX_TEMPFAIL: try
+again). Its checkpoints are whole files (written by rename), so none is damaged; `kerastrain
+launch --max-restarts N` restarts the job and it resumes from the last one.
+
+The bound: before the first loop returns (tracing, compiling), at least 10 minutes. Then
+`stall_timeout` seconds when given; with `"auto"`, the larger of 2 minutes and 20
+times the longest gap between beats seen so far, and, until a loop has been measured without its
+tracing, the larger of 10 minutes and 20 times the first (tracing, compiling, a first collective
+that waits for every task to start).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+import threading
+import time
+
+logger = logging.getLogger("kerastrain")
+
+STALLED = 75  # EX_TEMPFAIL: the job may succeed when run again
+FLOOR_SECS = 120.0
+FACTOR = 20.0
+FIRST_SECS = 600.0
+
+
+class LostPeer(RuntimeError):
+    """A worker of a multi-worker mirrored job stopped answering (`driver.lost_peer`)."""
+
+
+def check(stall_timeout):
+    """`"auto"`, None (off) or a positive number of seconds."""
+    if stall_timeout is None or stall_timeout == "auto":
+        return stall_timeout
+    if isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) \
+            or not 0 < stall_timeout < float("inf"):
+        raise ValueError(
+            "`stall_timeout` must be 'auto' (the larger of 2 minutes and 20 x the slowest "
+            "loop), a positive number of seconds, or None (never). Received: "
+            f"stall_timeout={stall_timeout!r}")
+    return float(stall_timeout)
+
+
+def task_name() -> str:
+    from kerastrain import cluster
+    config = cluster.read_tf_config()
+    return "this process" if config is None else f"{config.task_type}:{config.task_index}"
+
+
+class StallWatch:
+    """While active, ends this process if `beat()` is not called within the bound.
+
+    Args:
+        timeout: `"auto"`, seconds, or None (a watch that does nothing).
+        what: what the task is doing, for the line (e.g. "training under
+            multi_worker_mirrored").
+        exit: called with the exit code once the line and the stacks are written
+            (`os._exit`; tests pass their own).
+    """
+
+    def __init__(self, timeout="auto", what="training", exit=os._exit, out=None):
+        self.timeout = timeout
+        self.what = what
+        self._exit = exit
+        self._out = out
+        self._last = None
+        self._longest = self._first = 0.0
+        self._beats = 0
+        self._done = threading.Event()
+        self._thread = None
+
+    def bound(self) -> float:
+        if not self._beats:  # tracing and compiling the first loop is not a stall
+            return max(FIRST_SECS, 0.0 if self.timeout == "auto" else self.timeout)
+        if self.timeout != "auto":
+            return self.timeout
+        if self._beats < 2:  # no loop measured without its tracing yet
+            return max(FIRST_SECS, FACTOR * self._first)
+        return max(FLOOR_SECS, FACTOR * self._longest)
+
+    def beat(self):
+        now = time.monotonic()
+        gap = now - self._last
+        if self._beats:
+            self._longest = max(self._longest, gap)
+        else:
+            self._first = gap  # the first loop, with its tracing and compiling
+        self._last = now
+        self._beats += 1
+
+    def __enter__(self):
+        self._last = time.monotonic()
+        if self.timeout is None:
+            return self
+        self._done.clear()
+        self._thread = threading.Thread(target=self._watch, name="kerastrain-stall",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._done.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+        return False
+
+    def _watch(self):
+        while not self._done.wait(min(5.0, self.bound() / 10)):
+            quiet = time.monotonic() - self._last
+            if quiet > self.bound():
+                self._stalled(quiet)
+                return
+
+    def _stalled(self, quiet):
+        out = self._out or sys.stderr
+        how = ("before the first loop returned" if not self._beats else
+               "set by stall_timeout" if self.timeout != "auto" else
+               "stall_timeout='auto', before a loop was measured" if self._beats < 2 else
+               f"stall_timeout='auto': the larger of {FLOOR_SECS:.0f} s and {FACTOR:.0f} x the "
+               f"slowest loop so far, {self._longest:.1f} s")
+        line = (f"kerastrain: stalled: {task_name()} made no progress {self.what} for "
+                f"{quiet:.0f} s (bound {self.bound():.0f} s, {how}): a peer may be frozen, "
+                "partitioned or gone, or this process is deadlocked. Its Python stacks follow; "
+                f"its checkpoints are intact. Exiting with {STALLED} (stalled); `kerastrain "
+                "launch --max-restarts N` restarts the job from the last checkpoint.")
+        try:
+            out.write(line + "\n")
+            out.flush()
+            faulthandler.dump_traceback(file=out, all_threads=True)
+            out.flush()
+        except (OSError, ValueError):
+            pass
+        self._exit(STALLED)

@@ -1,0 +1,67 @@
+"""A task with no training progress ends with who stalled and its stacks (`kerastrain.stalls`)."""
+
+import threading
+
+import pytest
+
+from kerastrain import stalls
+
+
+def test_a_watch_without_beats_writes_the_line_and_the_stacks_then_exits_75(tmp_path):
+    ended = threading.Event()
+    codes = []
+
+    def fake_exit(code):
+        codes.append(code)
+        ended.set()
+
+    out = open(tmp_path / "err.txt", "w+")
+    watch = stalls.StallWatch(0.3, what="training under test", exit=fake_exit, out=out)
+    watch._beats = 1  # past the first loop: the bound is the timeout
+    with watch:
+        assert ended.wait(30), "the watch never fired"
+    text = (tmp_path / "err.txt").read_text()
+    assert codes == [stalls.STALLED] == [75]
+    assert "kerastrain: stalled: this process made no progress training under test for" in text
+    assert "(bound 0 s, set by stall_timeout)" in text
+    assert "Thread 0x" in text and 'File "' in text, text  # every thread's Python stack
+
+
+def test_beats_keep_it_quiet_and_the_auto_bound_follows_the_slowest_loop():
+    watch = stalls.StallWatch("auto", exit=lambda code: pytest.fail("fired"))
+    with watch:
+        assert watch.bound() == stalls.FIRST_SECS  # tracing the first loop is not a stall
+        watch._last -= 40.0
+        watch.beat()  # the first loop: 40 s with its tracing
+        assert watch.bound() == pytest.approx(20 * 40.0, abs=0.5)
+        watch._last -= 3.0
+        watch.beat()
+        assert watch.bound() == stalls.FLOOR_SECS  # 20 x 3 s < 2 minutes
+        watch._last -= 9.0
+        watch.beat()
+        assert watch.bound() == pytest.approx(20 * 9.0, abs=0.5)
+    fixed = stalls.StallWatch(30)
+    assert fixed.bound() == stalls.FIRST_SECS  # before the first loop: at least 10 minutes
+    fixed._beats = 1
+    assert fixed.bound() == 30
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "soon", float("nan")])
+def test_a_bad_stall_timeout_is_refused(bad):
+    with pytest.raises(ValueError, match=r"`stall_timeout` must be 'auto'.*Received: "
+                                         r"stall_timeout="):
+        stalls.check(bad)
+
+
+def test_a_peer_tensorflow_calls_unhealthy_is_named_in_one_line_with_where_to_resume():
+    from kerastrain import driver
+    error = RuntimeError(
+        "Collective ops is aborted by: Error reported from /job:worker/task:1: The following "
+        "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n...")
+    lost = driver.lost_peer(error, "/runs/a/checkpoints/ckpt-64")
+    assert isinstance(lost, stalls.LostPeer) and isinstance(lost, RuntimeError)
+    assert str(lost) == (
+        "Lost a worker of this multi-worker job (worker:1: TensorFlow's heartbeats say it "
+        "stopped answering). Every step needs every worker, so training stops here; the latest "
+        "checkpoint is /runs/a/checkpoints/ckpt-64; run the job again (or `kerastrain launch "
+        "--max-restarts N`) to resume from it.")
