@@ -305,7 +305,8 @@ class TrainerConfig:
         check=_number_over_one)
     stall_timeout: float | str | None = option(
         "auto", "a task with no training progress for this long writes who stalled and its "
-                "stacks, and exits 75 (auto: max(120 s, 20 x the slowest loop); null: never)",
+                "stacks, and exits 75 (auto: multi-worker and ps only, max(5 min, 20 x the slowest "
+                "loop); null: never)",
         check=_stall_timeout)
 
 

@@ -573,12 +573,12 @@ _PASS = "pass"  # marks a scheduled loop of `run_pass` (its results name its wor
 DRAIN_ROUNDS = 50  # rounds of loops asking workers to read what they hold of a pass
 
 
-def run_to_end(loop, iterator, steps, width, chunk=1000, accumulate=np.add):
+def run_to_end(loop, iterator, steps, width, chunk=1000, accumulate=np.add, after=None):
     """Run `loop` over `iterator` for `steps` steps, or to the end of the data (None).
 
     Returns the loops' totals (float64) combined by `accumulate` (summed by default).
     Used for evaluation, where every task reads to the end and nothing happens
-    between loops.
+    between loops but `after()` (progress, for a `stalls.StallWatch`).
     """
     import tensorflow as tf
 
@@ -587,6 +587,8 @@ def run_to_end(loop, iterator, steps, width, chunk=1000, accumulate=np.add):
     while remaining is None or remaining > 0:
         n = chunk if remaining is None else min(chunk, remaining)
         part, ran = loop(iterator, tf.constant(n, tf.int32))
+        if after is not None:
+            after()
         if int(ran):
             totals = accumulate(totals, np.asarray(part, np.float64))
         ran = int(ran)

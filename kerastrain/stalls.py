@@ -3,15 +3,18 @@
 A frozen or partitioned peer, a lost parameter server or a deadlock leaves the other tasks
 waiting for ever: in a collective (multi-worker mirrored), in a `join` of the coordinator
 (parameter servers), in an input pipeline. TensorFlow offers no bound for most of these. While
-`fit` trains, a thread of each task watches its progress: every compiled loop that returns,
-and every action after it (checkpoint, validation, callbacks), is a beat. When no beat comes
+`fit` trains, a thread of each task watches its progress: every compiled loop that returns
+(training, and validation's), and the end of the actions after it (checkpoint, callbacks), is
+a beat. When no beat comes
 within the bound, the task writes one line saying who stalled and for how long, then every
 thread's Python stack (`faulthandler`), and exits with `STALLED` (75, EX_TEMPFAIL: try
 again). Its checkpoints are whole files (written by rename), so none is damaged; `kerastrain
 launch --max-restarts N` restarts the job and it resumes from the last one.
 
 The bound: before the first loop returns (tracing, compiling), at least 10 minutes. Then
-`stall_timeout` seconds when given; with `"auto"`, the larger of 2 minutes and 20
+`stall_timeout` seconds when given; with `"auto"` (which watches only multi-worker mirrored and
+parameter-server training: a process alone has no peer to wait for), the larger of 5 minutes
+and 20
 times the longest gap between beats seen so far, and, until a loop has been measured without its
 tracing, the larger of 10 minutes and 20 times the first (tracing, compiling, a first collective
 that waits for every task to start).
@@ -29,7 +32,7 @@ import time
 logger = logging.getLogger("kerastrain")
 
 STALLED = 75  # EX_TEMPFAIL: the job may succeed when run again
-FLOOR_SECS = 120.0
+FLOOR_SECS = 300.0
 FACTOR = 20.0
 FIRST_SECS = 600.0
 
@@ -45,7 +48,7 @@ def check(stall_timeout):
     if isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) \
             or not 0 < stall_timeout < float("inf"):
         raise ValueError(
-            "`stall_timeout` must be 'auto' (the larger of 2 minutes and 20 x the slowest "
+            "`stall_timeout` must be 'auto' (the larger of 5 minutes and 20 x the slowest "
             "loop), a positive number of seconds, or None (never). Received: "
             f"stall_timeout={stall_timeout!r}")
     return float(stall_timeout)

@@ -100,8 +100,9 @@ class Trainer:
         stall_timeout: a task whose training makes no progress for this long
             (a frozen or partitioned peer, a lost ps, a deadlock) writes who stalled
             and its Python stacks, and exits with 75 (`kerastrain.stalls`): seconds,
-            `"auto"` (the larger of 2 minutes and 20 x the slowest loop; 10 minutes
-            before the first), or None (never).
+            `"auto"` (under multi-worker mirrored and parameter servers, where a peer
+            can stall this task: the larger of 5 minutes and 20 x the slowest loop, 10
+            minutes before the first), or None (never).
         data_service: read the training data through the tf.data service
             (`kerastrain.service`): None (off), `"local"` (an in-process dispatcher and
             workers), `"grpc://host:port"`, or a mapping of `ServiceOptions` fields.
@@ -128,6 +129,7 @@ class Trainer:
                                spike_factor=spike_factor)
         recovery_lib.check_options(**self._nonfinite)
         self._stall_timeout = stalls.check(stall_timeout)
+        self._beat = None  # while fit trains: progress, for its `stalls.StallWatch`
         service_options = service_lib.ServiceOptions.coerce(data_service)
         self._tuning = tuning_lib.TuningOptions.coerce(tuning)
         self._loop_sizer = tuning_lib.LoopSizer(fallback=_AUTO_STEPS_PER_LOOP)
@@ -643,8 +645,7 @@ class Trainer:
                                  totals=np.zeros(step.width, np.float64))
         self._say_tuning(bool(len(epochs)), steps_per_loop)
         # Progress after each loop and epoch end, after every action: a beat (no hang).
-        with stalls.StallWatch(self._stall_timeout,
-                               what=f"training under {self._built.name}") as watch:
+        with self._stall_watch() as watch:
             listed = [*listed, actions_lib.Heartbeat(watch)]
             for epoch in epochs:
                 callback_list.on_epoch_begin(epoch)
@@ -683,6 +684,22 @@ class Trainer:
                 if actions_lib.run(listed, p).stop:
                     return p
             return p
+
+    @contextlib.contextmanager
+    def _stall_watch(self):
+        """This fit's `stalls.StallWatch`; each evaluation loop beats it too. "auto" watches
+        only where a peer can stall this task (multi-worker mirrored, parameter servers): a
+        process alone that is slow is not stalled, and nothing of it would be restarted."""
+        timeout = self._stall_timeout
+        if timeout == "auto" and not (self._built.is_multi_worker or
+                                      self._built.is_parameter_server):
+            timeout = None
+        with stalls.StallWatch(timeout, what=f"training under {self._built.name}") as watch:
+            self._beat = watch.beat
+            try:
+                yield watch
+            finally:
+                self._beat = None
 
     def _fit_data(self, dataset_fn, y, validation_dataset_fn, keras_args):
         """`fit`'s data arguments, Keras's names included, as a `fit_args.FitData`."""
@@ -836,7 +853,7 @@ class Trainer:
             loop = self._step.eval_loop()
         self._step.start_epoch()
         totals = driver_lib.run_to_end(loop, iterator, steps, self._step.width,
-                                       accumulate=self._step.accumulate)
+                                       accumulate=self._step.accumulate, after=self._beat)
         return self._step.results(totals, kind="eval")
 
 

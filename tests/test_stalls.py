@@ -36,10 +36,10 @@ def test_beats_keep_it_quiet_and_the_auto_bound_follows_the_slowest_loop():
         assert watch.bound() == pytest.approx(20 * 40.0, abs=0.5)
         watch._last -= 3.0
         watch.beat()
-        assert watch.bound() == stalls.FLOOR_SECS  # 20 x 3 s < 2 minutes
-        watch._last -= 9.0
+        assert watch.bound() == stalls.FLOOR_SECS  # 20 x 3 s < 5 minutes
+        watch._last -= 19.0
         watch.beat()
-        assert watch.bound() == pytest.approx(20 * 9.0, abs=0.5)
+        assert watch.bound() == pytest.approx(20 * 19.0, abs=0.5)
     fixed = stalls.StallWatch(30)
     assert fixed.bound() == stalls.FIRST_SECS  # before the first loop: at least 10 minutes
     fixed._beats = 1
@@ -65,3 +65,20 @@ def test_a_peer_tensorflow_calls_unhealthy_is_named_in_one_line_with_where_to_re
         "stopped answering). Every step needs every worker, so training stops here; the latest "
         "checkpoint is /runs/a/checkpoints/ckpt-64; run the job again (or `kerastrain launch "
         "--max-restarts N`) to resume from it.")
+
+
+def test_auto_watches_only_where_a_peer_can_stall_a_task_and_seconds_apply_anywhere():
+    """A process alone (here one device) is never stopped by "auto" (a slow validation or
+    callback is not a stall, and a notebook must not lose its kernel); a number applies."""
+    import helpers
+    import kerastrain as kt
+    auto = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0)
+    with auto._stall_watch() as watch:
+        assert watch.timeout is None and watch._thread is None
+        assert auto._beat == watch.beat
+    assert auto._beat is None
+    fixed = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0, stall_timeout=900)
+    with fixed._stall_watch() as watch:
+        assert watch.timeout == 900 and watch._thread.is_alive()
+    with pytest.raises(ValueError, match=r"Received: stall_timeout='soon'"):
+        kt.Trainer(helpers.build_model, strategy="one_device", stall_timeout="soon")
