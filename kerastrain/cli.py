@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -65,7 +66,8 @@ COMMAND_EXAMPLES = {
   kerastrain bench --only numpy,ps --json bench.json
 """,
     "export": """
-  kerastrain export k8s recipes/parameter_server.yaml --workers 4 --ps 2 --image registry/me/train:1 > job.yaml
+  kerastrain export k8s recipes/parameter_server.yaml --workers 4 --ps 2 --volume runs > job.yaml
+  kerastrain export k8s recipes/multi_worker.yaml --workers 4 --set trainer.model_dir=gs://bucket/mw --image registry/me/kerastrain:0.1.0
   kerastrain export slurm recipes/multi_worker.yaml --nodes 4 > job.sbatch
 """,
 }
@@ -213,7 +215,12 @@ def _add_export(sub):
     export.add_argument("--ps", type=int, default=0, help="k8s: parameter-server replicas")
     export.add_argument("--chief", action="store_true", help="k8s: a separate chief replica")
     export.add_argument("--evaluator", action="store_true", help="k8s: a side-car evaluator")
-    export.add_argument("--image", default="kerastrain:latest", help="k8s: container image")
+    export.add_argument("--image", default=None,
+                        help="k8s: container image (default: kerastrain:VERSION, what the "
+                             "project's Dockerfile builds)")
+    export.add_argument("--volume", default=None, metavar="CLAIM",
+                        help="k8s: a ReadWriteMany PersistentVolumeClaim mounted in every "
+                             "replica; model_dir goes on it (else model_dir must be a URL)")
     export.add_argument("--name", default=None, help="k8s: the TFJob's name")
     export.add_argument("--namespace", default=None, help="k8s: the TFJob's namespace")
     export.add_argument("--nodes", type=int, default=2, help="slurm: nodes (one worker each)")
@@ -395,19 +402,26 @@ def _launch_job(args, launch, interrupts):
 def _export(args):
     from kerastrain import manifests
 
+    from kerastrain import recipes
+    # Where the job keeps its work decides whether a restarted task resumes: read it.
+    recipe, _ = recipes.load(args.recipe, args.set, imports=False)
+    model_dir = recipe.trainer.model_dir
     if args.target == "k8s":
         print(manifests.dump(manifests.tfjob(
             args.recipe, workers=args.workers, ps=args.ps, chief=args.chief,
-            evaluator=args.evaluator, image=args.image, name=args.name,
-            namespace=args.namespace, sets=args.set)), end="")
+            evaluator=args.evaluator, image=args.image or manifests.IMAGE, name=args.name,
+            namespace=args.namespace, sets=args.set, model_dir=model_dir,
+            volume=args.volume)), end="")
     else:
-        print(manifests.slurm_script(args.recipe, nodes=args.nodes, sets=args.set), end="")
+        print(manifests.slurm_script(args.recipe, nodes=args.nodes, sets=args.set,
+                                     model_dir=model_dir), end="")
     return 0
 
 
 def main(argv=None) -> int:
-    from kerastrain import launch
+    from kerastrain import launch, stalls
     launch.die_with_launcher()  # a task of `kerastrain launch` ends with it (SIGKILL included)
+    stalls.start_heartbeat(os.environ.get("KERASTRAIN_HEARTBEAT"))  # an exported job's probe
     args = _parser().parse_args(argv)
     if args.version:
         from kerastrain import __version__

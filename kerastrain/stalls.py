@@ -145,3 +145,24 @@ class StallWatch:
         except (OSError, ValueError):
             pass
         self._exit(STALLED)
+
+
+def start_heartbeat(path, every=10.0):
+    """Touch `path` every `every` seconds from a daemon thread, for a liveness probe (an
+    exported Kubernetes job sets KERASTRAIN_HEARTBEAT): a frozen process stops touching it.
+    Nothing without a path."""
+    if not path:
+        return None
+
+    def touch():
+        while True:
+            try:
+                with open(path, "a"):
+                    os.utime(path)
+            except OSError:
+                pass
+            time.sleep(every)
+
+    thread = threading.Thread(target=touch, name="kerastrain-heartbeat", daemon=True)
+    thread.start()
+    return thread

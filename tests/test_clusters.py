@@ -135,8 +135,7 @@ def test_launch_dry_run_prints_each_task_and_starts_nothing(capsys):
 
 def test_kubernetes_manifest_structure(capsys):
     assert cli.main(["export", "k8s", "recipes/parameter_server.yaml", "--workers", "3", "--ps",
-                     "2", "--image", "registry.example/train:1", "--set",
-                     "trainer.model_dir=/mnt/runs/ps"]) == 0
+                     "2", "--image", "registry.example/train:1", "--volume", "runs-claim"]) == 0
     job = yaml.safe_load(capsys.readouterr().out)
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "TFJob"
     assert job["metadata"]["name"] == "parameter-server"
@@ -144,19 +143,75 @@ def test_kubernetes_manifest_structure(capsys):
     assert {k: v["replicas"] for k, v in specs.items()} == {"Chief": 1, "Worker": 3, "PS": 2}
     for spec in specs.values():
         assert spec["restartPolicy"] == "OnFailure"
-        (container,) = spec["template"]["spec"]["containers"]
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
         assert container["name"] == "tensorflow" and container["image"] == \
             "registry.example/train:1"
+        # The recipe's runs/parameter_server would be each pod's own disk: on the claim instead.
         assert container["command"] == ["kerastrain", "run", "recipes/parameter_server.yaml",
-                                        "--set", "trainer.model_dir=/mnt/runs/ps"]
+                                        "--set", "trainer.model_dir=/kerastrain-shared/"
+                                        "parameter_server"]
+        assert container["volumeMounts"] == [{"name": "shared",
+                                              "mountPath": "/kerastrain-shared"}]
+        assert pod["volumes"] == [{"name": "shared",
+                                   "persistentVolumeClaim": {"claimName": "runs-claim"}}]
         # The training operator sets TF_CONFIG per replica; the manifest must not.
-        assert "TF_CONFIG" not in {e["name"] for e in container["env"]}
-    mirrored = manifests.tfjob("recipes/multi_worker.yaml", workers=4)
-    assert list(mirrored["spec"]["tfReplicaSpecs"]) == ["Worker"]
-    script = manifests.slurm_script("recipes/multi_worker.yaml", nodes=4)
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert "TF_CONFIG" not in env
+        assert env["KERASTRAIN_HEARTBEAT"] == manifests.HEARTBEAT
+        assert container["livenessProbe"]["exec"]["command"][:2] == ["python", "-c"]
+
+
+@pytest.mark.parametrize("recipe", ["multi_worker", "parameter_server", "embeddings"])
+def test_each_cluster_recipe_exports_a_job_that_keeps_its_work(recipe, capsys, tmp_path):
+    """A local model_dir is refused (a rescheduled chief would start over); a URL stays as
+    it is; the default image is what the project's Dockerfile builds; the probe's check
+    passes on a fresh heartbeat file and fails on a stale one."""
+    import subprocess
+    import sys
+    path = f"recipes/{recipe}.yaml"
+    shape = ["--workers", "2"] + ([] if recipe == "multi_worker" else ["--ps", "1"])
+    assert cli.main(["export", "k8s", path, *shape]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"export k8s: trainer.model_dir 'runs/\w+' is a path on each pod's own "
+                     r"disk.*Pass --volume CLAIM.*gs://bucket/run.*Received: model_dir=", err), err
+    assert cli.main(["export", "k8s", path, *shape, "--set",
+                     "trainer.model_dir=gs://bucket/runs/a"]) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    assert list(job["spec"]["tfReplicaSpecs"]) == (
+        ["Worker"] if recipe == "multi_worker" else ["Chief", "Worker", "PS"])
+    for spec in job["spec"]["tfReplicaSpecs"].values():
+        (container,) = spec["template"]["spec"]["containers"]
+        assert container["command"][-2:] == ["--set", "trainer.model_dir=gs://bucket/runs/a"]
+        assert container["image"] == f"kerastrain:{__import__('kerastrain').__version__}"
+        probe = container["livenessProbe"]["exec"]["command"]
+    dockerfile = open(os.path.join(helpers.REPO, "Dockerfile")).read()
+    assert "docker build -t kerastrain:" + __import__("kerastrain").__version__ in dockerfile
+    assert "COPY recipes ./recipes" in dockerfile
+    heartbeat = tmp_path / "alive"
+    code = probe[-1].replace(repr(manifests.HEARTBEAT), repr(str(heartbeat)))
+    from kerastrain import stalls
+    stalls.start_heartbeat(str(heartbeat), every=3600)
+    deadline = time.monotonic() + 30
+    while not heartbeat.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    os.utime(heartbeat, (time.time() - 120, time.time() - 120))  # a frozen task's file
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 1
+
+
+def test_the_slurm_script_checkpoints_before_its_time_limit_and_requeues(capsys):
+    assert cli.main(["export", "slurm", "recipes/multi_worker.yaml", "--nodes", "4"]) == 0
+    script = capsys.readouterr().out
     assert "#SBATCH --nodes=4" in script
+    assert "#SBATCH --signal=B:USR1@120" in script and "#SBATCH --requeue" in script
+    assert "trap requeue USR1" in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    assert 'kill -TERM "$tasks"' in script
     assert "srun kerastrain run recipes/multi_worker.yaml --set " \
-           "strategy.cluster_resolver=slurm" in script
+           "strategy.cluster_resolver=slurm &" in script
+    assert cli.main(["export", "slurm", "recipes/multi_worker.yaml", "--set",
+                     "trainer.model_dir=/tmp/run"]) == 2
+    assert "a node's /tmp is not" in capsys.readouterr().err
 
 
 # -- real local clusters ----------------------------------------------------------------------
