@@ -53,8 +53,12 @@ def run_both(example, strategy, tmp_path):
         for a, b in zip(user_model.get_weights(), trainer.model.get_weights()):
             np.testing.assert_array_equal(a, b)
         path = str(tmp_path / "user.keras")
-        user_model.save(path)
-        assert os.path.getsize(path) > 0
+        try:
+            user_model.save(path)
+            assert os.path.getsize(path) > 0
+        except NotImplementedError:  # a subclassed model without get_config: Keras's own
+            with pytest.raises(NotImplementedError):  # limit, the same for a fresh model
+                example.build().save(str(tmp_path / "fresh.keras"))
         if type(user_model) in (keras.Sequential, keras.Model):  # loads back, as a config
             custom = {k: v for k, v in vars(gallery).items() if isinstance(v, type)
                       and issubclass(v, keras.layers.Layer)}
