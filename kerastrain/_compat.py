@@ -666,3 +666,14 @@ def sublayers_built(model) -> bool:
     `Layer._flatten_layers` is Keras's own walk over nested layers (Keras 3.10-3.15).
     """
     return all(layer.built for layer in model._flatten_layers(include_self=False))
+
+
+def sharded_variable_class():
+    """TensorFlow's ShardedVariable class (what a partitioned variable is under ps)."""
+    import tensorflow as tf
+    return tf.__internal__.distribute.ShardedVariable
+
+
+def service_worker_port(worker) -> int:
+    """The port a tf.data service `WorkerServer` listens on (it keeps its address private)."""
+    return int(worker._address.rsplit(":", 1)[1])

@@ -93,8 +93,8 @@ def describe(spec) -> str:
 
 
 def _sharded_class():
-    import tensorflow as tf
-    return tf.__internal__.distribute.ShardedVariable
+    from kerastrain import _compat
+    return _compat.sharded_variable_class()
 
 
 def shards_of(variable):

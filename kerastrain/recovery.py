@@ -33,6 +33,7 @@ import math
 
 import numpy as np
 
+from kerastrain import _compat
 from kerastrain import actions
 
 logger = logging.getLogger("kerastrain")
@@ -118,7 +119,7 @@ class Snapshot:
     def __init__(self, variables):
         import keras
         import tensorflow as tf
-        sharded = tf.__internal__.distribute.ShardedVariable
+        sharded = _compat.sharded_variable_class()
         self._parts, seen = [], set()
         for v in variables:
             value = v.value if isinstance(v, keras.Variable) else v

@@ -152,7 +152,8 @@ class LocalService:
         self.workers = [service.WorkerServer(service.WorkerConfig(
             dispatcher_address=f"127.0.0.1:{self.port}", worker_address="127.0.0.1:%port%",
             port=cluster.free_port())) for _ in range(workers)]
-        self.ports = [self.port] + [int(w._address.rsplit(":", 1)[1]) for w in self.workers]
+        from kerastrain import _compat
+        self.ports = [self.port] + [_compat.service_worker_port(w) for w in self.workers]
 
         from kerastrain import network
         mode = network_mode

@@ -93,3 +93,41 @@ def test_no_name_is_defined_twice_in_one_class_or_module():
                         twice.append(f"{path.name}:{node.lineno} {node.name}")
                     seen.add(node.name)
     assert not twice, twice
+
+
+# What TensorFlow and Keras keep private, by the way kerastrain reaches it. Only `_compat.py`
+# may: one file to read (and to fix) when a release moves something.
+_PRIVATE = (r"tf\.__internal__", r"\btensorflow\.python\b", r"\bkeras\.src\b",
+            r"\._address\b", r"\bpywrap_tfe\b", r"\bcontext\.context\(\)")
+
+
+def test_private_tensorflow_and_keras_apis_are_reached_only_from_compat():
+    offenders = []
+    for path, _ in modules():
+        if path.name == "_compat.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if any(re.search(pattern, line) for pattern in _PRIVATE):
+                offenders.append(f"{path.name}:{number}: {line.strip()}")
+    assert not offenders, offenders
+
+
+# The modules `kerastrain validate`, `export`, `launch` and `--help` run on: they load no
+# TensorFlow or Keras (seconds of start-up, and none of it needed to check a recipe).
+TENSORFLOW_FREE = ("kerastrain.cli", "kerastrain.config", "kerastrain.recipes",
+                   "kerastrain.launch", "kerastrain.manifests", "kerastrain.stalls",
+                   "kerastrain.files", "kerastrain._options", "kerastrain.cluster",
+                   "kerastrain.network", "kerastrain.locks")
+
+
+def test_the_command_lines_modules_import_without_tensorflow():
+    import json
+    import subprocess
+    import sys
+    code = ("import json, sys\n"
+            f"for name in {TENSORFLOW_FREE!r}: __import__(name)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('tensorflow', 'keras', 'numpy'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(PACKAGE.parent), check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == []
