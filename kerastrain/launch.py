@@ -293,9 +293,12 @@ class Launcher:
         chief = chief_of(self.tasks)
         try:
             code = self._attempt(chief)
-            if code == stalls.STALLED:  # before the others are stopped: who is frozen
+            frozen = _frozen_note(self.tasks) if code else ""  # before the others are stopped
+            if code == stalls.STALLED:
                 self.say(f"a task stalled (exit {code}): no training progress within its "
-                         "stall_timeout" + _frozen_note(self.tasks))
+                         "stall_timeout" + frozen)
+            elif frozen:
+                self.say(f"the job failed (exit {code})" + frozen)
             return code
         finally:
             self.stop_all()

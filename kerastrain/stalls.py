@@ -8,8 +8,10 @@ waiting for ever: in a collective (multi-worker mirrored), in a `join` of the co
 a beat. When no beat comes
 within the bound, the task writes one line saying who stalled and for how long, then every
 thread's Python stack (`faulthandler`), and exits with `STALLED` (75, EX_TEMPFAIL: try
-again). Its checkpoints are whole files (written by rename), so none is damaged; `kerastrain
-launch --max-restarts N` restarts the job and it resumes from the last one.
+again). Should the blocked call hold the GIL, so that the thread cannot run, faulthandler's own
+watchdog (a C thread; re-armed at every beat) dumps the stacks and exits 30 s after the bound.
+Checkpoints are whole files (written by rename), so none is damaged; `kerastrain launch
+--max-restarts N` restarts the job and it resumes from the last one.
 
 The bound: before the first loop returns (tracing, compiling), at least 10 minutes. Then
 `stall_timeout` seconds when given; with `"auto"` (which watches only multi-worker mirrored and
@@ -35,6 +37,7 @@ STALLED = 75  # EX_TEMPFAIL: the job may succeed when run again
 FLOOR_SECS = 300.0
 FACTOR = 20.0
 FIRST_SECS = 600.0
+BACKSTOP_SECS = 30.0  # after the bound: faulthandler's own exit, if this thread cannot act
 
 
 class LostPeer(RuntimeError):
@@ -91,7 +94,18 @@ class StallWatch:
             return max(FIRST_SECS, FACTOR * self._first)
         return max(FLOOR_SECS, FACTOR * self._longest)
 
+    def _arm_backstop(self):
+        # A thread needs the GIL to act, and a C call blocked on a peer may hold it: the
+        # interpreter's own watchdog (a C thread) dumps the stacks and exits anyway, later.
+        if self.timeout is not None and self._exit is os._exit:
+            faulthandler.dump_traceback_later(self.bound() + BACKSTOP_SECS, exit=True,
+                                              file=self._out or sys.stderr)
+
     def beat(self):
+        self._beat()
+        self._arm_backstop()
+
+    def _beat(self):
         now = time.monotonic()
         gap = now - self._last
         if self._beats:
@@ -109,10 +123,13 @@ class StallWatch:
         self._thread = threading.Thread(target=self._watch, name="kerastrain-stall",
                                         daemon=True)
         self._thread.start()
+        self._arm_backstop()
         return self
 
     def __exit__(self, *exc):
         if self._thread is not None:
+            if self._exit is os._exit:
+                faulthandler.cancel_dump_traceback_later()
             self._done.set()
             self._thread.join(timeout=5)
             self._thread = None

@@ -426,11 +426,16 @@ def test_a_frozen_multi_worker_task_is_a_stall_not_a_hang_and_a_restart_resumes(
     worker = int(re.search(r"started worker:1 \(pid (\d+)\)", run.text).group(1))
     os.kill(worker, signal.SIGSTOP)
     assert run.finish() == 0, run.text[-6000:]
-    assert re.search(r"\[worker:0\] kerastrain: stalled: worker:0 made no progress training "
-                     r"under multi_worker_mirrored for \d+ s \(bound 6 s, set by stall_timeout\)",
-                     run.text), run.text[-6000:]
-    assert re.search(r"\[worker:0\] (Thread|Current thread) 0x", run.text)  # its stacks
-    assert f"frozen here: worker:1 (stopped, pid {worker})" in run.text, run.text[-4000:]
+    stalled = re.search(r"\[worker:0\] kerastrain: stalled: worker:0 made no progress training "
+                        r"under multi_worker_mirrored for \d+ s \(bound 6 s, set by "
+                        r"stall_timeout\)", run.text)
+    # TensorFlow's heartbeats may notice first (their timeout races the 6 s): one line too.
+    lost = re.search(r"\[worker:0\] kerastrain: error: Lost a worker of this multi-worker job "
+                     r"\(worker:1: ", run.text)
+    assert stalled or lost, run.text[:8000]
+    if stalled:
+        assert re.search(r"\[worker:0\] (Thread|Current thread) 0x", run.text)  # its stacks
+    assert f"frozen here: worker:1 (stopped, pid {worker})" in run.text, run.text[:8000]
     assert "restarting every task (1/1)" in run.text
     assert re.search(r"\[worker:0\] kerastrain: resumed from .*ckpt-\d+", run.text)
     assert "step 128," in run.wait_for(r"\[worker:0\] kerastrain: done:").string
