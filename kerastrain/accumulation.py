@@ -27,6 +27,11 @@ def tf_cast(value, dtype):
     return tf.cast(value, dtype)
 
 
+def tf_zeros_like(value):
+    import tensorflow as tf
+    return tf.zeros_like(value)
+
+
 def _accumulating(optimizer):
     # A LossScaleOptimizer (mixed float16) wraps the optimizer that accumulates.
     return getattr(optimizer, "inner_optimizer", optimizer)
@@ -184,10 +189,6 @@ class Accumulator:
                 if on:
                     held.assign_add(next(sums))
 
-        def clear():
-            for held in self._held:
-                held.assign(tf.zeros_like(held))
-
         @tf.function
         def loop(iterator):
             totals = tf.zeros([self.step.width], tf.float32)
@@ -204,9 +205,7 @@ class Accumulator:
             held = self._held_batches.read_value()
             if held >= k or (batches == 0 and held > 0):
                 self._update(None, tf.cast(self._held_examples.read_value(), totals.dtype))
-                strategy.run(clear)
-                self._held_examples.assign(0.0)
-                self._held_batches.assign(0)
+                self.reset()
                 steps = tf.constant(1, tf.int32)
             after(steps)
             return totals, steps, batches
@@ -215,8 +214,8 @@ class Accumulator:
 
     def reset(self):
         """Drop the sums a `batch_loop` holds (the data goes back to a group's start)."""
-        if self._held is not None:
-            self.step.strategy.run(lambda: [h.assign(h * 0) for h in self._held])
+        if self._held is not None:  # each replica empties its own (ON_READ) sums
+            self.step.strategy.run(lambda: [h.assign(tf_zeros_like(h)) for h in self._held])
             self._held_examples.assign(0.0)
             self._held_batches.assign(0)
 

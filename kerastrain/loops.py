@@ -316,8 +316,6 @@ class Step:
     def _build_train_loop(self):
         import tensorflow as tf
 
-        step_counter = self.global_step
-
         if self.built.is_parameter_server:
             @tf.function
             def loop(iterator, num_steps):
@@ -325,13 +323,17 @@ class Step:
                                               tf.constant(0, tf.int32), num_steps)
                 return totals, num_steps
         else:
-            def count(steps):
-                step_counter.assign_add(tf.cast(steps, step_counter.dtype))
             if self._accumulator is not None:
-                return self._accumulator.sync_loop(self._go_on(self.stop_flag), after=count)
-            loop = self._until_end(self._run_train, after=count, stop_flag=self.stop_flag,
-                                   unroll=self.unroll)
+                return self._accumulator.sync_loop(self._go_on(self.stop_flag),
+                                                   after=self._count_steps)
+            loop = self._until_end(self._run_train, after=self._count_steps,
+                                   stop_flag=self.stop_flag, unroll=self.unroll)
         return loop
+
+    def _count_steps(self, steps):
+        """Traced after a synchronous loop: the global step advances by the steps it ran."""
+        import tensorflow as tf
+        self.global_step.assign_add(tf.cast(steps, self.global_step.dtype))
 
     def batch_loop(self):
         """One batch per call with the update at each k-th (`Accumulator.batch_loop`), for
@@ -339,12 +341,7 @@ class Step:
         if self._accumulator is None or self.built.is_parameter_server:
             return None
         if self._batches is None:
-            import tensorflow as tf
-            step_counter = self.global_step
-
-            def count(steps):
-                step_counter.assign_add(tf.cast(steps, step_counter.dtype))
-            self._batches = self._accumulator.batch_loop(after=count)
+            self._batches = self._accumulator.batch_loop(after=self._count_steps)
         self._accumulator.reset()  # a fit stopped inside a group left its batches held
         return self._batches
 

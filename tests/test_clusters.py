@@ -413,17 +413,23 @@ def test_launched_multi_worker_mirrored_matches_one_device(tmp_path):
     assert not [p for p in run.pids() if _alive(p)]
 
 
+def _two_workers_after_a_checkpoint(model_dir, *sets):
+    """A 2-worker multi-worker launch (2 epochs of 64 steps, a checkpoint every 16, one
+    restart allowed), once worker:0 has saved: (the launch, worker:1's pid)."""
+    run = Launch([QUICKSTART, "--workers", "2", "--max-restarts", "1", *_sets([
+        "trainer.epochs=2", "data.train.args.num_examples=16384", *sets,
+        "data.validation.args.num_examples=512", "trainer.verbose=2",
+        "checkpoints.every_steps=16", "tensorboard=false", f"trainer.model_dir={model_dir}"])])
+    run.wait_for(r"\[worker:0\] kerastrain: checkpoint saved at step")
+    return run, int(re.search(r"started worker:1 \(pid (\d+)\)", run.text).group(1))
+
+
 @pytest.mark.multiprocess
 def test_a_frozen_multi_worker_task_is_a_stall_not_a_hang_and_a_restart_resumes(tmp_path):
     """SIGSTOP on worker:1 (a hung host, a paused VM): worker:0 waits in a collective, says
     within its stall_timeout that it stalled, with its stacks, and exits 75; the launcher names
     the frozen task, kills it and restarts the job, which resumes to the exact step count."""
-    run = Launch([QUICKSTART, "--workers", "2", "--max-restarts", "1", *_sets([
-        "trainer.epochs=2", "data.train.args.num_examples=16384", "trainer.stall_timeout=6",
-        "data.validation.args.num_examples=512", "trainer.verbose=2",
-        "checkpoints.every_steps=16", "tensorboard=false", f"trainer.model_dir={tmp_path}"])])
-    run.wait_for(r"\[worker:0\] kerastrain: checkpoint saved at step")
-    worker = int(re.search(r"started worker:1 \(pid (\d+)\)", run.text).group(1))
+    run, worker = _two_workers_after_a_checkpoint(tmp_path, "trainer.stall_timeout=6")
     os.kill(worker, signal.SIGSTOP)
     assert run.finish() == 0, run.text[-6000:]
     stalled = re.search(r"\[worker:0\] kerastrain: stalled: worker:0 made no progress training "
@@ -444,12 +450,7 @@ def test_a_frozen_multi_worker_task_is_a_stall_not_a_hang_and_a_restart_resumes(
 
 @pytest.mark.multiprocess
 def test_a_killed_multi_worker_task_fails_the_job_and_a_restart_resumes(tmp_path):
-    run = Launch([QUICKSTART, "--workers", "2", "--max-restarts", "1", *_sets([
-        "trainer.epochs=2", "data.train.args.num_examples=16384",
-        "data.validation.args.num_examples=512", "trainer.verbose=2",
-        "checkpoints.every_steps=16", "tensorboard=false", f"trainer.model_dir={tmp_path}"])])
-    run.wait_for(r"\[worker:0\] kerastrain: checkpoint saved at step")
-    worker = int(re.search(r"started worker:1 \(pid (\d+)\)", run.text).group(1))
+    run, worker = _two_workers_after_a_checkpoint(tmp_path)
     os.kill(worker, signal.SIGKILL)
     assert run.finish() == 0, run.text[-6000:]
     # The launcher does not wait for collectives to time out: it stops the job at once.
