@@ -50,6 +50,7 @@ COMMAND_EXAMPLES = {
   kerastrain launch recipes/multi_worker.yaml --workers 2 --evaluator --max-restarts 2
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --service-workers 2
   kerastrain launch recipes/parameter_server.yaml --workers 4 --ps 2 --dry-run   # TF_CONFIGs
+  kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --network multihost --fault "freeze worker:1 at step 32 for 60s"   # rehearse
 """,
     "quickstart": """
   kerastrain quickstart                          # auto strategy on this machine
@@ -191,12 +192,20 @@ def _add_launch(sub):
     launch.add_argument("--dry-run", action="store_true",
                         help="print each task's TF_CONFIG and command; start nothing")
     launch.add_argument(
-        "--network", choices=("private", "host"), default=None,
+        "--network", choices=("private", "host", "multihost"), default=None,
         help="private (default): every task runs in one network namespace with loopback only, "
              "where Linux allows it, since TensorFlow's servers listen on every interface "
              "without authentication; host: this machine's network, for tasks that need it "
-             "(a gs:// model_dir, downloads). Default: the recipe's strategy.network, else "
-             "private")
+             "(a gs:// model_dir, downloads); multihost: a rehearsal of a real cluster, "
+             "every task a host of its own (address, host name, /tmp, working directory) on "
+             "a private bridge, only model_dir shared. Default: the recipe's "
+             "strategy.network, else private")
+    launch.add_argument(
+        "--fault", action="append", default=[], metavar="PLAN",
+        help="a fault to rehearse (repeatable): 'freeze worker:1 at 20s for 60s' (SIGSTOP, "
+             "then SIGCONT), 'partition worker:0 at 30s for 20s' (multihost: its link down), "
+             "'kill ps:0 at 40s'; 'at step N' waits for a checkpoint of step N instead of a "
+             "clock started with the tasks")
 
 
 def _add_export(sub):
@@ -380,23 +389,40 @@ def _launch(args):
 
 
 def _launch_job(args, launch, interrupts):
+    from kerastrain import hosts as hosts_lib
     from kerastrain import recipes
 
     tree = _raw_tree(args)
     network = args.network or launch.recipe_network(tree)
+    multihost = network == hosts_lib.MULTIHOST
     if not args.dry_run:
         # First: the tasks inherit the namespace, and validating the recipe imports its
         # modules, whose threads would keep Linux from moving this process.
         launch.isolate(network, tree)
-    recipes.load(args.recipe, args.set)  # every task would fail the same way: say it once
-    spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator)
-    service_tasks, sets = launch.service_tasks(args.service_workers, args.set)
+    # Every task would fail the same way: say it once.
+    model_dir = recipes.load(args.recipe, args.set)[0].trainer.model_dir
+    spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
+                               multihost=multihost)
+    service_tasks, sets = launch.service_tasks(args.service_workers, args.set, multihost)
     tasks = service_tasks + launch.tasks_for(spec, args.recipe, sets)
+    faults = [launch.parse_fault(text, tasks, multihost) for text in args.fault]
     if args.dry_run:
         launch.dry_run(tasks)
         return 0
-    launch.warn_if_exposed(spec, network)
-    return launch.Launcher(tasks, max_restarts=args.max_restarts, interrupts=interrupts).run()
+    hosts = None
+    if multihost:  # only model_dir is shared storage, as on a cluster
+        if model_dir:
+            os.makedirs(model_dir, exist_ok=True)
+        hosts = hosts_lib.Hosts([t.host for t in tasks], shared=[model_dir] if model_dir else [])
+        hosts.build()
+    else:
+        launch.warn_if_exposed(spec, network)
+    try:
+        return launch.Launcher(tasks, max_restarts=args.max_restarts, interrupts=interrupts,
+                               hosts=hosts, faults=faults, model_dir=model_dir).run()
+    finally:
+        if hosts is not None:
+            hosts.close()
 
 
 def _export(args):

@@ -220,12 +220,20 @@ def start_local_ps_cluster(num_workers: int, num_ps: int, num_gpus_per_worker: i
 
 
 def _reachable(address: str, timeout: float = 1.0) -> bool:
+    return _knock(address, timeout) == "up"
+
+
+def _knock(address: str, timeout: float = 1.0) -> str:
+    """"up" (something listens), "refused" (the host answers that nothing does: a server
+    that ended) or "silent" (no answer: the host is frozen, partitioned or gone)."""
     host, port = address.rsplit(":", 1)
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
+            return "up"
+    except ConnectionRefusedError:
+        return "refused"
     except OSError:
-        return False
+        return "silent"
 
 
 def end_together(config: ClusterConfig, *, timeout: float = 60.0, clock=time.monotonic,
@@ -259,16 +267,20 @@ def end_together(config: ClusterConfig, *, timeout: float = 60.0, clock=time.mon
 
 def serve(config: ClusterConfig | None = None, *, startup_timeout: float = 600.0,
           max_seconds: float | None = None, poll_seconds: float = 1.0,
-          clock=time.monotonic, sleep=time.sleep) -> str:
+          silent_seconds: float = 600.0, clock=time.monotonic, sleep=time.sleep) -> str:
     """Run this process's `worker`/`ps` server until the chief's job ends.
 
     TensorFlow servers never stop by themselves, so the task watches the chief's
-    address: once it has been up and then stays unreachable for three polls,
-    the job is over and this returns. It also returns if the chief never
-    appears within `startup_timeout`, or after `max_seconds`.
+    address: once it has been up and then refuses connections for three polls (its host
+    answers that nothing listens), the job is over and this returns. A chief that does not
+    answer at all is frozen, partitioned, or on a host that is gone: a network blip must not
+    end every server of the job, so that is waited out for `silent_seconds` (then
+    "chief-unreachable"). It also returns if the chief never appears within
+    `startup_timeout`, or after `max_seconds`.
 
     Returns:
-        Why it stopped: "chief-finished", "chief-never-started" or "max-seconds".
+        Why it stopped: "chief-finished", "chief-unreachable", "chief-never-started" or
+        "max-seconds".
 
     Raises:
         ValueError: no TF_CONFIG, or this task is not a `worker`/`ps` task.
@@ -295,17 +307,22 @@ def serve(config: ClusterConfig | None = None, *, startup_timeout: float = 600.0
                 config.task_index, port, network.where())
     chief = config.cluster.get("chief", config.cluster.get("worker"))[0]
     start = clock()
-    seen, misses = False, 0
+    seen, misses, silent_since = False, 0, None
     while True:
         now = clock()
         if max_seconds is not None and now - start >= max_seconds:
             return "max-seconds"
-        if _reachable(chief):
-            seen, misses = True, 0
-        elif seen:
-            misses += 1
+        answer = _knock(chief)
+        if answer == "up":
+            seen, misses, silent_since = True, 0, None
+        elif seen and answer == "refused":
+            misses, silent_since = misses + 1, None
             if misses >= 3:
                 return "chief-finished"
+        elif seen:
+            silent_since = now if silent_since is None else silent_since
+            if now - silent_since >= silent_seconds:
+                return "chief-unreachable"
         elif now - start >= startup_timeout:
             return "chief-never-started"
         sleep(poll_seconds)

@@ -526,6 +526,7 @@ class DistributedInput:
         shard='off' opts out (each worker reads its own pipeline, or all the data)."""
         ps = self._built.is_parameter_server
         self._reader = None
+        self._local = None  # local_dataset(), made once
         self._off = shard == "off"
         self.exact = (ps and self._built.strategy.num_replicas_in_sync == 1
                       and 0 not in self._sizes and not self._off and self._service is None)
@@ -717,11 +718,20 @@ class DistributedInput:
         return self._reader
 
     def local_dataset(self):
-        """The whole dataset read on this task (coordinator-side evaluation under PS)."""
+        """The whole dataset read on this task (coordinator-side evaluation under PS).
+
+        Made once and iterated anew for each evaluation, as `fit` iterates its
+        `validation_data`: making it traces its functions, which a coordinator registers
+        with every worker while holding the GIL, so with a frozen worker a new one each
+        epoch would block every thread of the process (the stall watch's too).
+        """
         import tensorflow as tf
-        if self.form == "context_fn":
-            return self._checked(self._fn(tf.distribute.InputContext(1, 0, 1)))
-        return self._checked(self._make())
+        if self._local is None:
+            if self.form == "context_fn":
+                self._local = self._checked(self._fn(tf.distribute.InputContext(1, 0, 1)))
+            else:
+                self._local = self._checked(self._make())
+        return self._local
 
 
 def _check_usable_here(dataset, argument):

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 
+from kerastrain import hosts as hosts_lib
 from kerastrain import stalls
 from kerastrain import network as network_lib
 from kerastrain.cluster import free_port, ports
@@ -50,23 +53,29 @@ class Task:
     def name(self) -> str:
         return f"{self.type}:{self.index}"
 
+    @property
+    def host(self) -> str:
+        """Its host name in a multihost rehearsal."""
+        return hosts_lib.host_name(self.type, self.index)
+
 
 def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
-                 host: str = "127.0.0.1") -> dict:
-    """A cluster of free loopback ports. Parameter-server clusters always get a chief."""
+                 host: str = "127.0.0.1", multihost: bool = False) -> dict:
+    """A cluster of free loopback ports, or with `multihost` of host names, each with the
+    same port of its own address. Parameter-server clusters always get a chief."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"`--workers` must be an int >= 1. Received: {workers!r}")
     if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
         raise ValueError(f"`--ps` must be an int >= 0. Received: {ps!r}")
-    spec = {}
-    if chief or ps:
-        spec["chief"] = [f"{host}:{free_port(host)}"]
-    spec["worker"] = [f"{host}:{free_port(host)}" for _ in range(workers)]
-    if ps:
-        spec["ps"] = [f"{host}:{free_port(host)}" for _ in range(ps)]
-    if evaluator:
-        spec["evaluator"] = [f"{host}:{free_port(host)}"]
-    return spec
+    def address(job, index):
+        if multihost:
+            return f"{hosts_lib.host_name(job, index)}:{hosts_lib.PORT}"
+        return f"{host}:{free_port(host)}"
+
+    counts = {"chief": int(bool(chief or ps)), "worker": workers, "ps": ps,
+              "evaluator": int(bool(evaluator))}
+    return {job: [address(job, i) for i in range(count)]
+            for job, count in counts.items() if count}
 
 
 def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
@@ -85,21 +94,31 @@ def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
     return tasks
 
 
-def service_tasks(workers: int, sets=()) -> tuple[list[Task], list]:
-    """A tf.data service dispatcher and `workers` workers on loopback ports (none for 0), and
-    the `--set` items that point the recipe's training data at it."""
+def service_tasks(workers: int, sets=(), multihost: bool = False) -> tuple[list[Task], list]:
+    """A tf.data service dispatcher and `workers` workers on loopback ports (none for 0), or
+    with `multihost` on hosts of their own, and the `--set` items that point the recipe's
+    training data at it."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise ValueError(f"`--service-workers` must be an int >= 0. Received: {workers!r}")
     if not workers:
         return [], list(sets)
-    port = free_port()
     command = [sys.executable, "-m", "kerastrain.service"]
+    if multihost:
+        dispatcher = f"{hosts_lib.host_name('data_dispatcher', 0)}:{hosts_lib.SERVICE_PORT}"
+        port = hosts_lib.SERVICE_PORT
+        workers_at = [(hosts_lib.host_name("data_worker", i), hosts_lib.SERVICE_PORT)
+                      for i in range(workers)]
+    else:
+        port = free_port()
+        dispatcher = f"127.0.0.1:{port}"
+        workers_at = [("127.0.0.1", free_port()) for _ in range(workers)]
     tasks = [Task("data_dispatcher", 0, "", command + ["dispatcher", "--port", str(port)])]
-    # Fixed ports: a worker restarted at its address lets the dispatcher's jobs end.
+    # Fixed ports: a worker restarted at its address lets the dispatcher's jobs end. Its
+    # host is how the dispatcher tells consumers to reach it.
     tasks += [Task("data_worker", i, "", command + [
-        "worker", "--dispatcher", f"127.0.0.1:{port}", "--port", str(free_port())])
-        for i in range(workers)]
-    return tasks, list(sets) + [f"data.service=grpc://127.0.0.1:{port}"]
+        "worker", "--dispatcher", dispatcher, "--port", str(worker_port), "--host", host])
+        for i, (host, worker_port) in enumerate(workers_at)]
+    return tasks, list(sets) + [f"data.service=grpc://{dispatcher}"]
 
 
 def recipe_network(tree: dict) -> str:
@@ -115,16 +134,26 @@ def isolate(network: str, tree: dict, out=None) -> None:
     Raises:
         ValueError: the recipe (`tree`) names URLs that the namespace cannot reach.
     """
-    if network != network_lib.PRIVATE:
+    if network not in (network_lib.PRIVATE, hosts_lib.MULTIHOST):
         return
     network_lib.check_no_urls(tree, "--network host")
-    if not network_lib.exposed_interfaces():
+    multihost = network == hosts_lib.MULTIHOST
+    if not network_lib.exposed_interfaces() and not multihost:
         return
     try:
-        why = network_lib.try_isolate()
+        why = network_lib.try_isolate(root=multihost)
     except network_lib.TooLate as e:
         why = str(e)
-    if why is not None:
+    if why is not None and multihost:
+        raise hosts_lib.Refused(
+            f"--network multihost needs a user and network namespace of its own, and Linux "
+            f"refused one here ({why}); allow unprivileged user namespaces, or rehearse with "
+            "--network private (one loopback)")
+    if multihost:
+        line = (f"network: a multihost rehearsal: every task a host of its own on a private "
+                f"bridge ({hosts_lib.GATEWAY}/24), with its own /tmp and working directory; "
+                f"only model_dir is shared; {network_lib.INSIDE}")
+    elif why is not None:
         line = network_lib.fallback_line(why, "the tasks run")
     else:
         line = (f"network: every task runs in one private network namespace with loopback only "
@@ -140,6 +169,143 @@ def warn_if_exposed(spec: dict, network: str, out=None) -> None:
     line = network_lib.exposure_line(ports(spec), how, who="the tasks' servers")
     if line:
         print(f"[launch] {line}", file=out or sys.stdout, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One scheduled fault: `freeze`/`partition` a task's host for `duration` seconds, or
+    `kill` its process, once `at` seconds have passed since the tasks started or once the
+    chief has a checkpoint of step `step` or later."""
+    action: str
+    task: str
+    at: float | None
+    step: int | None
+    duration: float | None
+    text: str
+
+
+_FAULT = re.compile(r"^(freeze|partition|kill)\s+([a-z_]+:\d+)\s+at\s+(?:(\d+(?:\.\d+)?)s|"
+                    r"step\s+(\d+))(?:\s+for\s+(\d+(?:\.\d+)?)s)?$")
+FAULT_FORM = ("'freeze TASK at Ns for Ns', 'partition TASK at Ns for Ns' or 'kill TASK at Ns' "
+              "('at step N' instead of 'at Ns': once a checkpoint of step N or later exists)")
+
+
+def parse_fault(text: str, tasks, multihost: bool) -> Fault:
+    """A `--fault` value, checked against the job's tasks.
+
+    Raises:
+        ValueError: not of the form, an unknown task, or a partition without `--network
+            multihost` (only there does a task have a link of its own to cut).
+    """
+    match = _FAULT.match(" ".join(str(text).split()))
+    if not match:
+        raise ValueError(f"`--fault` must read {FAULT_FORM}. Received: {text!r}")
+    action, task, at, step, duration = match.groups()
+    names = [t.name for t in tasks]
+    if task not in names:
+        raise ValueError(f"`--fault` names {task!r}, which this job does not have; its tasks "
+                         f"are {', '.join(names)}. Received: {text!r}")
+    if (duration is None) != (action == "kill"):
+        raise ValueError(f"`--fault` {action} {'takes no' if action == 'kill' else 'needs a'} "
+                         f"duration ('for Ns'); the form is {FAULT_FORM}. Received: {text!r}")
+    if action == "partition" and not multihost:
+        raise ValueError("`--fault partition` cuts a host's own link, which only `--network "
+                         f"multihost` gives each task. Received: {text!r}")
+    return Fault(action, task, None if at is None else float(at),
+                 None if step is None else int(step),
+                 None if duration is None else float(duration), " ".join(text.split()))
+
+
+def latest_step(model_dir) -> int | None:
+    """The step of the newest checkpoint in `model_dir` (None: none yet, or no model_dir)."""
+    if not model_dir:
+        return None
+    steps = [int(m.group(1)) for path in glob.glob(os.path.join(model_dir, "checkpoints",
+                                                                 "ckpt-*.index"))
+             if (m := re.search(r"ckpt-(\d+)\.index$", path))]
+    return max(steps, default=None)
+
+
+class Faults:
+    """Applies a fault plan while the job runs, from a thread of the launcher."""
+
+    def __init__(self, launcher, plan, model_dir=None, poll_secs=0.2):
+        self.launcher = launcher
+        self.pending = list(plan)
+        self.model_dir = model_dir
+        self.poll_secs = poll_secs
+        self._ends = []           # (monotonic time, fault, process) to undo
+        self._stop = threading.Event()
+        self._thread = None
+        self._started = None
+
+    def __enter__(self):
+        if self.pending:
+            self._started = time.monotonic()
+            self._thread = threading.Thread(target=self._run, name="kerastrain-faults",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for _, fault, process in self._ends:  # a job that ends first: hosts joined again
+            self._undo(fault, process)
+        self._ends = []
+        return False
+
+    def _due(self, fault) -> bool:
+        if fault.at is not None:
+            return time.monotonic() - self._started >= fault.at
+        step = latest_step(self.model_dir)
+        return step is not None and step >= fault.step
+
+    def _run(self):
+        while not self._stop.wait(self.poll_secs):
+            for fault in [f for f in self.pending if self._due(f)]:
+                self.pending.remove(fault)
+                self._apply(fault)
+            now = time.monotonic()
+            for end in [e for e in self._ends if e[0] <= now]:
+                self._ends.remove(end)
+                self._undo(end[1], end[2])
+            if not self.pending and not self._ends:
+                return
+
+    def _task(self, name):
+        return next(t for t in self.launcher.tasks if t.name == name)
+
+    def _apply(self, fault):
+        task = self._task(fault.task)
+        process = task.process
+        if fault.action == "partition":
+            self.launcher.hosts.partition(task.host, True)
+        elif process is None or process.poll() is not None:
+            self.launcher.say(f"fault: {fault.text}: {fault.task} is not running; skipped")
+            return
+        else:
+            _signal_group(process, signal.SIGSTOP if fault.action == "freeze" else
+                          signal.SIGKILL)
+        what = {"freeze": "froze", "partition": "cut off the network:", "kill": "killed"}
+        self.launcher.say(f"fault: {what[fault.action]} {fault.task}" + (
+            f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})")
+        if fault.duration:
+            self._ends.append((time.monotonic() + fault.duration, fault, process))
+
+    def _undo(self, fault, process):
+        if fault.action == "partition":
+            self.launcher.hosts.partition(self._task(fault.task).host, False)
+            self.launcher.say(f"fault: {fault.task} is on the network again")
+        elif process.poll() is None:
+            _signal_group(process, signal.SIGCONT)
+            self.launcher.say(f"fault: {fault.task} runs again")
+
+
+# The line `stalls.StallWatch` writes on a coordinator that found stuck workers.
+_STUCK = re.compile(r"kerastrain: stalled: .* waits on ((?:worker:\d+)(?:, worker:\d+)*), "
+                    r"which answer")
 
 
 def chief_of(tasks: list[Task]) -> Task:
@@ -215,8 +381,11 @@ class Launcher:
     """Runs one job's tasks as child processes and decides when it is over."""
 
     def __init__(self, tasks, *, out=None, env=None, max_restarts=0, poll_secs=0.2,
-                 interrupts=None):
+                 interrupts=None, hosts=None, faults=(), model_dir=None):
         self.tasks = tasks
+        self.hosts = hosts          # a hosts.Hosts: each task a host of its own
+        self.faults = list(faults)
+        self.model_dir = model_dir
         self.interrupts = interrupts
         self.out = out or sys.stdout
         self.env = dict(os.environ if env is None else env)
@@ -238,6 +407,8 @@ class Launcher:
 
     def _pump(self, task, stream):
         for line in iter(stream.readline, ""):
+            if task.type == "chief" and self.parameter_servers:
+                self._restart_stuck(line)
             with self._lock:
                 self.out.write(f"[{task.name}] {line}" if line.endswith("\n")
                                else f"[{task.name}] {line}\n")
@@ -247,17 +418,37 @@ class Launcher:
     def start(self, task):
         env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1",
                    **{LAUNCHER_PID: str(os.getpid())})
+        if self.hosts is not None:
+            env[network_lib.REHEARSAL_HOST] = task.host
         # Its own session: a Ctrl-C in the terminal reaches the launcher only, which
         # then stops every task, and a task's children go with it.
+        how = dict(env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                   bufsize=1, start_new_session=True)
         with self._deferred():
-            task.process = subprocess.Popen(
-                task.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, bufsize=1, start_new_session=True)
-            self.say(f"started {task.name} (pid {task.process.pid})")
+            if self.hosts is not None:
+                task.process = self.hosts.popen(task.host, task.command, **how)
+                where = f" on host {task.host} ({self.hosts.addresses[task.host]})"
+            else:
+                task.process = subprocess.Popen(task.command, **how)
+                where = ""
+            self.say(f"started {task.name} (pid {task.process.pid}){where}")
         thread = threading.Thread(target=self._pump, args=(task, task.process.stdout),
                                   daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def _restart_stuck(self, line):
+        """The coordinator names workers that answer no request (`stalls.StallWatch`): end
+        them, so that their steps run elsewhere; the attempt's loop restarts them."""
+        match = _STUCK.search(line)
+        if not match:
+            return
+        for name in match.group(1).split(", "):
+            task = next((t for t in self.tasks if t.name == name), None)
+            if task is not None and task.process is not None and task.process.poll() is None:
+                self.say(f"{name} answers the chief no request: ending it (pid "
+                         f"{task.process.pid}) to restart it")
+                _signal_group(task.process, signal.SIGKILL)
 
     def _deferred(self):
         return self.interrupts.deferred() if self.interrupts else contextlib.nullcontext()
@@ -285,11 +476,13 @@ class Launcher:
 
     # -- one attempt ---------------------------------------------------------------------
 
-    def run_once(self) -> int:
+    def run_once(self, on_started=None) -> int:
         """Start every task and wait for the job's end; return the chief's exit code."""
         for task in self.tasks:
             task.restarts = 0
             self.start(task)
+        if on_started is not None:
+            on_started()
         chief = chief_of(self.tasks)
         try:
             code = self._attempt(chief)
@@ -377,9 +570,11 @@ class Launcher:
         if own:
             self.interrupts = Interrupts().__enter__()
         attempt = 0
+        faults = Faults(self, self.faults, self.model_dir)
         try:
             while True:
-                code = self.run_once()
+                # The fault plan's clock starts once the first attempt's tasks have.
+                code = self.run_once(on_started=None if attempt else faults.__enter__)
                 if code == 0:
                     self.say(f"job finished: {chief_of(self.tasks).name} exited with 0")
                     return 0
@@ -397,6 +592,7 @@ class Launcher:
             self.stop_all()
             return self.interrupts.exit_code
         finally:
+            faults.__exit__(None, None, None)
             if own:
                 self.interrupts.__exit__(None, None, None)
                 self.interrupts = None

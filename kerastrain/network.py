@@ -50,8 +50,15 @@ def interfaces(pid="self") -> list[str]:
         return [line.split(":", 1)[0].strip() for line in f.readlines()[2:] if ":" in line]
 
 
+# Set by `kerastrain.hosts` in a task of a multihost rehearsal: its one other interface joins
+# the launcher's private bridge, so nothing outside the rehearsal can reach its servers.
+REHEARSAL_HOST = "KERASTRAIN_REHEARSAL_HOST"
+
+
 def exposed_interfaces(pid="self") -> list[str]:
     """Interfaces other than loopback: what a server listening on 0.0.0.0 is reachable through."""
+    if pid == "self" and os.environ.get(REHEARSAL_HOST):
+        return []
     try:
         return [name for name in interfaces(pid) if name != "lo"]
     except OSError:  # not Linux, or no /proc: assume the worst
@@ -85,14 +92,17 @@ def _identity_map(kind: str) -> str:
     return "".join(f"{first} {first} {count}\n" for first, _, count in ranges)
 
 
-def _map_own_ids(uid: int, gid: int) -> None:
-    """Map this process's own uid and gid (read before unshare) to themselves.
+def _map_own_ids(uid: int, gid: int, root: bool = False) -> None:
+    """Map this process's own uid and gid (read before unshare) to themselves, or to root
+    (0) inside with `root`: a process that is not root inside loses its capabilities in the
+    namespace at `execve`, so the commands it runs (`ip`) could not configure it.
 
     That is all an unprivileged user may write.
     """
-    _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
+    inside_uid, inside_gid = (0, 0) if root else (uid, gid)
+    _write("/proc/self/uid_map", f"{inside_uid} {uid} 1\n")
     _write("/proc/self/setgroups", "deny")  # required before an unprivileged gid_map
-    _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+    _write("/proc/self/gid_map", f"{inside_gid} {gid} 1\n")
 
 
 def _loopback_up() -> None:
@@ -110,7 +120,7 @@ def _step(name, fn, *args):
         raise OSError(e.errno, f"{name}: {e.strerror or e}") from None
 
 
-def _probe() -> str | None:
+def _probe(root: bool = False) -> str | None:
     """Try the whole move in a throw-away child; None if it works, else why not.
 
     The move cannot be undone, and a namespace whose loopback stayed down would break the
@@ -124,7 +134,7 @@ def _probe() -> str | None:
             os.close(read)
             uid, gid = os.geteuid(), os.getegid()  # unmapped (65534) once unshared
             _step("unshare", _unshare, _CLONE_NEWUSER | _CLONE_NEWNET)
-            _step("writing the uid/gid maps", _map_own_ids, uid, gid)
+            _step("writing the uid/gid maps", _map_own_ids, uid, gid, root)
             _step("bringing up loopback", _loopback_up)
             code = 0
         except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent
@@ -142,7 +152,7 @@ def _probe() -> str | None:
     return message.decode(errors="replace") or f"the probe exited with status {status}"
 
 
-def _enter() -> None:
+def _enter(root: bool = False) -> None:
     """Move this single-threaded process into a new user + network namespace, loopback up.
 
     A helper forked beforehand stays outside and maps every id of this namespace to itself
@@ -178,7 +188,7 @@ def _enter() -> None:
     os.close(go_write)
     _, status = os.waitpid(helper, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        _step("writing the uid/gid maps", _map_own_ids, uid, gid)
+        _step("writing the uid/gid maps", _map_own_ids, uid, gid, root)
     _step("bringing up loopback", _loopback_up)
 
 
@@ -188,13 +198,17 @@ REFUSED_ADVICE = ("Linux refused a private network namespace (above): allow unpr
                   "namespaces, or firewall these ports")
 
 
-def try_isolate() -> str | None:
+def try_isolate(root: bool = False) -> str | None:
     """Isolate this process; None when it worked (or was already so), else why not.
+
+    With `root`, the process is root in the new user namespace (a multihost launcher, whose
+    `ip` commands need the namespace's capabilities after `execve`), and it moves even when
+    it already has loopback only.
 
     Raises:
         TooLate: the process already runs other threads.
     """
-    if not exposed_interfaces():
+    if not exposed_interfaces() and not root:
         return None  # already alone with loopback (a container without network, launch's tasks)
     if not sys.platform.startswith("linux"):
         return f"network namespaces are Linux only, this is {sys.platform}"
@@ -204,13 +218,13 @@ def try_isolate() -> str | None:
             "Linux moves a process into a new namespace only while it has a single thread, and "
             f"this one already runs {count} (NumPy, TensorFlow and Keras start threads when "
             "imported)")
-    refused = _probe()
+    refused = _probe(root)
     if refused is not None:
         global _refused
         _refused = refused
         return refused
     try:
-        _enter()
+        _enter(root)
     except OSError as e:  # the probe worked, so this is unexpected: say where it stopped
         raise RuntimeError(
             f"Moving into a private network namespace failed half way ({e}); this process "
@@ -363,6 +377,9 @@ def avoid_in_process(network: str) -> str:
 
 def where(pid="self") -> str:
     """How a log line truthfully names the servers' reach."""
+    if pid == "self" and os.environ.get(REHEARSAL_HOST):
+        return (f"every interface of rehearsal host {os.environ[REHEARSAL_HOST]} (loopback and "
+                "the rehearsal's private bridge)")
     if exposed_interfaces(pid):
         return "every interface of this machine's network namespace"
     return "every interface of a private network namespace (loopback only)"

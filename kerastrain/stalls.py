@@ -38,6 +38,7 @@ FLOOR_SECS = 300.0
 FACTOR = 20.0
 FIRST_SECS = 600.0
 BACKSTOP_SECS = 30.0  # after the bound: faulthandler's own exit, if this thread cannot act
+PROBE_SECS = 10.0     # for a peer to answer a request, once a stall is seen
 
 
 class LostPeer(RuntimeError):
@@ -72,12 +73,19 @@ class StallWatch:
             multi_worker_mirrored").
         exit: called with the exit code once the line and the stacks are written
             (`os._exit`; tests pass their own).
+        probe: for a coordinator (parameter servers), a function returning the names of the
+            peers that answer no request (`unanswering_workers`). Called once a stall is
+            seen: when it names some, they are said to be stuck, in a line `kerastrain
+            launch` acts on by restarting them (the coordinator then runs their steps on
+            the others), and the watch waits one more bound before it ends this process.
     """
 
-    def __init__(self, timeout="auto", what="training", exit=os._exit, out=None):
+    def __init__(self, timeout="auto", what="training", exit=os._exit, out=None, probe=None):
         self.timeout = timeout
         self.what = what
         self._exit = exit
+        self._probe = probe
+        self._probed = False
         self._out = out
         self._last = None
         self._longest = self._first = 0.0
@@ -106,6 +114,7 @@ class StallWatch:
         self._arm_backstop()
 
     def _beat(self):
+        self._probed = False
         now = time.monotonic()
         gap = now - self._last
         if self._beats:
@@ -139,8 +148,33 @@ class StallWatch:
         while not self._done.wait(min(5.0, self.bound() / 10)):
             quiet = time.monotonic() - self._last
             if quiet > self.bound():
+                if self._probe is not None and not self._probed and self._stuck_peers(quiet):
+                    continue
                 self._stalled(quiet)
                 return
+
+    def _stuck_peers(self, quiet) -> bool:
+        """Name the peers that answer no request; True when some do (one more bound)."""
+        self._probed = True
+        stuck = self._probe()
+        if not stuck:
+            return False
+        self._last = time.monotonic()  # a bound for them to be restarted and steps to move on
+        self._say(f"kerastrain: stalled: {task_name()} made no progress {self.what} for "
+                  f"{quiet:.0f} s and waits on {', '.join(stuck)}, which answer(s) no request "
+                  f"(asked for {PROBE_SECS:.0f} s): frozen, partitioned or deadlocked. Restart "
+                  "it: its steps then run on the other workers (kerastrain launch does so; on "
+                  "Kubernetes, its liveness probe). Training ends as stalled if it still "
+                  f"makes no progress within {self.bound():.0f} s.")
+        return True
+
+    def _say(self, line):
+        out = self._out or sys.stderr
+        try:
+            out.write(line + "\n")
+            out.flush()
+        except (OSError, ValueError):
+            pass
 
     def _stalled(self, quiet):
         out = self._out or sys.stderr
@@ -162,6 +196,46 @@ class StallWatch:
         except (OSError, ValueError):
             pass
         self._exit(STALLED)
+
+
+def unanswering_workers(addresses, wait: float = PROBE_SECS) -> list[str]:
+    """The workers (`{name: "host:port"}`) whose server does not answer a status request
+    within `wait` seconds: a frozen, partitioned or deadlocked host. A busy worker answers
+    (its server has threads for requests); one that refuses the connection or fails the
+    request is not named (gone or restarting: the coordinator already handles it).
+
+    The request goes through gRPC (which TensorFlow itself depends on) on a channel of its
+    own, not through TensorFlow: TensorFlow's eager calls to a remote device hold the GIL
+    while they wait, so a request to a frozen host that way would block every thread here.
+    The request is `tensorflow.WorkerService/GetStatus` with an empty message (a valid one);
+    its answer is not read, only whether it comes.
+    """
+    try:
+        import grpc
+    except ImportError:
+        return []
+    silent = []
+    for name, address in addresses.items():
+        channel = grpc.insecure_channel(address)
+        try:
+            status = channel.unary_unary("/tensorflow.WorkerService/GetStatus")
+            status(b"", timeout=wait)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                silent.append(name)
+        finally:
+            channel.close()
+    return silent
+
+
+def cluster_workers() -> dict:
+    """`{"worker:i": "host:port"}` of TF_CONFIG's workers ({} without TF_CONFIG)."""
+    from kerastrain import cluster
+    config = cluster.read_tf_config()
+    if config is None:
+        return {}
+    return {f"worker:{i}": address
+            for i, address in enumerate(config.cluster.get("worker", []))}
 
 
 def start_heartbeat(path, every=10.0):

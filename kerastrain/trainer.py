@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 import logging
 import sys
@@ -694,7 +695,12 @@ class Trainer:
         if timeout == "auto" and not (self._built.is_multi_worker or
                                       self._built.is_parameter_server):
             timeout = None
-        with stalls.StallWatch(timeout, what=f"training under {self._built.name}") as watch:
+        probe = None
+        workers = stalls.cluster_workers() if self._built.is_parameter_server else {}
+        if workers:  # a stuck worker of a cluster can be named, and restarted
+            probe = functools.partial(stalls.unanswering_workers, workers)
+        with stalls.StallWatch(timeout, what=f"training under {self._built.name}",
+                               probe=probe) as watch:
             self._beat = watch.beat
             try:
                 yield watch

@@ -168,21 +168,32 @@ def test_tf_config_roles():
     assert cluster.read_tf_config({}) is None
 
 
-def test_serve_stops_when_the_chief_has_finished():
-    # A fake clock: the chief answers twice, then stops answering.
-    answers = iter([True, True, False, False, False])
-    times = iter(range(100))
-    original = cluster._reachable
-    cluster._reachable = lambda address, timeout=1.0: next(answers)
+def _serve_with_chief_answering(answers, **kwargs):
+    """serve() on a fake clock (one tick per poll) while the chief answers `answers`."""
+    answers, times = iter(answers), iter(range(10_000))
+    original = cluster._knock
+    cluster._knock = lambda address, timeout=1.0: next(answers)
     try:
         # serve() starts a real server on the ps address: a free port, not a fixed one that
         # another process on the machine may hold.
         config = cluster.ClusterConfig({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
                                         "ps": [f"127.0.0.1:{cluster.free_port()}"]}, "ps", 0)
-        reason = cluster.serve(config, clock=lambda: next(times), sleep=lambda s: None)
+        return cluster.serve(config, clock=lambda: next(times), sleep=lambda s: None,
+                             **kwargs)
     finally:
-        cluster._reachable = original
-    assert reason == "chief-finished"
+        cluster._knock = original
+
+
+def test_serve_stops_when_the_chief_has_finished_not_when_it_is_silent_for_a_while():
+    # Up twice, then refused three times (its host says nothing listens): finished.
+    assert _serve_with_chief_answering(["up", "up", "refused", "refused", "refused"]) == \
+        "chief-finished"
+    # Silent (a partition, a frozen chief) for less than silent_seconds, then up again, then
+    # finished: a network blip does not end the job's servers; silence that lasts does.
+    blip = ["up"] + ["silent"] * 20 + ["up", "refused", "refused", "refused"]
+    assert _serve_with_chief_answering(blip, silent_seconds=30) == "chief-finished"
+    assert _serve_with_chief_answering(["up"] + ["silent"] * 40, silent_seconds=30) == \
+        "chief-unreachable"
 
 
 @pytest.mark.parametrize("spec, gpus, cpu_devices, expected", [

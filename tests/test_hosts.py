@@ -1,0 +1,87 @@
+"""`kerastrain launch --network multihost`: a real cluster's hosts, rehearsed on one machine
+(issue 32).
+
+Each task is a host of its own: network namespace, address on a private bridge, host name,
+/tmp and working directory; only model_dir (here: the shared directory) is one for all. Where
+Linux refuses the namespaces these tests fail, saying so, rather than pass on loopback.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+
+PROBE = os.path.join(helpers.REPO, "tests", "_hosts_probe.py")
+PS_RECIPE = os.path.join(helpers.REPO, "recipes", "parameter_server.yaml")
+
+
+@pytest.mark.multiprocess
+def test_each_task_is_a_host_of_its_own_and_a_chief_only_file_is_missing_elsewhere(tmp_path):
+    shared, work = tmp_path / "shared", tmp_path / "work"
+    shared.mkdir()
+    work.mkdir()
+    done = subprocess.run([sys.executable, PROBE, str(shared)], cwd=work, capture_output=True,
+                          text=True, timeout=120, env=helpers.child_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = {name: json.loads((shared / f"{name}.json").read_text())
+            for name in ("chief-0", "worker-0", "worker-1")}
+    # Three hosts: their own names, namespaces and addresses on the bridge, named in the
+    # launcher's output as each started.
+    assert {name: s["host"] for name, s in seen.items()} == {n: n for n in seen}
+    namespaces = {s["netns"] for s in seen.values()}
+    assert len(namespaces) == 3 and os.readlink("/proc/self/ns/net") not in namespaces
+    started = dict(re.findall(r"started \S+ \(pid \d+\) on host (\S+) \((198\.18\.0\.\d+)\)",
+                              done.stdout))
+    assert started == {name: s["address"] for name, s in seen.items()}, done.stdout
+    assert len(set(started.values())) == 3
+    # The workers reached the chief by its host name, over the bridge.
+    assert seen["chief-0"]["heard"] == ["worker-0", "worker-1"]
+    # What the chief wrote to its own /tmp is not on the workers' disks: reading it fails
+    # there, as on a cluster; each working directory holds only what its own host wrote, and
+    # nothing the hosts wrote outside the shared directory reached this machine's disk.
+    assert seen["chief-0"]["tmp_vocabulary"] is True
+    for worker in ("worker-0", "worker-1"):
+        assert seen[worker]["vocabulary"] == "FileNotFoundError: /tmp/kt-vocabulary.txt"
+        assert seen[worker]["tmp_vocabulary"] is False
+    for name, s in seen.items():
+        assert s["own_files"] == [f"written_here_by_{name}"], s
+    assert list(work.iterdir()) == []
+    assert not os.path.exists("/tmp/kt-vocabulary.txt")
+    assert "[launch] job finished: chief:0 exited with 0" in done.stdout
+
+
+@pytest.mark.multiprocess
+def test_a_ps_job_on_hosts_survives_a_frozen_worker_and_a_partition_to_the_exact_step(tmp_path):
+    """worker:1 frozen after the first checkpoint: the chief's stall watch finds it answers no
+    request and names it, the launcher ends and restarts it, its loop runs on worker:0
+    (repeats counted) and training goes on. Then worker:0 cut off the network for 10 s: its
+    server does not take the silence for the end of the job, and the job goes on or, if the
+    cut outlasts the bound, restarts from its checkpoint. The job ends at the exact step."""
+    run = helpers.Child(["-m", "kerastrain.cli", "launch", PS_RECIPE, "--workers", "2", "--ps",
+                         "1", "--network", "multihost", "--max-restarts", "1",
+                         "--fault", "freeze worker:1 at step 32 for 60s",
+                         "--fault", "partition worker:0 at step 64 for 10s",
+                         *[a for item in ["data.train.args.num_examples=8192",
+                                          f"trainer.model_dir={tmp_path / 'run'}",
+                                          "trainer.epochs=4", "trainer.stall_timeout=15",
+                                          "trainer.steps_per_loop=4", "tensorboard=false"]
+                           for a in ("--set", item)]])
+    assert run.finish(timeout=400) == 0, run.text[-8000:]
+    text = run.text
+    assert "[launch] network: a multihost rehearsal" in text
+    assert "[launch] fault: froze worker:1 for 60 s" in text
+    assert re.search(r"\[chief:0\] kerastrain: stalled: chief:0 made no progress training under "
+                     r"ps for \d+ s and waits on worker:1, which answer", text), text[-8000:]
+    assert "[launch] worker:1 answers the chief no request: ending it" in text
+    assert "[launch] worker:1 exited with signal SIGKILL; restarting it (1/3)" in text
+    assert re.search(r"\[chief:0\] kerastrain: a worker failed with loops in flight; they ran "
+                     r"again on other workers, so \d+ step\(s\)", text)
+    assert "[launch] fault: cut off the network: worker:0 for 10 s" in text
+    assert "[launch] fault: worker:0 is on the network again" in text
+    assert "exited with code 0; restarting" not in text  # no server ended for the silence
+    assert "step 128," in run.wait_for(r"\[chief:0\] kerastrain: done:").string
