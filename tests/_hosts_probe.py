@@ -28,6 +28,7 @@ if me == "chief-0":
     open(os.path.join(shared, "chief-ready"), "w").close()
     server.settimeout(60)
     seen["heard"] = sorted(server.accept()[0].recv(64).decode() for _ in range(2))
+    open(os.path.join(shared, "chief-heard-all"), "w").close()
 else:
     for _ in range(600):                                # bounded: 60 s
         if os.path.exists(os.path.join(shared, "chief-ready")):
@@ -39,6 +40,11 @@ else:
         seen["vocabulary"] = f"FileNotFoundError: {e.filename}"
     with socket.create_connection(("chief-0", 2222), timeout=30) as s:
         s.sendall(me.encode())
+    # Alive until every host has run: Linux reuses a freed namespace's number.
+    for _ in range(600):
+        if os.path.exists(os.path.join(shared, "chief-heard-all")):
+            break
+        time.sleep(0.1)
 seen["own_files"] = sorted(p for p in os.listdir(".") if p.startswith("written_here_by_"))
 seen["tmp_vocabulary"] = os.path.exists("/tmp/kt-vocabulary.txt")
 with open(os.path.join(shared, me + ".json"), "w") as f:

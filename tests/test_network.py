@@ -403,8 +403,8 @@ def test_network_option_is_checked(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["launch", PS_RECIPE, "--workers", "1", "--network", "none"])
     assert exit_.value.code == 2
-    assert "argument --network: invalid choice: 'none' (choose from 'private', 'host')" in \
-        capsys.readouterr().err
+    assert ("argument --network: invalid choice: 'none' (choose from 'private', 'host', "
+            "'multihost')") in capsys.readouterr().err
 
 
 def test_which_commands_isolate():

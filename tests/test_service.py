@@ -216,7 +216,16 @@ def test_launch_starts_a_dispatcher_and_workers_and_points_the_recipe_at_them():
     assert [t.name for t in tasks] == ["data_dispatcher:0", "data_worker:0", "data_worker:1"]
     port = tasks[0].command[-1]
     assert sets == ["trainer.epochs=1", f"data.service=grpc://127.0.0.1:{port}"]
-    assert all(t.command[-4:-2] == ["--dispatcher", f"127.0.0.1:{port}"] for t in tasks[1:])
+    assert all(t.command[-6:-4] == ["--dispatcher", f"127.0.0.1:{port}"] and
+               t.command[-2:] == ["--host", "127.0.0.1"] for t in tasks[1:])
+    # On multihost every server is a host of its own, on the same port of its own address,
+    # and each worker tells the dispatcher its host name, by which consumers reach it.
+    tasks, sets = launch.service_tasks(2, [], multihost=True)
+    assert sets == ["data.service=grpc://data-dispatcher-0:5050"]
+    assert tasks[0].command[-2:] == ["--port", "5050"]
+    assert [t.command[-6:] for t in tasks[1:]] == [
+        ["--dispatcher", "data-dispatcher-0:5050", "--port", "5050", "--host", f"data-worker-{i}"]
+        for i in range(2)]
     assert launch.service_tasks(0, ["a=1"]) == ([], ["a=1"])
     with pytest.raises(ValueError, match=r"`--service-workers` must be an int >= 0. "
                                          r"Received: -1"):
