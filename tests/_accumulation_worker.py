@@ -1,6 +1,10 @@
 """Subprocess entry for accumulation tests: train with k accumulated batches, save the weights.
 
 Usage: python tests/_accumulation_worker.py JOB_JSON OUT_PREFIX
+       python tests/_accumulation_worker.py '[[JOB, OUT_PREFIX], ...]'
+The second form runs the jobs one after another in this process (TensorFlow started once;
+under ps, one local cluster: they must ask for the same cluster size), each job's output
+following a line `@@ job INDEX`.
 """
 
 import json
@@ -11,8 +15,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 
 def main():
-    job = json.loads(sys.argv[1])
-    out = sys.argv[2]
+    jobs = json.loads(sys.argv[1])
+    if isinstance(jobs, dict):
+        run(jobs, sys.argv[2])
+        return
+    for index, (job, out) in enumerate(jobs):
+        print(f"@@ job {index}", file=sys.stderr, flush=True)
+        run(job, out)
+
+
+def run(job, out):
     import kerastrain as kt  # the strategy must be built before any TF op runs
 
     import test_accumulation as cases
@@ -30,6 +42,7 @@ def main():
               "weights": [w.tolist() for w in trainer.model.get_weights()]}
     with open(out + ".json", "w") as f:
         json.dump(result, f)
+    trainer.close()  # the next job's Trainer starts as in a new process
 
 
 if __name__ == "__main__":

@@ -1,6 +1,10 @@
 """Subprocess entry for multi-process tests: train as told by a JSON job, save results.
 
 Usage: python tests/_worker.py JOB_JSON OUT_PREFIX
+       python tests/_worker.py '[[JOB, OUT_PREFIX], ...]'
+The second form runs the jobs one after another in this process (TensorFlow started once;
+under ps, one local cluster: they must ask for the same cluster size), each job's log
+following a line `@@ job INDEX` on stderr.
 """
 
 import json
@@ -13,8 +17,16 @@ import helpers  # noqa: E402
 
 
 def main():
-    job = json.loads(sys.argv[1])
-    out = sys.argv[2]
+    jobs = json.loads(sys.argv[1])
+    if isinstance(jobs, dict):
+        run(jobs, sys.argv[2])
+        return
+    for index, (job, out) in enumerate(jobs):
+        print(f"@@ job {index}", file=sys.stderr, flush=True)
+        run(job, out)
+
+
+def run(job, out):
     import kerastrain as kt  # the strategy must be built before any TF op runs
     import numpy as np
     import tensorflow as tf

@@ -230,28 +230,29 @@ def test_a_checkpoint_resumes_under_any_other_strategy_at_the_same_batch(tmp_pat
     """Every strategy keeps the data position in batches, so a run stopped mid-epoch under
     one strategy resumes under another at the batch where it stood. With 4 batches a step:
     one_device -> ps -> mirrored; with 1: ps -> mirrored -> one_device (ps with one worker:
-    no asynchrony). Each chain ends with the weights of one run that never stopped."""
+    no asynchrony). Each chain ends with the weights of one run that never stopped. The
+    two ps legs run one after another in one process (each its own Trainer)."""
     import subprocess
     import sys
     chains = {4: tmp_path / "k4", None: tmp_path / "k1"}
     _leg("one_device", 4, chains[4], stop_after=4)      # 1 step: 4 of the pass's 16 batches
     ps_jobs = {4: {"stop_after": 5}, None: {"stop_after": 5}}  # k=4: into epoch 2; k=1: epoch 1
     env = helpers.child_env(tests=True, TF_CPP_MIN_LOG_LEVEL="2")
-    procs = {}
     for k, job in ps_jobs.items():
         job.update(strategy={"name": "ps", "num_workers": 1, "num_ps": 1}, n=256, k=k,
                    batch=16, epochs=3, steps_per_loop=1, model_dir=str(chains[k]))
-        procs[k] = subprocess.Popen(
-            [sys.executable, "tests/_accumulation_worker.py", json.dumps(job),
-             str(tmp_path / f"ps{k}")], cwd=helpers.REPO, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "tests/_accumulation_worker.py",
+         json.dumps([[job, str(tmp_path / f"ps{k}")] for k, job in ps_jobs.items()])],
+        cwd=helpers.REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        outputs = {k: proc.communicate(timeout=300)[0] for k, proc in procs.items()}
+        output = proc.communicate(timeout=300)[0]
     finally:
-        for proc in procs.values():
-            proc.kill()
-    for k, proc in procs.items():
-        assert proc.returncode == 0, outputs[k][-4000:]
+        proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+    logs = output.split("@@ job ")[1:]
+    assert [int(log.split("\n", 1)[0]) for log in logs] == [0, 1], output[-4000:]
+    outputs = dict(zip(ps_jobs, logs))
     assert "the data continues at pass 1, batch 4 of 16" in outputs[4]
     with caplog.at_level("INFO", logger="kerastrain"):
         resumed_4 = _leg(MIRRORED, 4, chains[4])                  # ps stopped at step 6

@@ -185,21 +185,6 @@ def test_the_users_model_instance_under_parameter_servers(tmp_path, prior):
 
 
 @pytest.mark.multiprocess
-def test_a_layer_that_counts_with_assign_add_counts_exactly_under_two_ps_workers(tmp_path):
-    """Keras's `assign_add` is a read and a write: two workers lost 30-45 % of the counts."""
-    import json
-
-    import helpers
-    job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": 3,
-                      "n": 512, "steps_per_epoch": 32, "counting": True, "steps_per_loop": 4})
-    proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    result = json.loads((tmp_path / "chief.json").read_text())
-    assert result["global_step"] == 3 * 512 // 16
-    assert result["count"] == 3 * 512  # every example of every epoch, once
-
-
-@pytest.mark.multiprocess
 def test_a_model_instance_under_multi_worker_mirrored_gets_a_clear_error(tmp_path):
     """TensorFlow configures collectives before the first operation, and building a model
     runs operations: a model built before the Trainer cannot be used; the error says so."""

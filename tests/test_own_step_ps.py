@@ -18,22 +18,26 @@ pytestmark = pytest.mark.multiprocess
 PS = {"name": "ps", "num_workers": 1, "num_ps": 1}
 
 
-def _start(job, out):
+def _start(jobs, out):
     env = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
-    return subprocess.Popen([sys.executable, "tests/_own_step_worker.py", json.dumps(job), out],
+    return subprocess.Popen([sys.executable, "tests/_own_step_worker.py", json.dumps(jobs), out],
                             cwd=helpers.REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
 def test_a_vae_and_a_gan_train_under_ps_as_on_one_device_and_metrics_count_exactly(tmp_path):
-    jobs = {"vae": {"model": "vae", "strategy": PS, "epochs": 2},
-            "gan": {"model": "gan", "strategy": PS, "epochs": 2},
-            "raw_loss": {"model": "raw_loss", "strategy": PS, "epochs": 2},
-            # 2 workers, 48 steps an epoch: concurrent updates of the model's `Sum`.
-            "counting": {"model": "counting", "epochs": 2, "steps": 48, "repeat": True,
-                         "strategy": dict(PS, num_workers=2), "steps_per_loop": 4}}
-    procs = {name: _start(job, str(tmp_path / name)) for name, job in jobs.items()}
+    """One process per cluster size (TensorFlow starts once for the jobs of a local cluster;
+    each job is its own Trainer, as in separate processes)."""
+    clusters = {
+        "one_worker": {"vae": {"model": "vae", "strategy": PS, "epochs": 2},
+                       "gan": {"model": "gan", "strategy": PS, "epochs": 2},
+                       "raw_loss": {"model": "raw_loss", "strategy": PS, "epochs": 2}},
+        # 2 workers, 48 steps an epoch: concurrent updates of the model's `Sum`.
+        "two_workers": {"counting": {"model": "counting", "epochs": 2, "steps": 48,
+                                     "repeat": True, "strategy": dict(PS, num_workers=2),
+                                     "steps_per_loop": 4}}}
+    procs = {name: _start(jobs, str(tmp_path) + os.sep) for name, jobs in clusters.items()}
     try:
         outputs = {name: p.communicate(timeout=400)[0] for name, p in procs.items()}
     finally:
@@ -41,7 +45,8 @@ def test_a_vae_and_a_gan_train_under_ps_as_on_one_device_and_metrics_count_exact
             p.kill()
     for name, p in procs.items():
         assert p.returncode == 0, name + outputs[name][-4000:]
-    results = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in jobs}
+    results = {name: json.loads((tmp_path / f"{name}.json").read_text())
+               for jobs in clusters.values() for name in jobs}
 
     assert min(results["raw_loss"]["history"]["loss"]) > 0  # the step's loss, not 0
     for name in ("vae", "gan", "raw_loss"):

@@ -26,28 +26,51 @@ def check_result(result):
     assert result["is_chief"]
 
 
-def test_ps_without_cluster_starts_local_in_process_cluster(tmp_path):
-    job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
-                      "epochs": EPOCHS, "steps_per_epoch": STEPS, "data": "infinite",
-                      # Loops of 5: 4 steps per loop iteration, then one (no step lost
-                      # or repeated: the exact counts of check_result).
-                      "steps_per_loop": 5, "tuning": {"unroll_steps": True},
-                      "evaluate": True, "model_dir": str(tmp_path / "run"),
-                      "tensorboard": {"log_every_steps": 6}})
-    proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory):
+    """The jobs that train on a local in-process cluster of 2 workers and 1 ps, one after
+    another in one process (TensorFlow and the cluster start once; each job is its own
+    Trainer): {name: (its result, its log)}. The first job starts the cluster."""
+    tmp = tmp_path_factory.mktemp("local_cluster")
+    jobs = {
+        "without_cluster": {
+            "strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
+            "epochs": EPOCHS, "steps_per_epoch": STEPS, "data": "infinite",
+            # Loops of 5: 4 steps per loop iteration, then one (no step lost
+            # or repeated: the exact counts of check_result).
+            "steps_per_loop": 5, "tuning": {"unroll_steps": True},
+            "evaluate": True, "model_dir": str(tmp / "run"),
+            "tensorboard": {"log_every_steps": 6}},
+        "fresh_restore": {
+            "strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
+            "epochs": 2, "steps_per_epoch": 10, "data": "infinite",
+            "steps_per_loop": 3, "model_dir": str(tmp / "restore"),
+            "checkpoint": {"every_steps": 5}, "fresh_restore": True},
+        "counting": {
+            "strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": 3,
+            "n": 512, "steps_per_epoch": 32, "counting": True, "steps_per_loop": 4}}
+    proc = helpers.run_python(["tests/_worker.py", json.dumps(
+        [[job, str(tmp / name)] for name, job in jobs.items()])])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    logs = proc.stderr.split("@@ job ")[1:]
+    assert [int(log.split("\n", 1)[0]) for log in logs] == list(range(len(jobs)))
+    return {name: (json.loads((tmp / f"{name}.json").read_text()), log)
+            for name, log in zip(jobs, logs)} | {"dir": tmp}
+
+
+def test_ps_without_cluster_starts_local_in_process_cluster(local_cluster):
+    result, log = local_cluster["without_cluster"]
     # Truthful: TensorFlow's servers listen on every interface, not on 127.0.0.1.
-    assert "local in-process cluster of 2 worker(s) and 1 ps, listening on ports" in proc.stderr
+    assert "local in-process cluster of 2 worker(s) and 1 ps, listening on ports" in log
     # Said before a user meets it: two workers update asynchronously.
     assert "; its 2 workers update the variables asynchronously, each step reading weights " \
         "others may be updating: losses differ from one device's and from run to run" \
-        in proc.stderr
-    result = json.loads((tmp_path / "chief.json").read_text())
+        in log
     check_result(result)
     # The coordinator (chief) wrote TensorBoard logs: running values every 6 steps, and at
     # each epoch end the epoch's value, although results arrive only after each join.
     from test_monitoring import read_scalars
-    train = read_scalars(str(tmp_path / "run" / "logs" / "train"))
+    train = read_scalars(str(local_cluster["dir"] / "run" / "logs" / "train"))
     assert [s for s, _ in train["loss"]] == list(range(6, EPOCHS * STEPS + 1, 6))
     epoch_ends = dict(train["loss"])
     assert [epoch_ends[(e + 1) * STEPS] for e in range(EPOCHS)] == pytest.approx(
@@ -55,6 +78,24 @@ def test_ps_without_cluster_starts_local_in_process_cluster(tmp_path):
     assert [s for s, _ in train["examples_per_second"]] == [STEPS * (e + 1) for e in range(EPOCHS)]
     # Coordinator-side evaluation saw every example once: 96 examples, exact accuracy.
     assert result["evaluate"]["accuracy"] * 96 == pytest.approx(round(result["evaluate"]["accuracy"] * 96), abs=1e-3)
+
+
+def test_ps_checkpoint_restores_into_a_fresh_trainer_with_the_exact_step(local_cluster):
+    result, log = local_cluster["fresh_restore"]
+    assert result["global_step"] == 20
+    assert result["fresh_global_step"] == 20  # restored exactly, nothing left to train
+    assert result["fresh_max_weight_diff"] == 0.0
+    names = sorted(os.listdir(local_cluster["dir"] / "restore" / "checkpoints"))
+    assert [n for n in names if n.endswith(".index")] == [
+        "ckpt-10.index", "ckpt-15.index", "ckpt-20.index"]  # max_to_keep=3
+    assert "resumed from" in log
+
+
+def test_a_layer_that_counts_with_assign_add_counts_exactly_under_two_ps_workers(local_cluster):
+    """Keras's `assign_add` is a read and a write: two workers lost 30-45 % of the counts."""
+    result, _ = local_cluster["counting"]
+    assert result["global_step"] == 3 * 512 // 16
+    assert result["count"] == 3 * 512  # every example of every epoch, once
 
 
 def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):
@@ -93,23 +134,6 @@ def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):
     finally:
         for server in servers:
             server.kill()
-
-
-def test_ps_checkpoint_restores_into_a_fresh_trainer_with_the_exact_step(tmp_path):
-    job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
-                      "epochs": 2, "steps_per_epoch": 10, "data": "infinite",
-                      "steps_per_loop": 3, "model_dir": str(tmp_path / "run"),
-                      "checkpoint": {"every_steps": 5}, "fresh_restore": True})
-    proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    result = json.loads((tmp_path / "chief.json").read_text())
-    assert result["global_step"] == 20
-    assert result["fresh_global_step"] == 20  # restored exactly, nothing left to train
-    assert result["fresh_max_weight_diff"] == 0.0
-    names = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
-    assert [n for n in names if n.endswith(".index")] == [
-        "ckpt-10.index", "ckpt-15.index", "ckpt-20.index"]  # max_to_keep=3
-    assert "resumed from" in proc.stderr
 
 
 def test_ps_sigterm_saves_the_step_its_variables_hold_and_resumes_to_the_exact_total(tmp_path):

@@ -29,9 +29,13 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_the_readme_main_command_says_only_true_things_on_a_new_model_dir(tmp_path):
-    """The README's first command's recipe, as a new user runs it (no TF_CPP_MIN_LOG_LEVEL)."""
+    """The README's first command's recipe, as a new user runs it (no TF_CPP_MIN_LOG_LEVEL).
+    It is also quickstart.yaml's run in test_recipes.py's every-shipped-recipe test: the
+    summary and the resolved recipe beside the checkpoints are checked here."""
     import subprocess
     import sys
+
+    import yaml
 
     import helpers
     env = helpers.child_env()
@@ -50,6 +54,13 @@ def test_the_readme_main_command_says_only_true_things_on_a_new_model_dir(tmp_pa
     assert log[0].startswith("kerastrain: devices: the CPU"), log[:3]
     assert len([line for line in log if line.startswith("kerastrain: tuning:")]) == 1
     assert "Epoch 3/3" in lines and "kerastrain: done: 3 epochs, step 768" in first.stdout
+    summary = [line for line in first.stdout.splitlines() if line.startswith("kerastrain: done:")]
+    assert summary and "loss" in summary[0], first.stdout[-2000:]
+    # The resolved recipe, with the override, is next to the checkpoints.
+    resolved = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    assert resolved["trainer"]["model_dir"] == str(tmp_path / "run")
+    assert resolved["trainer"]["epochs"] == 3
+    assert os.path.isdir(tmp_path / "run" / "checkpoints")
     # The same command again: it says truly where the run stopped, and that nothing is left.
     again = subprocess.run(command, env=env, cwd=helpers.REPO, capture_output=True, text=True,
                            timeout=300)
