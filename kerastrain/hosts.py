@@ -216,6 +216,12 @@ def _own_files(libc, spec) -> None:
         _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None,
                f"binding the shared {path}")
         os.close(fd)
+    # Temporary files (TMPDIR) on a tmpfs of their own: in a user namespace an overlay
+    # refuses to rename a directory at its top (EXDEV), which no host's /tmp does.
+    temporary = os.path.join("/tmp", f".kerastrain-host-{spec['name']}")
+    os.makedirs(temporary, exist_ok=True)
+    _mount(libc, "tmpfs", temporary, "tmpfs", 0, "mode=1777", f"a tmpfs on {temporary}")
+    os.environ["TMPDIR"] = temporary
     _mount(libc, f"/proc/self/fd/{hosts}", "/etc/hosts", None, _MS_BIND, None,
            "binding /etc/hosts")
     os.close(hosts)

@@ -413,10 +413,10 @@ def test_launched_multi_worker_mirrored_matches_one_device(tmp_path):
     assert not [p for p in run.pids() if _alive(p)]
 
 
-def _two_workers_after_a_checkpoint(model_dir, *sets):
+def _two_workers_after_a_checkpoint(model_dir, *sets, options=()):
     """A 2-worker multi-worker launch (2 epochs of 64 steps, a checkpoint every 16, one
     restart allowed), once worker:0 has saved: (the launch, worker:1's pid)."""
-    run = Launch([QUICKSTART, "--workers", "2", "--max-restarts", "1", *_sets([
+    run = Launch([QUICKSTART, "--workers", "2", "--max-restarts", "1", *options, *_sets([
         "trainer.epochs=2", "data.train.args.num_examples=16384", *sets,
         "data.validation.args.num_examples=512", "trainer.verbose=2",
         "checkpoints.every_steps=16", "tensorboard=false", f"trainer.model_dir={model_dir}"])])
@@ -426,12 +426,19 @@ def _two_workers_after_a_checkpoint(model_dir, *sets):
 
 @pytest.mark.multiprocess
 def test_a_frozen_multi_worker_task_is_a_stall_not_a_hang_and_a_restart_resumes(tmp_path):
-    """SIGSTOP on worker:1 (a hung host, a paused VM): worker:0 waits in a collective, says
-    within its stall_timeout that it stalled, with its stacks, and exits 75; the launcher names
-    the frozen task, kills it and restarts the job, which resumes to the exact step count."""
-    run, worker = _two_workers_after_a_checkpoint(tmp_path, "trainer.stall_timeout=6")
-    os.kill(worker, signal.SIGSTOP)
+    """Each worker a host of its own (`--network multihost`); worker:1 frozen (SIGSTOP: a hung
+    host, a paused VM) by the launcher's fault plan after the first checkpoint: worker:0 waits
+    in a collective, says within its stall_timeout that it stalled, with its stacks, and exits
+    75; the launcher names the frozen task, kills it and restarts the job, which resumes to the
+    exact step count."""
+    run, worker = _two_workers_after_a_checkpoint(
+        tmp_path, "trainer.stall_timeout=6", options=[
+            "--network", "multihost", "--fault", "freeze worker:1 at step 16 for 300s"])
     assert run.finish() == 0, run.text[-6000:]
+    assert re.search(r"\[launch\] started worker:1 \(pid \d+\) on host worker-1 "
+                     r"\(198\.18\.0\.\d+\)", run.text)
+    assert "[launch] fault: froze worker:1 for 300 s (freeze worker:1 at step 16 for 300s)" \
+        in run.text
     stalled = re.search(r"\[worker:0\] kerastrain: stalled: worker:0 made no progress training "
                         r"under multi_worker_mirrored for \d+ s \(bound 6 s, set by "
                         r"stall_timeout\)", run.text)
