@@ -398,6 +398,7 @@ class Launcher:
         self.parameter_servers = any(t.type == "ps" for t in tasks)
         self._lock = threading.Lock()
         self._threads = []
+        self._ended_by = None  # the task whose exit ended the last attempt, if not the chief
 
     # -- processes ---------------------------------------------------------------------
 
@@ -478,6 +479,7 @@ class Launcher:
 
     def run_once(self, on_started=None) -> int:
         """Start every task and wait for the job's end; return the chief's exit code."""
+        self._ended_by = None
         for task in self.tasks:
             task.restarts = 0
             self.start(task)
@@ -543,6 +545,10 @@ class Launcher:
                 pass
             if chief.process.returncode not in (None, 0):
                 return chief.process.returncode
+            if chief.process.returncode is None:
+                self.say(f"{chief.name} did not stop by itself within {CHIEF_NOTICE_SECS:.0f} s "
+                         f"of losing {task.name}: stopping the job")
+        self._ended_by = task.name  # the attempt's exit code is this task's, not the chief's
         return code if code else 1
 
     def _wait_for_the_rest(self, chief):
@@ -579,7 +585,8 @@ class Launcher:
                     self.say(f"job finished: {chief_of(self.tasks).name} exited with 0")
                     return 0
                 if attempt >= self.max_restarts:
-                    self.say(f"job failed: {chief_of(self.tasks).name} exited with "
+                    self.say(f"job failed: {self._ended_by or chief_of(self.tasks).name} "
+                             "exited with "
                              f"{_describe(code)}" + (f" after {attempt} restart(s)"
                                                      if attempt else ""))
                     return code
