@@ -552,13 +552,19 @@ class Launcher:
         return code if code else 1
 
     def _wait_for_the_rest(self, chief):
-        """After the chief: servers stop by themselves once it is gone (kerastrain.cluster.serve)."""
+        """After the chief: servers stop by themselves once it is gone (kerastrain.cluster.serve).
+
+        On hosts of their own (multihost) a finished chief's host vanishes with it, which a
+        server cannot tell from a partition and waits out: the launcher, which saw the chief
+        succeed, stops the parameter-server job's servers itself (just after this).
+        """
+        servers = ("worker", "ps") if self.hosts is not None and self.parameter_servers else ()
         deadline = time.monotonic() + GRACE_SECS
         while time.monotonic() < deadline:
             # The evaluator too: it evaluates the last checkpoint, then sees the chief gone.
             # tf.data service servers serve until stopped (just after this).
             if all(t.process.poll() is not None for t in self.tasks
-                   if not t.type.startswith("data_")):
+                   if not t.type.startswith("data_") and t.type not in servers):
                 return
             time.sleep(self.poll_secs)
         self.say(f"{chief.name} finished; tasks still running after {GRACE_SECS:.0f} s are "
