@@ -39,6 +39,7 @@ FACTOR = 20.0
 FIRST_SECS = 600.0
 BACKSTOP_SECS = 30.0  # after the bound: faulthandler's own exit, if this thread cannot act
 PROBE_SECS = 10.0     # for a peer to answer a request, once a stall is seen
+CONNECT_SECS = 1800.0  # for every task of a TF_CONFIG cluster to answer while connecting
 
 
 class LostPeer(RuntimeError):
@@ -80,8 +81,10 @@ class StallWatch:
             the others), and the watch waits one more bound before it ends this process.
     """
 
-    def __init__(self, timeout="auto", what="training", exit=os._exit, out=None, probe=None):
+    def __init__(self, timeout="auto", what="training", exit=os._exit, out=None, probe=None,
+                 floor=None):
         self.timeout = timeout
+        self.floor = floor  # the bound is at least this, beats or not (`connecting`)
         self.what = what
         self._exit = exit
         self._probe = probe
@@ -94,6 +97,8 @@ class StallWatch:
         self._thread = None
 
     def bound(self) -> float:
+        if self.floor is not None:  # a watch over one long wait (connecting)
+            return max(self.floor, 0.0 if self.timeout == "auto" else self.timeout)
         if not self._beats:  # tracing and compiling the first loop is not a stall
             return max(FIRST_SECS, 0.0 if self.timeout == "auto" else self.timeout)
         if self.timeout != "auto":
@@ -178,7 +183,9 @@ class StallWatch:
 
     def _stalled(self, quiet):
         out = self._out or sys.stderr
-        how = ("before the first loop returned" if not self._beats else
+        how = (f"the larger of {self.floor:.0f} s and stall_timeout, while connecting"
+               if self.floor is not None else
+               "before the first loop returned" if not self._beats else
                "set by stall_timeout" if self.timeout != "auto" else
                "stall_timeout='auto', before a loop was measured" if self._beats < 2 else
                f"stall_timeout='auto': the larger of {FLOOR_SECS:.0f} s and {FACTOR:.0f} x the "
@@ -196,6 +203,16 @@ class StallWatch:
         except (OSError, ValueError):
             pass
         self._exit(STALLED)
+
+
+def connecting(stall_timeout, in_cluster: bool):
+    """A watch over connecting to a `TF_CONFIG` cluster, which TensorFlow waits for without
+    end: a task frozen before the job starts would hang every other one. The bound is the
+    larger of 30 minutes (image pulls and slow schedulers start tasks late) and
+    `stall_timeout`; nothing without a cluster or with `stall_timeout=None`."""
+    if not in_cluster or stall_timeout is None:
+        return StallWatch(None)
+    return StallWatch(stall_timeout, what="connecting to the cluster", floor=CONNECT_SECS)
 
 
 def unanswering_workers(addresses, wait: float = PROBE_SECS) -> list[str]:

@@ -142,7 +142,8 @@ class Trainer:
         # connected, makes the instance's variables unreadable here).
         detached = models_lib.detach(model)
         # Checks names and options before TensorFlow does anything heavy.
-        self._built = strategies.build_strategy(strategy, strategy_options)
+        with stalls.connecting(self._stall_timeout, bool(stalls.cluster_workers())):
+            self._built = strategies.build_strategy(strategy, strategy_options)
         if jit_compile is True and self._built.places_variables:
             raise ValueError(
                 f"`jit_compile=True` works with the 'default' and 'one_device' strategies; under "

@@ -46,6 +46,28 @@ def test_beats_keep_it_quiet_and_the_auto_bound_follows_the_slowest_loop():
     assert fixed.bound() == 30
 
 
+def test_connecting_to_a_cluster_is_watched_with_a_generous_floor(tmp_path, monkeypatch):
+    """A task frozen before the job starts hangs every other one in TensorFlow's connect:
+    bounded by the larger of 30 minutes and stall_timeout; off without a cluster or with
+    stall_timeout=None."""
+    assert stalls.connecting("auto", in_cluster=True).bound() == stalls.CONNECT_SECS == 1800
+    assert stalls.connecting(4000.0, in_cluster=True).bound() == 4000.0
+    assert stalls.connecting("auto", in_cluster=False).timeout is None
+    assert stalls.connecting(None, in_cluster=True).timeout is None
+    # It fires like any watch, saying what it waited for (a small floor here).
+    monkeypatch.setattr(stalls, "CONNECT_SECS", 0.3)
+    ended, codes = threading.Event(), []
+    out = open(tmp_path / "err.txt", "w+")
+    watch = stalls.connecting(0.1, in_cluster=True)
+    watch._exit, watch._out = (lambda code: (codes.append(code), ended.set())), out
+    with watch:
+        assert ended.wait(30), "the watch never fired"
+    text = (tmp_path / "err.txt").read_text()
+    assert codes == [75]
+    assert "made no progress connecting to the cluster for" in text
+    assert "(bound 0 s, the larger of 0 s and stall_timeout, while connecting)" in text
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, "soon", float("nan")])
 def test_a_bad_stall_timeout_is_refused(bad):
     with pytest.raises(ValueError, match=r"`stall_timeout` must be 'auto'.*Received: "
