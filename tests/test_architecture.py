@@ -131,3 +131,24 @@ def test_the_command_lines_modules_import_without_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(PACKAGE.parent), check=True).stdout
     assert json.loads(out.strip().splitlines()[-1]) == []
+
+
+def test_a_recipe_option_and_its_python_argument_have_one_default():
+    """`trainer:` keys of a recipe are Trainer/fit arguments: each default is written in
+    TrainerConfig and in a signature, and the two must agree (fit's `verbose=None` means
+    "the trainer's", whose default is the recipe's)."""
+    import dataclasses
+    import inspect
+
+    from kerastrain import config, trainer
+    signatures = [inspect.signature(trainer.Trainer.__init__).parameters,
+                  inspect.signature(trainer.Trainer.fit).parameters]
+    unmatched = []
+    for field in dataclasses.fields(config.TrainerConfig):
+        found = [p[field.name].default for p in signatures if field.name in p]
+        if not found:
+            unmatched.append(f"{field.name}: in no signature")
+        for default in found:
+            if default != field.default and not (field.name == "verbose" and default is None):
+                unmatched.append(f"{field.name}: recipe {field.default!r}, argument {default!r}")
+    assert not unmatched, unmatched
