@@ -48,6 +48,8 @@ class Task:
     command: list
     process: subprocess.Popen | None = None
     restarts: int = 0
+    backstop: bool = False  # its output had faulthandler's "Timeout (...)!": a blocked stall
+    pump: threading.Thread | None = None  # copies its output
 
     @property
     def name(self) -> str:
@@ -303,6 +305,8 @@ class Faults:
             self.launcher.say(f"fault: {fault.task} runs again")
 
 
+# What faulthandler.dump_traceback_later writes first (the stall watch's backstop).
+_BACKSTOP = re.compile(r"^Timeout \(\d+:\d\d:\d\d\)!$")
 # The line `stalls.StallWatch` writes on a coordinator that found stuck workers.
 _STUCK = re.compile(r"kerastrain: stalled: .* waits on ((?:worker:\d+)(?:, worker:\d+)*), "
                     r"which answer")
@@ -410,6 +414,8 @@ class Launcher:
         for line in iter(stream.readline, ""):
             if task.type == "chief" and self.parameter_servers:
                 self._restart_stuck(line)
+            if _BACKSTOP.match(line):
+                task.backstop = True
             with self._lock:
                 self.out.write(f"[{task.name}] {line}" if line.endswith("\n")
                                else f"[{task.name}] {line}\n")
@@ -435,6 +441,7 @@ class Launcher:
             self.say(f"started {task.name} (pid {task.process.pid}){where}")
         thread = threading.Thread(target=self._pump, args=(task, task.process.stdout),
                                   daemon=True)
+        task.pump = thread
         thread.start()
         self._threads.append(thread)
 
@@ -481,17 +488,24 @@ class Launcher:
         """Start every task and wait for the job's end; return the chief's exit code."""
         self._ended_by = None
         for task in self.tasks:
-            task.restarts = 0
+            task.restarts, task.backstop = 0, False
             self.start(task)
         if on_started is not None:
             on_started()
         chief = chief_of(self.tasks)
         try:
             code = self._attempt(chief)
+            if code and chief.pump is not None:
+                chief.pump.join(timeout=2)  # its last lines read (faulthandler's among them)
             frozen = _frozen_note(self.tasks) if code else ""  # before the others are stopped
             if code == stalls.STALLED:
                 self.say(f"a task stalled (exit {code}): no training progress within its "
                          "stall_timeout" + frozen)
+            elif any(t.backstop for t in self.tasks):
+                names = ", ".join(t.name for t in self.tasks if t.backstop)
+                self.say(f"a task stalled (exit {code}, from faulthandler's backstop in {names}: "
+                         "a call blocked while holding Python's GIL, so the stall watch could "
+                         "not act; its stacks are above)" + frozen)
             elif frozen:
                 self.say(f"the job failed (exit {code})" + frozen)
             return code

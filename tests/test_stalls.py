@@ -104,3 +104,22 @@ def test_auto_watches_only_where_a_peer_can_stall_a_task_and_seconds_apply_anywh
         assert watch.timeout == 900 and watch._thread.is_alive()
     with pytest.raises(ValueError, match=r"Received: stall_timeout='soon'"):
         kt.Trainer(helpers.build_model, strategy="one_device", stall_timeout="soon")
+
+
+def test_the_launcher_names_a_stall_that_faulthandlers_backstop_ended():
+    """A call blocked while holding the GIL keeps the watch thread from acting; faulthandler's
+    own watchdog then dumps the stacks and exits 1. The launcher says it was a stall, and
+    where, not merely that the job failed."""
+    import io
+    import sys
+
+    from kerastrain import launch
+    blocked = "print('Timeout (0:00:50)!'); print('Thread 0x1 (most recent call first):'); exit(1)"
+    tasks = [launch.Task("worker", 0, "{}", [sys.executable, "-c", blocked]),
+             launch.Task("worker", 1, "{}", [sys.executable, "-c", "import time; time.sleep(30)"])]
+    out = io.StringIO()
+    assert launch.Launcher(tasks, out=out, env={}).run() == 1
+    assert ("[launch] a task stalled (exit 1, from faulthandler's backstop in worker:0: a call "
+            "blocked while holding Python's GIL, so the stall watch could not act; its stacks "
+            "are above)") in out.getvalue(), out.getvalue()
+    assert "[worker:0] Timeout (0:00:50)!" in out.getvalue()
