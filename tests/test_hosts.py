@@ -98,6 +98,7 @@ def test_a_ps_job_on_hosts_survives_a_frozen_worker_a_partition_and_a_killed_ps(
             "unreachable" in after_kill or "[chief:0] kerastrain: stalled: chief:0 made no "
             "progress" in after_kill), after_kill[:6000]
     assert "restarting every task" in after_kill
-    assert re.search(r"\[chief:0\] kerastrain: resumed from .*ckpt-(96|128): step", after_kill)
+    assert re.search(r"\[chief:0\] kerastrain: resumed from .*ckpt-\d+: step", after_kill), \
+        after_kill[:6000]
     assert "step 160," in run.wait_for(r"\[chief:0\] kerastrain: done:").string
     assert "tasks still running after" not in text
