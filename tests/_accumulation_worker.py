@@ -13,15 +13,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import helpers  # noqa: E402
+
 
 def main():
-    jobs = json.loads(sys.argv[1])
-    if isinstance(jobs, dict):
-        run(jobs, sys.argv[2])
-        return
-    for index, (job, out) in enumerate(jobs):
-        print(f"@@ job {index}", file=sys.stderr, flush=True)
-        run(job, out)
+    helpers.run_jobs(run, sys.argv)
 
 
 def run(job, out):

@@ -96,6 +96,19 @@ def child_env(tests=False, **extra):
     return env
 
 
+def run_jobs(run, argv):
+    """A test worker's entry: `argv[1]` is one job (a JSON object, result to `argv[2]`) or a
+    JSON list of [job, result path] pairs run in turn in this process, each announced on
+    stderr as `@@ job N` so a test can read each job's own log."""
+    jobs = json.loads(argv[1])
+    if isinstance(jobs, dict):
+        run(jobs, argv[2])
+        return
+    for index, (job, out) in enumerate(jobs):
+        print(f"@@ job {index}", file=sys.stderr, flush=True)
+        run(job, out)
+
+
 def run_python(code_or_args, env=None, timeout=420):
     """Run a Python process with the repo importable; return CompletedProcess."""
     full_env = child_env(**{"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})

@@ -26,14 +26,16 @@ def imported_kerastrain_modules(tree):
     return found
 
 
+def _lines_matching(patterns, allowed_in):
+    """`file:line: text` of each line of the package (but `allowed_in`) matching a pattern."""
+    return [f"{path.name}:{number}: {line.strip()}" for path, _ in modules()
+            if path.name != allowed_in
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if any(re.search(pattern, line) for pattern in patterns)]
+
+
 def test_no_module_but_the_trainer_reaches_into_a_trainers_privates():
-    offenders = []
-    for path, _ in modules():
-        if path.name == "trainer.py":
-            continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if re.search(r"\btrainer\._\w", line):
-                offenders.append(f"{path.name}:{number}: {line.strip()}")
+    offenders = _lines_matching([r"\btrainer\._\w"], allowed_in="trainer.py")
     assert not offenders, offenders
 
 
@@ -102,13 +104,7 @@ _PRIVATE = (r"tf\.__internal__", r"\btensorflow\.python\b", r"\bkeras\.src\b",
 
 
 def test_private_tensorflow_and_keras_apis_are_reached_only_from_compat():
-    offenders = []
-    for path, _ in modules():
-        if path.name == "_compat.py":
-            continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if any(re.search(pattern, line) for pattern in _PRIVATE):
-                offenders.append(f"{path.name}:{number}: {line.strip()}")
+    offenders = _lines_matching(_PRIVATE, allowed_in="_compat.py")
     assert not offenders, offenders
 
 
@@ -117,7 +113,7 @@ def test_private_tensorflow_and_keras_apis_are_reached_only_from_compat():
 TENSORFLOW_FREE = ("kerastrain.cli", "kerastrain.config", "kerastrain.recipes",
                    "kerastrain.launch", "kerastrain.manifests", "kerastrain.stalls",
                    "kerastrain.files", "kerastrain._options", "kerastrain.cluster",
-                   "kerastrain.network", "kerastrain.locks")
+                   "kerastrain.network", "kerastrain.locks", "kerastrain.hosts")
 
 
 def test_the_command_lines_modules_import_without_tensorflow():
