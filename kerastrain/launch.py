@@ -276,11 +276,8 @@ class Faults:
             if not self.pending and not self._ends:
                 return
 
-    def _task(self, name):
-        return next(t for t in self.launcher.tasks if t.name == name)
-
     def _apply(self, fault):
-        task = self._task(fault.task)
+        task = self.launcher.task(fault.task)
         process = task.process
         if fault.action == "partition":
             self.launcher.hosts.partition(task.host, True)
@@ -298,7 +295,7 @@ class Faults:
 
     def _undo(self, fault, process):
         if fault.action == "partition":
-            self.launcher.hosts.partition(self._task(fault.task).host, False)
+            self.launcher.hosts.partition(self.launcher.task(fault.task).host, False)
             self.launcher.say(f"fault: {fault.task} is on the network again")
         elif process.poll() is None:
             _signal_group(process, signal.SIGCONT)
@@ -445,6 +442,10 @@ class Launcher:
         thread.start()
         self._threads.append(thread)
 
+    def task(self, name):
+        """The task named `name` ("worker:1"), or None."""
+        return next((t for t in self.tasks if t.name == name), None)
+
     def _restart_stuck(self, line):
         """The coordinator names workers that answer no request (`stalls.StallWatch`): end
         them, so that their steps run elsewhere; the attempt's loop restarts them."""
@@ -452,7 +453,7 @@ class Launcher:
         if not match:
             return
         for name in match.group(1).split(", "):
-            task = next((t for t in self.tasks if t.name == name), None)
+            task = self.task(name)
             if task is not None and task.process is not None and task.process.poll() is None:
                 self.say(f"{name} answers the chief no request: ending it (pid "
                          f"{task.process.pid}) to restart it")
