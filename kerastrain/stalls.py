@@ -195,9 +195,8 @@ class StallWatch:
                 "partitioned or gone, or this process is deadlocked. Its Python stacks follow; "
                 f"its checkpoints are intact. Exiting with {STALLED} (stalled); `kerastrain "
                 "launch --max-restarts N` restarts the job from the last checkpoint.")
+        self._say(line)
         try:
-            out.write(line + "\n")
-            out.flush()
             faulthandler.dump_traceback(file=out, all_threads=True)
             out.flush()
         except (OSError, ValueError):
@@ -231,18 +230,16 @@ def unanswering_workers(addresses, wait: float = PROBE_SECS) -> list[str]:
         import grpc
     except ImportError:
         return []
-    silent = []
-    for name, address in addresses.items():
-        channel = grpc.insecure_channel(address)
-        try:
-            status = channel.unary_unary("/tensorflow.WorkerService/GetStatus")
-            status(b"", timeout=wait)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                silent.append(name)
-        finally:
+    channels = {name: grpc.insecure_channel(address) for name, address in addresses.items()}
+    try:  # every request at once: one deadline however many hosts are frozen
+        asked = {name: channel.unary_unary("/tensorflow.WorkerService/GetStatus").future(
+            b"", timeout=wait) for name, channel in channels.items()}
+        return [name for name, answer in asked.items()
+                if answer.exception() is not None
+                and answer.exception().code() == grpc.StatusCode.DEADLINE_EXCEEDED]
+    finally:
+        for channel in channels.values():
             channel.close()
-    return silent
 
 
 def cluster_workers() -> dict:
