@@ -158,10 +158,14 @@ def test_ps_two_workers_train_every_example_once_per_epoch_through_a_local_servi
     assert "were lost" not in proc.stderr and "never reported" not in proc.stderr
 
 
-def _server(args):
+def _server(args, log=None):
+    """A service server; with `log`, its TensorFlow log of the tasks it serves goes there."""
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2"} if log is None else {
+        "TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "worker_impl=3"}
     return subprocess.Popen([sys.executable, "-m", "kerastrain.service", *args],
-                            cwd=helpers.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2"))
+                            cwd=helpers.REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL if log is None else open(log, "w"),
+                            env=helpers.child_env(**env))
 
 
 @pytest.mark.multiprocess
@@ -177,8 +181,9 @@ def test_a_service_worker_killed_mid_epoch_training_finishes_and_reports_the_los
     free = kt.cluster.free_port
     port, ports = free(), [free(), free()]
     servers = [_server(["dispatcher", "--port", str(port)])]
-    servers += [_server(["worker", "--dispatcher", f"127.0.0.1:{port}", "--port", str(p)])
-                for p in ports]
+    log = tmp_path / "worker1.log"
+    servers += [_server(["worker", "--dispatcher", f"127.0.0.1:{port}", "--port", str(p)],
+                        log=log if p == ports[1] else None) for p in ports]
     marker = tmp_path / "started"
     job = {"n": 2048, "batch": 16, "epochs": 2, "steps_per_loop": 1, "sleep_per_loop": 0.02,
            "marker": str(marker), "strategy": strategy,
@@ -188,8 +193,11 @@ def test_a_service_worker_killed_mid_epoch_training_finishes_and_reports_the_los
         cwd=helpers.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env=helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2"))
     try:
+        # Killed once training has started and worker 1 holds data: a worker that registered
+        # before the job learns of its task only at its next heartbeat, and one killed before
+        # that holds nothing to lose (TensorFlow logs each element it produces at level 3).
         deadline = time.monotonic() + 240
-        while not marker.exists():
+        while not (marker.exists() and "Producing an element" in log.read_text()):
             assert chief.poll() is None and time.monotonic() < deadline, chief.stderr.read()
             time.sleep(0.05)
         servers[2].send_signal(signal.SIGKILL)
