@@ -378,6 +378,26 @@ def test_launch_where_unshare_is_refused_says_so_and_warns(outer):
                     r"ports \d+, \d+, \d+, reachable from the network .*Linux refused", lines[1])
 
 
+def test_multihost_where_unshare_is_refused_is_one_line_and_no_job(outer):
+    """The rehearsal never falls back to one loopback: that would pass for hosts it is not."""
+    code = REFUSE.format(errno="EPERM", message="Operation not permitted") + textwrap.dedent(f"""
+        from kerastrain import cli, launch
+        def run(self):
+            raise AssertionError("a job started on loopback")
+        launch.Launcher.run = run
+        raise SystemExit(cli.main({["launch", PS_RECIPE, "--workers", "1", "--ps", "1",
+                                    "--network", "multihost"]!r}))
+    """)
+    proc = _python(outer[0], code, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert [line for line in proc.stderr.splitlines() if "outer-netns" not in line] == [
+        "kerastrain: error: --network multihost needs a user and network namespace of its own, "
+        "and Linux refused one here ([Errno 1] unshare: Operation not permitted); allow "
+        "unprivileged user namespaces, or rehearse with --network private (one loopback)"], \
+        proc.stderr
+
+
 def test_isolate_network_after_numpy_is_a_clear_error(outer):
     proc = _python(outer[0], "import numpy, kerastrain\nkerastrain.isolate_network()",
                    timeout=60)
