@@ -50,24 +50,43 @@ def _problems(result):
 
 
 def _grid():
-    """steps_per_loop x steps_per_epoch x {NumPy, dataset_fn(ctx)}. Each epoch is scheduled
-    anew and checked on its own: half-pass epochs run three times (the second straddles two
-    passes), one-pass epochs twice (a new pass each), an epoch of 256 steps (eight passes,
-    each id checked to be trained 8 times) once. One step per loop is not run for eight
-    passes: 256 loops that cross pass ends as the 16- and 32-step epochs already do."""
-    return [{"form": form, "steps_per_loop": spl, "steps_per_epoch": spe,
+    """steps_per_loop x steps_per_epoch, each pair once, its input form alternating so that
+    each form meets every loop length and every epoch length (every pair of the three
+    factors is covered; the form decides how a worker reads, the two lengths where loops
+    cut passes). Each epoch is scheduled anew and checked on its own: half-pass epochs run
+    three times (the second straddles two passes), one-pass epochs twice (a new pass each),
+    an epoch of 256 steps (eight passes, each id checked to be trained 8 times) once. One
+    step per loop is not run for eight passes: 256 loops that cross pass ends as the 16-
+    and 32-step epochs already do."""
+    forms = ("numpy", "context_fn")
+    return [{"form": forms[(i + j) % 2], "steps_per_loop": spl, "steps_per_epoch": spe,
              "epochs": {16: 3, 32: 2, 256: 1}[spe]}
-            for spl in ("auto", 1, 4, 16) for spe in (16, 32, 256)
-            for form in ("numpy", "context_fn") if not (spl == 1 and spe == 256)]
+            for i, spl in enumerate(("auto", 1, 4, 16)) for j, spe in enumerate((16, 32, 256))
+            if not (spl == 1 and spe == 256)]
+
+
+def _check_pairs(grid):
+    """Every pair of the grid's three factors is in it (the one excluded pair aside)."""
+    pairs = [("form", "steps_per_loop"), ("form", "steps_per_epoch"),
+             ("steps_per_loop", "steps_per_epoch")]
+    for a, b in pairs:
+        seen = {(case[a], case[b]) for case in grid}
+        assert len(seen) == len({c[a] for c in grid}) * len({c[b] for c in grid}) - (
+            1 if (a, b) == pairs[2] else 0), (a, b, seen)
+    # The worst case before exact visits (one loop taking a whole one-pass epoch) is there.
+    assert {"form": "context_fn", "steps_per_loop": "auto", "steps_per_epoch": 32,
+            "epochs": 2} in grid
 
 
 def test_every_example_once_per_pass_for_any_loop_and_epoch_length(tmp_path):
     """2 workers, steps_per_loop auto/1/4/16 x epochs of 16, 32 and 256 steps (half a pass,
-    one pass, eight passes), NumPy arrays and a dataset_fn(ctx); global-batch datasets; a
+    one pass, eight passes), with NumPy arrays or a dataset_fn(ctx) (`_grid`); global-batch
+    datasets; a
     model with its own train_step; gradient accumulation; the case that failed worst before
     exact visits (one loop taking the whole epoch: half the ids twice, half never) is run
     three times. One process, one cluster, every case in turn."""
     cases = _grid()
+    _check_pairs(cases)
     cases += [{"form": "context_fn", "steps_per_loop": "auto", "steps_per_epoch": 32,
                "epochs": 2}] * 2
     cases += [{"form": form, "steps_per_loop": "auto", "steps_per_epoch": 32, "epochs": 1}
