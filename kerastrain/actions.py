@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 
-from kerastrain import preemption
+from kerastrain import cadence, preemption
 
 logger = logging.getLogger("kerastrain")
 
@@ -151,10 +151,10 @@ class Validation(Action):
 
     def __init__(self, evaluate, every=1):
         self.evaluate = evaluate  # () -> logs
-        self.every = every
+        self.every = cadence.Every(epochs=every)
 
     def __call__(self, p):
-        if p.epoch_end and (p.epoch + 1) % self.every == 0:
+        if p.epoch_end and self.every.at_epoch_end(p.epoch):
             p.logs.update({f"val_{k}": v for k, v in self.evaluate().items()})
 
 
@@ -187,8 +187,7 @@ class Checkpoints(Action):
         self.steps_per_epoch = steps_per_epoch
 
     def steps_to_boundary(self, step):
-        every = self.checkpointer.options.every_steps
-        return every - step % every if every else None
+        return self.checkpointer.cadence.steps_to_boundary(step)
 
     def __call__(self, p):
         if p.epoch_end:

@@ -10,7 +10,7 @@ import re
 import time
 import uuid
 
-from kerastrain import files, locks, outputs
+from kerastrain import cadence, files, locks, outputs
 from kerastrain.locks import ModelDirInUse, ModelDirLock  # noqa: F401  (public here since 0.1)
 from kerastrain._options import option
 
@@ -108,7 +108,7 @@ class Checkpointer:
             self.manager = _manager_class()(
                 self.checkpoint, directory, max_to_keep=options.max_to_keep,
                 checkpoint_name="ckpt")
-        self.last_save_time = time.monotonic()
+        self.cadence = cadence.Every(steps=options.every_steps, secs=options.every_secs)
         self.last_saved_step = None
         self.last_path = None
 
@@ -134,7 +134,7 @@ class Checkpointer:
                                            scratch, "the chief's checkpoints are intact"):
                     self.checkpoint.write(os.path.join(scratch, "ckpt"))
             path = None
-        self.last_save_time = time.monotonic()
+        self.cadence.done()
         self.last_saved_step = step
         self.last_path = path or self.last_path
         if path:
@@ -142,13 +142,9 @@ class Checkpointer:
         return path
 
     def due(self, step: int, *, epoch_end: bool, now: float | None = None) -> bool:
-        o = self.options
-        if epoch_end and o.at_epoch_end:
+        if epoch_end and self.options.at_epoch_end:
             return True
-        if o.every_steps and step % o.every_steps == 0:
-            return True
-        now = time.monotonic() if now is None else now
-        return bool(o.every_secs) and now - self.last_save_time >= o.every_secs
+        return self.cadence.due(step, now)
 
     def candidates(self) -> list[str]:
         """Checkpoints to try, newest first."""

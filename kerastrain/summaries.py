@@ -9,7 +9,7 @@ from typing import Mapping
 
 import numpy as np
 
-from kerastrain import files
+from kerastrain import cadence, files
 
 from kerastrain._options import option
 
@@ -262,21 +262,20 @@ class TensorBoardOptions:
 class Schedule:
     """Decides, from the global step alone, where loops must stop and what happens there."""
 
-    def __init__(self, log_every_steps=0, profile_steps=None):
-        self.log_every_steps = log_every_steps
+    def __init__(self, log_every_steps=0, profile_steps=None, histograms_every_epochs=0):
+        self.logs = cadence.Every(steps=log_every_steps)
+        self.histograms = cadence.Every(epochs=histograms_every_epochs)
         self.profile_steps = profile_steps
 
     def steps_to_boundary(self, step: int) -> int | None:
         """Steps until the next step at which something must happen (None: none ahead)."""
-        candidates = []
-        if self.log_every_steps:
-            candidates.append(self.log_every_steps - step % self.log_every_steps)
+        candidates = [s for s in [self.logs.steps_to_boundary(step)] if s]
         if self.profile_steps:
             candidates.extend(s - step for s in self.profile_steps if s > step)
         return min(candidates) if candidates else None
 
     def log_due(self, step: int) -> bool:
-        return bool(self.log_every_steps) and step > 0 and step % self.log_every_steps == 0
+        return self.logs.at_step(step)
 
     def profile_action(self, step: int) -> str | None:
         if not self.profile_steps:
@@ -305,7 +304,8 @@ class Monitor:
         import time
         self.writer = writer
         self.options = options or TensorBoardOptions(log_every_steps=0)
-        self.schedule = Schedule(self.options.log_every_steps, self.options.profile_steps)
+        self.schedule = Schedule(self.options.log_every_steps, self.options.profile_steps,
+                                 self.options.histograms_every_epochs)
         self.learning_rate_fn = learning_rate_fn
         self.weights_fn = weights_fn
         self.train_logdir = train_logdir
@@ -398,8 +398,7 @@ class Monitor:
             else:
                 per_epoch["epoch_" + key] = value
         self.writer.write_scalars(epoch, per_epoch)
-        every = self.options.histograms_every_epochs
-        if every and (epoch + 1) % every == 0:
+        if self.schedule.histograms.at_epoch_end(epoch):
             self.writer.write_histograms(epoch, self.weights_fn())
         now = self.clock()
         if self._flushed is None or now - self._flushed >= self.flush_seconds:

@@ -298,11 +298,38 @@ def test_explicit_restore_path_and_resolved_config(tmp_path):
 def test_every_secs_and_every_steps_cadence():
     options = checkpoints.CheckpointOptions(every_steps=5, every_secs=30, at_epoch_end=False)
     c = checkpoints.Checkpointer(None, options, is_chief=False)
-    c.last_save_time = 100.0
+    c.cadence.done(now=100.0)
     assert c.due(10, epoch_end=False, now=101.0)          # a multiple of every_steps
     assert not c.due(11, epoch_end=False, now=129.0)      # neither
     assert c.due(11, epoch_end=False, now=130.0)          # 30 s since the last save
     assert not c.due(12, epoch_end=True, now=101.0)       # at_epoch_end=False
+
+
+def test_one_cadence_rule_in_steps_seconds_and_epochs():
+    from kerastrain import actions, cadence, summaries
+    now = [0.0]
+    every = cadence.Every(steps=4, secs=10, clock=lambda: now[0])
+    assert [every.steps_to_boundary(s) for s in (0, 1, 3, 4, 5)] == [4, 3, 1, 4, 3]
+    assert [every.at_step(s) for s in (0, 4, 6, 8)] == [False, True, False, True]
+    assert not every.due(5) and every.due(8)
+    now[0] = 10.0
+    assert every.due(5)                 # 10 s since it was made
+    every.done()
+    assert not every.due(5, now=19.9) and every.due(5, now=20.0)
+    assert [cadence.Every(epochs=3).at_epoch_end(e) for e in range(6)] == [
+        False, False, True, False, False, True]
+    never = cadence.Every(steps=0, secs=None, epochs=0)
+    assert never.steps_to_boundary(7) is None and not never.due(8, now=1e9)
+    assert not never.at_epoch_end(0)
+    # Its users: checkpoints stop loops at their steps, as summaries and profiles do.
+    c = checkpoints.Checkpointer(None, checkpoints.CheckpointOptions(every_steps=6),
+                                 is_chief=False)
+    assert actions.Checkpoints(c, save=None, steps_per_epoch=None).steps_to_boundary(4) == 2
+    schedule = summaries.Schedule(log_every_steps=5, profile_steps=(2, 3),
+                                  histograms_every_epochs=2)
+    assert [schedule.steps_to_boundary(s) for s in (0, 2, 3, 9)] == [2, 1, 2, 1]
+    assert schedule.log_due(10) and not schedule.log_due(0)
+    assert schedule.histograms.at_epoch_end(1) and not schedule.histograms.at_epoch_end(0)
 
 
 def test_the_chief_manager_never_restores_behind_kerastrains_back(tmp_path):
