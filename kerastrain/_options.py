@@ -42,17 +42,35 @@ def default_of(field):
     return REQUIRED
 
 
+def is_int(value, minimum=None) -> bool:
+    """An integer (Python's or NumPy's, never a bool) of at least `minimum`.
+
+    The one test behind every integer option; each caller words its own error, which
+    says what the number means.
+    """
+    import numbers
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and (minimum is None or value >= minimum))
+
+
+def is_number(value, *, above=None, minimum=None) -> bool:
+    """A finite real number (never a bool), over `above` and at least `minimum`."""
+    import math
+    import numbers
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value) and (above is None or value > above)
+            and (minimum is None or value >= minimum))
+
+
 def check_int(name: str, value, *, minimum=None, optional=False, also=None):
     """Raise a ValueError naming `name` and the value unless it is an int >= `minimum`.
 
     `optional` also accepts None; `also` names another accepted value for the message
     (the caller has already let it through).
     """
-    import numbers
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
-            minimum is not None and value < minimum):
+    if not is_int(value, minimum):
         wanted = "an int" + ("" if minimum is None else f" >= {minimum}")
         alternatives = [a for a in (also, "None" if optional else None) if a]
         if alternatives:

@@ -6,6 +6,8 @@ import dataclasses
 
 import keras
 
+from kerastrain import _options
+
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
 
 
@@ -74,8 +76,7 @@ def take_backup(callbacks):
             f"{len(found)} with backup_dir={[cb.backup_dir for cb in found]}")
     cb = found[0]
     freq = cb.save_freq
-    if not (freq == "epoch" or freq is False or (
-            isinstance(freq, int) and not isinstance(freq, bool) and freq >= 1)):
+    if not (freq == "epoch" or freq is False or _options.is_int(freq, 1)):
         raise ValueError(
             "`BackupAndRestore(save_freq=...)` must be 'epoch', a number of steps >= 1 or "
             f"False. Received: save_freq={freq!r}")

@@ -12,7 +12,7 @@ import uuid
 
 from kerastrain import cadence, files, locks, outputs
 from kerastrain.locks import ModelDirInUse, ModelDirLock  # noqa: F401  (public here since 0.1)
-from kerastrain._options import option
+from kerastrain._options import is_int, is_number, option
 
 logger = logging.getLogger("kerastrain")
 
@@ -42,16 +42,13 @@ class CheckpointOptions:
     export: bool = option(True, "export/model.keras and export/saved_model when training ends")
 
     def __post_init__(self):
-        if self.every_steps is not None and (isinstance(self.every_steps, bool) or not isinstance(
-                self.every_steps, int) or self.every_steps < 1):
+        if self.every_steps is not None and not is_int(self.every_steps, 1):
             raise ValueError("`every_steps` must be a positive int or None. "
                              f"Received: every_steps={self.every_steps!r}")
-        if self.every_secs is not None and (isinstance(self.every_secs, bool) or not isinstance(
-                self.every_secs, (int, float)) or self.every_secs <= 0):
+        if self.every_secs is not None and not is_number(self.every_secs, above=0):
             raise ValueError("`every_secs` must be a positive number or None. "
                              f"Received: every_secs={self.every_secs!r}")
-        if isinstance(self.max_to_keep, bool) or not isinstance(
-                self.max_to_keep, int) or self.max_to_keep < 1:
+        if not is_int(self.max_to_keep, 1):
             raise ValueError("`max_to_keep` must be an int >= 1 (the latest is always kept). "
                              f"Received: max_to_keep={self.max_to_keep!r}")
         if not isinstance(self.restore, str) or not self.restore:

@@ -25,7 +25,7 @@ import importlib
 import re
 from typing import Any, Callable, Mapping
 
-from kerastrain._options import REQUIRED, default_of, option
+from kerastrain._options import REQUIRED, default_of, is_int, is_number, option
 
 # Keras's built-in optimizers and learning-rate schedules, by the names recipes use.
 # (Checked by name here, so that a typo fails before TensorFlow is imported.)
@@ -84,7 +84,7 @@ def _int(minimum=None, optional=False):
     def check(value):
         if value is None and optional:
             return None
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise _Bad(f"an int{'' if minimum is None else f' >= {minimum}'}"
                        f"{' or null' if optional else ''}")
         if minimum is not None and value < minimum:
@@ -147,8 +147,7 @@ def _model_dir(value):
 def _number_over_one(value):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 1 or \
-            value == float("inf"):
+    if not is_number(value, above=1):
         raise _Bad("a number > 1 or null")
     return value
 
@@ -156,8 +155,7 @@ def _number_over_one(value):
 def _stall_timeout(value):
     if value is None or value == "auto":
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or \
-            value == float("inf"):
+    if not is_number(value, above=0):
         raise _Bad("'auto', a number of seconds > 0, or null (never)")
     return value
 
@@ -524,8 +522,7 @@ def _check_compile(checker, value):
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 checker.bad(path + ("learning_rate", "schedule"), schedule,
                             f"a schedule name{hint}: {', '.join(SCHEDULES)}")
-        elif lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float))
-                                 or lr <= 0):
+        elif lr is not None and not is_number(lr, above=0):
             checker.bad(path + ("learning_rate",), lr,
                         "a positive number, or {schedule: name, ...schedule arguments}")
     loss = value.get("loss")

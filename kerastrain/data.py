@@ -31,6 +31,7 @@ import numpy as np
 
 from kerastrain import _compat, _logging, instep, sharding, tuning, visits
 from kerastrain import service as service_lib
+from kerastrain._options import is_int
 
 logger = logging.getLogger("kerastrain")
 
@@ -167,8 +168,7 @@ class NumpyData:
     def __init__(self, arrays, batch_size, *, shuffle, seed, argument="dataset_fn"):
         import tensorflow as tf
 
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
+        if not is_int(batch_size, 1):
             raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
         structure = tf.nest.map_structure(np.asarray, tuple(arrays))
         lengths = {leaf.shape[0] if leaf.ndim else None for leaf in tf.nest.flatten(structure)}
@@ -319,8 +319,7 @@ def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, read
     readers = {"tfrecord": tf.data.TFRecordDataset, "text": tf.data.TextLineDataset}
     if reader not in readers:
         raise ValueError(f"`reader` must be one of {sorted(readers)}. Received: reader={reader!r}")
-    if parallel_reads is not None and (isinstance(parallel_reads, bool) or not isinstance(
-            parallel_reads, int) or parallel_reads < 1):
+    if parallel_reads is not None and not is_int(parallel_reads, 1):
         raise ValueError("`parallel_reads` must be None or a positive int. "
                          f"Received: parallel_reads={parallel_reads!r}")
     threads = _check_threads(threads)
@@ -354,8 +353,7 @@ def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, read
 def _check_threads(threads):
     if threads == "auto":
         return 1 if tuning.usable_cores() <= 4 else None
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
+    if threads is not None and not is_int(threads, 1):
         raise ValueError("`threads` must be 'auto', None or a positive int. "
                          f"Received: threads={threads!r}")
     return threads

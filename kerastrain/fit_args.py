@@ -17,6 +17,7 @@ import warnings
 
 from kerastrain import _compat
 from kerastrain import data as data_lib
+from kerastrain._options import is_int, is_number
 
 logger = logging.getLogger("kerastrain")
 
@@ -100,7 +101,7 @@ def _arrays(data, y, sample_weight):
 
 def _with_class_weight(data, form, class_weight):
     if not isinstance(class_weight, dict) or not class_weight or not all(
-            isinstance(k, int) and not isinstance(k, bool) for k in class_weight):
+            is_int(k) for k in class_weight):
         raise ValueError("`class_weight` must be a non-empty dict {class index: weight}, as in "
                          f"`model.fit`. Received: class_weight={class_weight!r}")
     if form == "numpy":
@@ -125,7 +126,7 @@ def _with_class_weight(data, form, class_weight):
 
 
 def _check_split(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+    if not is_number(value, above=0) or not value < 1:
         raise ValueError("`validation_split` must be a float between 0 and 1 (exclusive), the "
                          f"fraction of the arrays held out. Received: validation_split={value!r}")
 

@@ -31,6 +31,7 @@ from kerastrain import hosts as hosts_lib
 from kerastrain import stalls
 from kerastrain import network as network_lib
 from kerastrain.cluster import free_port, ports
+from kerastrain._options import is_int
 
 # Set in each task's environment: the launcher's pid, so the task can end with it.
 LAUNCHER_PID = "KERASTRAIN_LAUNCHER_PID"
@@ -65,9 +66,9 @@ def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool
                  host: str = "127.0.0.1", multihost: bool = False) -> dict:
     """A cluster of free loopback ports, or with `multihost` of host names, each with the
     same port of its own address. Parameter-server clusters always get a chief."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    if not is_int(workers, 1):
         raise ValueError(f"`--workers` must be an int >= 1. Received: {workers!r}")
-    if isinstance(ps, bool) or not isinstance(ps, int) or ps < 0:
+    if not is_int(ps, 0):
         raise ValueError(f"`--ps` must be an int >= 0. Received: {ps!r}")
     def address(job, index):
         if multihost:
@@ -100,7 +101,7 @@ def service_tasks(workers: int, sets=(), multihost: bool = False) -> tuple[list[
     """A tf.data service dispatcher and `workers` workers on loopback ports (none for 0), or
     with `multihost` on hosts of their own, and the `--set` items that point the recipe's
     training data at it."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+    if not is_int(workers, 0):
         raise ValueError(f"`--service-workers` must be an int >= 0. Received: {workers!r}")
     if not workers:
         return [], list(sets)

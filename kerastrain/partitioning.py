@@ -29,9 +29,11 @@ import contextlib
 import logging
 import re
 
+from kerastrain._options import is_int
+
 logger = logging.getLogger("kerastrain")
 
-# name -> (TensorFlow class name, {option: (type, minimum)})
+# name -> (TensorFlow class name, {option: (type, minimum)}); every option is an int
 PARTITIONERS = {
     "min_size": ("MinSizePartitioner", {"min_shard_bytes": (int, 1), "max_shards": (int, 1),
                                         "bytes_per_string": (int, 1)}),
@@ -66,8 +68,8 @@ def check_partitioner(value, key="variable_partitioner") -> dict:
             raise ValueError(
                 f"`{key}`: partitioner {name!r} has no option {option!r}; its options are "
                 f"{sorted(allowed)}. Received: {value!r}")
-        kind, minimum = allowed[option]
-        if isinstance(given, bool) or not isinstance(given, kind) or given < minimum:
+        _, minimum = allowed[option]
+        if not is_int(given, minimum):
             raise ValueError(
                 f"`{key}.{option}` must be an integer >= {minimum}. Received: {given!r}")
     missing = [o for o in _REQUIRED.get(name, ()) if o not in value]

@@ -29,12 +29,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 
 import numpy as np
 
 from kerastrain import _compat
 from kerastrain import actions
+from kerastrain._options import is_number
 
 logger = logging.getLogger("kerastrain")
 
@@ -57,8 +57,7 @@ def check_options(*, on_nonfinite, max_recoveries, spike_factor):
     check_int("max_recoveries", max_recoveries, minimum=1)
     if spike_factor is None:
         return
-    if isinstance(spike_factor, bool) or not isinstance(spike_factor, (int, float)) or not (
-            math.isfinite(spike_factor) and spike_factor > 1):
+    if not is_number(spike_factor, above=1):
         raise ValueError("`spike_factor` must be a number > 1 (a loop whose mean loss is over "
                          "that many times the running median counts as bad) or None. "
                          f"Received: spike_factor={spike_factor!r}")

@@ -85,7 +85,7 @@ class ServiceOptions:
                 "`data_service.dispatcher` must be 'local' (an in-process service on this "
                 "machine) or a dispatcher's address 'grpc://host:port'. "
                 f"Received: dispatcher={self.dispatcher!r}")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+        if not _options.is_int(self.workers, 1):
             raise ValueError("`data_service.workers` must be an int >= 1 (in-process workers "
                              f"of the 'local' service). Received: workers={self.workers!r}")
         if self.network not in ("private", "host"):

@@ -31,6 +31,8 @@ import sys
 import threading
 import time
 
+from kerastrain._options import is_number
+
 logger = logging.getLogger("kerastrain")
 
 STALLED = 75  # EX_TEMPFAIL: the job may succeed when run again
@@ -50,8 +52,7 @@ def check(stall_timeout):
     """`"auto"`, None (off) or a positive number of seconds."""
     if stall_timeout is None or stall_timeout == "auto":
         return stall_timeout
-    if isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float)) \
-            or not 0 < stall_timeout < float("inf"):
+    if not is_number(stall_timeout, above=0):
         raise ValueError(
             "`stall_timeout` must be 'auto' (the larger of 5 minutes and 20 x the slowest "
             "loop), a positive number of seconds, or None (never). Received: "

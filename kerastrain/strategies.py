@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 from kerastrain import cluster as cluster_lib
 from kerastrain import network as network_lib
 from kerastrain import partitioning
+from kerastrain._options import is_int
 
 logger = logging.getLogger("kerastrain")
 
@@ -61,7 +62,7 @@ class BuiltStrategy:
 
 def _check_int(name, minimum):
     def check(key, value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if not is_int(value, minimum):
             raise ValueError(
                 f"Strategy option `{key}` must be an int >= {minimum}. Received: {key}={value!r}")
         return value

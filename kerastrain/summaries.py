@@ -11,7 +11,7 @@ import numpy as np
 
 from kerastrain import cadence, files
 
-from kerastrain._options import option
+from kerastrain._options import is_int, option
 
 logger = logging.getLogger("kerastrain")
 
@@ -242,12 +242,12 @@ class TensorBoardOptions:
     def __post_init__(self):
         for name in ("log_every_steps", "histograms_every_epochs"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value, 0):
                 raise ValueError(f"`{name}` must be an int >= 0. Received: {name}={value!r}")
         p = self.profile_steps
         if p is not None:
             if (not isinstance(p, (tuple, list)) or len(p) != 2
-                    or not all(isinstance(s, int) and not isinstance(s, bool) for s in p)
+                    or not all(is_int(s) for s in p)
                     or not 0 <= p[0] < p[1]):
                 raise ValueError("`profile_steps` must be a pair (first, last) of steps with "
                                  f"0 <= first < last. Received: profile_steps={p!r}")

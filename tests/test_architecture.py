@@ -108,6 +108,26 @@ def test_private_tensorflow_and_keras_apis_are_reached_only_from_compat():
     assert not offenders, offenders
 
 
+# Whether a value is an int or a number (bools excluded, as Python counts them as ints) is
+# tested in one place, `_options.is_int` / `is_number` / `check_int`; each caller words its
+# own error. An inline copy is how an option came to accept True or inf in one place only.
+_INLINE_NUMBER_CHECKS = (r"isinstance\([^()]*, bool\) or not isinstance",
+                         r"isinstance\([^()]*\) and not isinstance\([^()]*, bool\)")
+
+
+def test_ints_and_numbers_are_checked_in_one_place():
+    offenders = _lines_matching(_INLINE_NUMBER_CHECKS, allowed_in="_options.py")
+    assert not offenders, offenders
+    from kerastrain import _options
+    import numpy as np
+    assert [_options.is_int(v, 1) for v in (1, np.int64(3), True, 0, 1.0, "2")] == [
+        True, True, False, False, False, False]
+    assert [_options.is_number(v, above=0) for v in (0.5, 2, np.float32(1), 0, -1, True,
+                                                     float("inf"), float("nan"), "1")] == [
+        True, True, True, False, False, False, False, False, False]
+    assert _options.is_number(1, minimum=1) and not _options.is_number(0.9, minimum=1)
+
+
 # The modules `kerastrain validate`, `export`, `launch` and `--help` run on: they load no
 # TensorFlow or Keras (seconds of start-up, and none of it needed to check a recipe).
 TENSORFLOW_FREE = ("kerastrain.cli", "kerastrain.config", "kerastrain.recipes",
