@@ -62,6 +62,20 @@ def is_number(value, *, above=None, minimum=None) -> bool:
             and (minimum is None or value >= minimum))
 
 
+def check_choice(name: str, value, choices):
+    """Raise a ValueError naming `name` and the value unless it is one of `choices`.
+
+    A bool is a choice only where one is listed (Python counts True as 1, so `verbose=True`
+    would otherwise pass for 1).
+    """
+    listed = any(value == c and isinstance(value, bool) == isinstance(c, bool)
+                 for c in choices if c is not None) or (value is None and None in choices)
+    if not listed:
+        names = [repr(c) for c in choices]
+        wanted = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+        raise ValueError(f"`{name}` must be {wanted}. Received: {name}={value!r}")
+
+
 def check_int(name: str, value, *, minimum=None, optional=False, also=None):
     """Raise a ValueError naming `name` and the value unless it is an int >= `minimum`.
 

@@ -33,10 +33,11 @@ from kerastrain import stalls
 from kerastrain import strategies
 from kerastrain import summaries
 from kerastrain import tuning as tuning_lib
-from kerastrain._options import check_int
+from kerastrain._options import check_choice, check_int
 
 logger = logging.getLogger("kerastrain")
 
+VERBOSE = (0, 1, 2, "auto")  # as `model.fit`'s
 _AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
 # model.fit's data arguments that `fit` takes by keyword (`kerastrain.fit_args`).
 _KERAS_FIT_DATA_ARGS = {"x", "sample_weight", "class_weight", "validation_data",
@@ -386,8 +387,8 @@ class Trainer:
         return driver_lib.lost_cluster(error, self._run.latest_checkpoint())
 
     def _resolve_verbose(self, verbose):
-        if verbose not in (None, 0, 1, 2, "auto"):
-            raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
+        if verbose is not None:
+            check_choice("verbose", verbose, VERBOSE)
         verbose = self._verbose if verbose is None else verbose
         interactive = getattr(sys.stdout, "isatty", lambda: False)() or "ipykernel" in sys.modules
         if verbose == "auto":
@@ -874,11 +875,8 @@ def _check_counts(**counts):
 def _check_init_options(*, steps_per_loop, verbose, jit_compile, seed, writers):
     if steps_per_loop != "auto":
         check_int("steps_per_loop", steps_per_loop, minimum=1, also="'auto'")
-    if verbose not in (0, 1, 2, "auto"):
-        raise ValueError(f"`verbose` must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
-    if jit_compile not in (None, True, False, "auto"):
-        raise ValueError("`jit_compile` must be None, 'auto', True or False. "
-                         f"Received: jit_compile={jit_compile!r}")
+    check_choice("verbose", verbose, VERBOSE)
+    check_choice("jit_compile", jit_compile, (None, "auto", True, False))
     check_int("seed", seed, optional=True)
     for w in writers or []:
         if not isinstance(w, summaries.MetricWriter):

@@ -237,6 +237,19 @@ def test_every_argument_of_model_fit_is_taken_or_refused_with_what_to_do():
             trainer.fit(**kwargs)
 
 
+def test_a_bool_is_not_taken_for_a_verbosity_and_jit_compile_takes_only_its_choices():
+    # Python counts True as 1: without a strict check, verbose=True passed for a progress bar.
+    with pytest.raises(ValueError, match=r"`verbose` must be 0, 1, 2 or 'auto'\. "
+                                         r"Received: verbose=True"):
+        kt.Trainer(binary, strategy="one_device", verbose=True)
+    trainer = kt.Trainer(binary, strategy="one_device", verbose=0)
+    with pytest.raises(ValueError, match=r"Received: verbose=False"):
+        trainer.fit(X, Y, verbose=False)
+    with pytest.raises(ValueError, match=r"`jit_compile` must be None, 'auto', True or False\. "
+                                         r"Received: jit_compile=1"):
+        kt.Trainer(binary, strategy="one_device", jit_compile=1)
+
+
 def test_validation_batch_size_and_a_zero_validation_split_mean_what_they_mean_in_fit():
     trainer = kt.Trainer(binary, strategy="one_device", verbose=0)
     reference = binary()
