@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import dataclasses
 import logging
 import sys
@@ -21,6 +20,7 @@ from kerastrain import files
 from kerastrain import fit_args
 from kerastrain import loops as loops_lib
 from kerastrain import models as models_lib
+from kerastrain import modes
 from kerastrain import outputs as outputs_lib
 from kerastrain import precision
 from kerastrain import predicting
@@ -38,7 +38,6 @@ from kerastrain._options import check_choice, check_int
 logger = logging.getLogger("kerastrain")
 
 VERBOSE = (0, 1, 2, "auto")  # as `model.fit`'s
-_AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
 # model.fit's data arguments that `fit` takes by keyword (`kerastrain.fit_args`).
 _KERAS_FIT_DATA_ARGS = {"x", "sample_weight", "class_weight", "validation_data",
                         "validation_split", "shuffle", "validation_batch_size"}
@@ -134,7 +133,7 @@ class Trainer:
         self._beat = None  # while fit trains: progress, for its `stalls.StallWatch`
         service_options = service_lib.ServiceOptions.coerce(data_service)
         self._tuning = tuning_lib.TuningOptions.coerce(tuning)
-        self._loop_sizer = tuning_lib.LoopSizer(fallback=_AUTO_STEPS_PER_LOOP)
+        self._loop_sizer = tuning_lib.LoopSizer(fallback=modes.AUTO_STEPS_PER_LOOP)
         # A URL stays as given; a local path becomes absolute; `s3://` without
         # tensorflow-io is refused here, not after an hour of training.
         self.model_dir = outputs_lib.normalize_model_dir(model_dir)
@@ -196,6 +195,7 @@ class Trainer:
             self._built = fallback
             with self._built.strategy.scope(), precision.policy(self._precision, model):
                 self._model = models_lib.materialize(model, self._built, **compile_overrides)
+        self._mode = modes.for_strategy(self._built)
         precision.ensure_loss_scaling(self._model, self._precision)
         with self._built.strategy.scope():
             self._global_step = tf.Variable(
@@ -235,7 +235,7 @@ class Trainer:
         first loops under synchronous strategies; 100 until then and elsewhere)."""
         if self._steps_per_loop != "auto":
             return self._steps_per_loop
-        return self._loop_sizer.size or _AUTO_STEPS_PER_LOOP
+        return self._loop_sizer.size or modes.AUTO_STEPS_PER_LOOP
 
     @property
     def is_chief(self) -> bool:
@@ -330,9 +330,9 @@ class Trainer:
             self._jit_compile, self._model, places_variables=self._built.places_variables,
             has_gpu=bool(strategies.gpus()))
         _logging.tuning(f"jit_compile {jit}", "jit_compile: %s (%s)", jit, why)
-        # Under multi-worker mirrored, workers must agree on where to stop (collectives
-        # would hang otherwise), so no per-worker stop inside their loops.
-        flag = None if self._built.is_multi_worker else self._stop_flag
+        # Where workers must agree on where to stop (collectives would hang otherwise),
+        # no per-worker stop inside their loops.
+        flag = self._stop_flag if self._mode.stops_on_own_flag else None
         self._step = loops_lib.step_for(self._built, self._model, self._global_step,
                                         jit_compile=jit, stop_flag=flag, partitioned=partitioned,
                                         unroll=tuning_lib.UNROLL if self._tuning.unroll_steps else 1)
@@ -345,20 +345,11 @@ class Trainer:
         self._model.stop_training = False
         self._stop_flag.assign(False)
         # Under multi-worker mirrored, TensorFlow's PreemptionCheckpointHandler owns SIGTERM.
-        return preemption.SigtermWatch(self._stop_flag, install=not self._built.is_multi_worker)
+        return preemption.SigtermWatch(self._stop_flag, install=self._mode.owns_sigterm)
 
-    @contextlib.contextmanager
     def _preemption_agreement(self):
-        """Under multi-worker mirrored with checkpoints, yield `agree(step)`, else None."""
-        ckpt = self._run.checkpointer
-        if ckpt is None or not self._built.is_multi_worker or not self.model_dir:
-            yield None
-            return
-        agree, release = preemption.multi_worker_handler(self.strategy.cluster_resolver, ckpt)
-        try:
-            yield agree
-        finally:
-            release()
+        """Yield `agree(step)` where workers must agree on where to stop, else None."""
+        return self._mode.preemption_agreement(self._run.checkpointer, self.model_dir)
 
     @contextlib.contextmanager
     def _user_model_updated(self):
@@ -376,12 +367,11 @@ class Trainer:
         try:
             yield
         except driver_lib.cluster_errors() as e:
-            if self._built.is_multi_worker:
-                raise driver_lib.lost_peer(e, self._run.latest_checkpoint()) from None
-            if not self._built.is_parameter_server:
+            # A peer or a ps task went away during a step, a save or a validation pass.
+            explained = self._mode.explain_lost(e, self._run.latest_checkpoint())
+            if explained is None:
                 raise
-            # A ps task went away during a step, a save or a validation pass.
-            raise self._lost_cluster(e) from None
+            raise explained from None
 
     def _lost_cluster(self, error):
         return driver_lib.lost_cluster(error, self._run.latest_checkpoint())
@@ -433,38 +423,18 @@ class Trainer:
             return self._steps_per_loop
         if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
             return 1  # a user's batch hooks see every batch, as under model.fit
-        workers = self._built.num_workers
         if steps_per_epoch is None and train_input.drains and train_input.cardinality > 0:
             steps_per_epoch = train_input.cardinality  # a pass's batches, about
-        if self._built.is_parameter_server and steps_per_epoch and workers > 1:
-            # One loop at most one worker's share, or one worker may take the epoch.
-            return min(_AUTO_STEPS_PER_LOOP, -(-steps_per_epoch // workers))
-        if (self._tuning.measure_steps_per_loop and not self._built.is_parameter_server
-                and not self._built.is_multi_worker):
-            # Measured on the first loops (workers of multi-worker mirrored must agree
-            # on their loops, and a measurement each could differ).
-            return self._loop_sizer
-        return _AUTO_STEPS_PER_LOOP
+        return self._mode.auto_steps_per_loop(
+            steps_per_epoch, sizer=self._loop_sizer, measure=self._tuning.measure_steps_per_loop)
 
     def _driver(self, stop_requested, callbacks=()):
-        """The driver of this strategy's epochs: this task's replicas, or the ps workers. When
-        callbacks watch every batch and a step reads several, one batch per loop (as fit)."""
-        step = self._step
-        if not self._built.is_parameter_server:
-            watched = self._steps_per_loop in ("auto", 1) and any(
-                map(callbacks_lib.wants_every_batch, callbacks))
-            batches = step.batch_loop() if watched else None
-            return driver_lib.SyncDriver(step.train_loop(), step.skip_loop(), step.accumulation,
-                                         batch_loop=batches, reset=step.reset_held)
-        ckpt = self._run.checkpointer
-        return driver_lib.PSDriver(
-            step.train_loop(), self._built.coordinator, self._global_step,
-            stop_requested=stop_requested,
-            join_at=None if ckpt is None else (lambda s: ckpt.due(s, epoch_end=False)),
-            max_in_flight=2 * max(self._built.num_workers, 1), on_lost=self._lost_cluster,
-            positions_loop=step.positions_loop, width=step.width,
-            accumulation=step.accumulation, pass_loop=step.pass_loop(),
-            workers=self._built.num_workers)
+        """The driver of this strategy's epochs (`modes`): this task's replicas, or the ps
+        workers."""
+        return self._mode.driver(
+            self._step, stop_requested=stop_requested, callbacks=callbacks,
+            steps_per_loop=self._steps_per_loop, global_step=self._global_step,
+            checkpointer=self._run.checkpointer, on_lost=self._lost_cluster)
 
     def _actions(self, driver, *, watch, agree, monitor, callback_list, validation,
                  steps_per_epoch, batch_logs):
@@ -488,8 +458,7 @@ class Trainer:
         # Listed on every task: only the chief's monitor has a writer, but every worker
         # of a multi-worker job must end its loops at the same log steps (a loop that
         # reads on to the data's end alone waits forever for the others' collectives).
-        listed.append(actions_lib.Summaries(
-            monitor, results, timed=not self._built.is_parameter_server))
+        listed.append(actions_lib.Summaries(monitor, results, timed=self._mode.timed_summaries))
         if self._run.checkpointer is not None:  # every task saves; only the chief keeps files
             listed.append(actions_lib.Checkpoints(self._run.checkpointer, save,
                                                   steps_per_epoch))
@@ -694,15 +663,11 @@ class Trainer:
         only where a peer can stall this task (multi-worker mirrored, parameter servers): a
         process alone that is slow is not stalled, and nothing of it would be restarted."""
         timeout = self._stall_timeout
-        if timeout == "auto" and not (self._built.is_multi_worker or
-                                      self._built.is_parameter_server):
+        if timeout == "auto" and not self._mode.peers_can_stall:
             timeout = None
-        probe = None
-        workers = stalls.cluster_workers() if self._built.is_parameter_server else {}
-        if workers:  # a stuck worker of a cluster can be named, and restarted
-            probe = functools.partial(stalls.unanswering_workers, workers)
+        # A stuck worker of a ps cluster can be named, and restarted.
         with stalls.StallWatch(timeout, what=f"training under {self._built.name}",
-                               probe=probe) as watch:
+                               probe=self._mode.stall_probe()) as watch:
             self._beat = watch.beat
             try:
                 yield watch
@@ -853,12 +818,7 @@ class Trainer:
         if steps is None and eval_input.cardinality == data_lib.INFINITE:
             raise ValueError("The evaluation data is infinite (it repeats): pass `steps` "
                              "(`validation_steps` in fit). Received: steps=None")
-        if self._built.is_parameter_server:
-            iterator = iter(eval_input.local_dataset())
-            loop = self._step.eval_loop_local()
-        else:
-            iterator = iter(eval_input.distributed())
-            loop = self._step.eval_loop()
+        loop, iterator = self._mode.evaluation(self._step, eval_input)
         self._step.start_epoch()
         totals = driver_lib.run_to_end(loop, iterator, steps, self._step.width,
                                        accumulate=self._step.accumulate, after=self._beat)
