@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 
 from kerastrain import callbacks as callbacks_lib
+from kerastrain import data as data_lib
 from kerastrain import driver as driver_lib
 from kerastrain import preemption
 from kerastrain import stalls
+
+logger = logging.getLogger("kerastrain")
 
 AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
 
@@ -65,6 +69,11 @@ class Synchronous:
         batches = step.batch_loop() if watched else None
         return driver_lib.SyncDriver(step.train_loop(), step.skip_loop(), step.accumulation,
                                      batch_loop=batches, reset=step.reset_held)
+
+    def epoch_length(self, cardinality, accumulation):
+        """Steps of an epoch asked with `steps_per_epoch=None`, from the data's `cardinality`
+        (batches, or `data.UNKNOWN`): None, the epoch ends where the data does."""
+        return None
 
     timed_summaries = True  # a loop's result arrives when it ends: throughput is timed
 
@@ -123,6 +132,22 @@ class ParameterServers(Synchronous):
             # One loop at most one worker's share, or one worker may take the epoch.
             return min(AUTO_STEPS_PER_LOOP, -(-steps_per_epoch // workers))
         return AUTO_STEPS_PER_LOOP
+
+    def epoch_length(self, cardinality, accumulation):
+        if cardinality == data_lib.UNKNOWN:
+            raise ValueError(
+                "Under parameter-server training the coordinator schedules a fixed number "
+                "of steps per epoch, and the size of this dataset is unknown (e.g. after "
+                "`filter`): pass `steps_per_epoch`. Received: steps_per_epoch=None")
+        # Worker i reads shard i; one epoch is as many steps as the shards have batches
+        # together, whichever worker takes them (k batches a step when the optimizer
+        # accumulates k).
+        k = accumulation
+        steps = -(-cardinality // k)
+        logger.info("steps_per_epoch=None under parameter servers: one epoch is %d steps "
+                    "(the data's batches%s), spread over %d workers", steps,
+                    f" / {k} accumulated per step" if k > 1 else "", self.built.num_workers)
+        return steps
 
     def driver(self, step, *, stop_requested, callbacks, steps_per_loop, global_step,
                checkpointer, on_lost):

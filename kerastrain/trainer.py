@@ -729,21 +729,7 @@ class Trainer:
                         "servers: one epoch is one pass of a job the %d workers read to its "
                         "end, each example of the pass once", self._built.num_workers)
             return None
-        if self._built.is_parameter_server:
-            if n == data_lib.UNKNOWN:
-                raise ValueError(
-                    "Under parameter-server training the coordinator schedules a fixed number "
-                    "of steps per epoch, and the size of this dataset is unknown (e.g. after "
-                    "`filter`): pass `steps_per_epoch`. Received: steps_per_epoch=None")
-            # Worker i reads shard i; one epoch is as many steps as the shards have
-            # batches together, whichever worker takes them (k batches a step when
-            # the optimizer accumulates k).
-            k = self._step.accumulation
-            logger.info("steps_per_epoch=None under parameter servers: one epoch is %d steps "
-                        "(the data's batches%s), spread over %d workers", -(-n // k),
-                        f" / {k} accumulated per step" if k > 1 else "", self._built.num_workers)
-            return -(-n // k)
-        return None
+        return self._mode.epoch_length(n, self._step.accumulation)
 
     # -- evaluation -----------------------------------------------------------
 

@@ -168,3 +168,13 @@ def test_a_recipe_option_and_its_python_argument_have_one_default():
             if default != field.default and not (field.name == "verbose" and default is None):
                 unmatched.append(f"{field.name}: recipe {field.default!r}, argument {default!r}")
     assert not unmatched, unmatched
+
+
+def test_the_trainer_asks_its_mode_instead_of_testing_the_strategy():
+    """What differs between kinds of strategy lives in `kerastrain.modes`; the Trainer only
+    hands the strategy's kind on to the run state."""
+    lines = (PACKAGE / "trainer.py").read_text().splitlines()
+    tests = [line.strip() for line in lines
+             if re.search(r"\bis_(parameter_server|multi_worker)\b", line)]
+    assert tests == ["is_chief=self.is_chief, is_multi_worker=self._built.is_multi_worker)"], \
+        tests

@@ -214,3 +214,26 @@ def test_a_retried_loop_behind_its_new_worker_runs_again_from_a_fresh_copy(caplo
     assert scheduled == [("loop", [0, 1]), ("loop", [2, 3]), ("fresh", [0, 1])]
     assert [r.steps for r in results] == [2, 2] and ps.refetched == 2
     assert "read from a fresh copy of the data" in caplog.text
+
+
+def test_an_epoch_of_unknown_length_under_parameter_servers(caplog):
+    """The coordinator schedules a fixed number of steps: a known size gives it (k batches a
+    step when the optimizer accumulates k), an unknown one is refused with what to do, and
+    synchronous strategies read to the data's end."""
+    import types
+
+    import pytest
+
+    from kerastrain import data, modes
+    built = types.SimpleNamespace(num_workers=2, is_parameter_server=True, is_multi_worker=False)
+    ps = modes.for_strategy(built)
+    with caplog.at_level("INFO", logger="kerastrain"):
+        assert ps.epoch_length(10, 1) == 10 and ps.epoch_length(10, 4) == 3
+    assert "one epoch is 3 steps (the data's batches / 4 accumulated per step), spread over " \
+        "2 workers" in caplog.text
+    with pytest.raises(ValueError, match=r"size of this dataset is unknown .*pass "
+                                         r"`steps_per_epoch`\. Received: steps_per_epoch=None"):
+        ps.epoch_length(data.UNKNOWN, 1)
+    sync = modes.for_strategy(types.SimpleNamespace(is_parameter_server=False,
+                                                    is_multi_worker=False))
+    assert sync.epoch_length(10, 1) is None and sync.epoch_length(data.UNKNOWN, 1) is None
