@@ -70,8 +70,6 @@ class MetricState:
 
     def results(self, totals) -> dict:
         """Epoch logs (`loss` first, then every metric) from a float64 totals vector."""
-        import tensorflow as tf
-
         loss_sum, count = float(totals[0]), float(totals[1])
         logs = {"loss": loss_sum / count if count else float("nan")}
         logs.update(self.metric_results(totals))

@@ -117,7 +117,6 @@ class Snapshot:
 
     def __init__(self, variables):
         import keras
-        import tensorflow as tf
         sharded = _compat.sharded_variable_class()
         self._parts, seen = [], set()
         for v in variables:
