@@ -61,8 +61,9 @@ class Synchronous:
         return sizer if measure else AUTO_STEPS_PER_LOOP
 
     def driver(self, step, *, stop_requested, callbacks, steps_per_loop, global_step,
-               checkpointer, on_lost):
-        """The driver of this strategy's epochs. When callbacks watch every batch and a step
+               checkpointer, latest_checkpoint):
+        """The driver of this strategy's epochs (`latest_checkpoint()`: the path a lost task's
+        error names). When callbacks watch every batch and a step
         reads several, one batch per loop (as fit)."""
         watched = steps_per_loop in ("auto", 1) and any(
             map(callbacks_lib.wants_every_batch, callbacks))
@@ -150,14 +151,15 @@ class ParameterServers(Synchronous):
         return steps
 
     def driver(self, step, *, stop_requested, callbacks, steps_per_loop, global_step,
-               checkpointer, on_lost):
+               checkpointer, latest_checkpoint):
         workers = self.built.num_workers
         return driver_lib.PSDriver(
             step.train_loop(), self.built.coordinator, global_step,
             stop_requested=stop_requested,
             join_at=None if checkpointer is None else (
                 lambda s: checkpointer.due(s, epoch_end=False)),
-            max_in_flight=2 * max(workers, 1), on_lost=on_lost,
+            max_in_flight=2 * max(workers, 1),
+            on_lost=lambda error: self.explain_lost(error, latest_checkpoint()),
             positions_loop=step.positions_loop, width=step.width,
             accumulation=step.accumulation, pass_loop=step.pass_loop(), workers=workers)
 

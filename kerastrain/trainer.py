@@ -373,9 +373,6 @@ class Trainer:
                 raise
             raise explained from None
 
-    def _lost_cluster(self, error):
-        return driver_lib.lost_cluster(error, self._run.latest_checkpoint())
-
     def _resolve_verbose(self, verbose):
         if verbose is not None:
             check_choice("verbose", verbose, VERBOSE)
@@ -434,7 +431,7 @@ class Trainer:
         return self._mode.driver(
             self._step, stop_requested=stop_requested, callbacks=callbacks,
             steps_per_loop=self._steps_per_loop, global_step=self._global_step,
-            checkpointer=self._run.checkpointer, on_lost=self._lost_cluster)
+            checkpointer=self._run.checkpointer, latest_checkpoint=self._run.latest_checkpoint)
 
     def _actions(self, driver, *, watch, agree, monitor, callback_list, validation,
                  steps_per_epoch, batch_logs):
