@@ -33,13 +33,13 @@ from kerastrain._options import is_int
 
 logger = logging.getLogger("kerastrain")
 
-# name -> (TensorFlow class name, {option: (type, minimum)}); every option is an int
+# name -> (TensorFlow class name, {option: its minimum}); every option is an int
 PARTITIONERS = {
-    "min_size": ("MinSizePartitioner", {"min_shard_bytes": (int, 1), "max_shards": (int, 1),
-                                        "bytes_per_string": (int, 1)}),
-    "fixed_shards": ("FixedShardsPartitioner", {"num_shards": (int, 1)}),
-    "max_size": ("MaxSizePartitioner", {"max_shard_bytes": (int, 1), "max_shards": (int, 1),
-                                        "bytes_per_string": (int, 1)}),
+    "min_size": ("MinSizePartitioner", {"min_shard_bytes": 1, "max_shards": 1,
+                                        "bytes_per_string": 1}),
+    "fixed_shards": ("FixedShardsPartitioner", {"num_shards": 1}),
+    "max_size": ("MaxSizePartitioner", {"max_shard_bytes": 1, "max_shards": 1,
+                                        "bytes_per_string": 1}),
 }
 _REQUIRED = {"fixed_shards": ("num_shards",), "max_size": ("max_shard_bytes",)}
 
@@ -68,7 +68,7 @@ def check_partitioner(value, key="variable_partitioner") -> dict:
             raise ValueError(
                 f"`{key}`: partitioner {name!r} has no option {option!r}; its options are "
                 f"{sorted(allowed)}. Received: {value!r}")
-        _, minimum = allowed[option]
+        minimum = allowed[option]
         if not is_int(given, minimum):
             raise ValueError(
                 f"`{key}.{option}` must be an integer >= {minimum}. Received: {given!r}")
