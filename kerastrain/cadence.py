@@ -25,15 +25,19 @@ class Every:
         secs: every N seconds since the last `done()`.
         epochs: at the end of every N-th epoch.
         clock: `() -> seconds`; tests pass a fake one.
+        last: when the seconds measure counts from (None: now, read from `clock`;
+            `-inf`: due at once).
     """
 
     steps: int | None = None
     secs: float | None = None
     epochs: int | None = None
     clock: Callable[[], float] = time.monotonic
+    last: float | None = None
 
     def __post_init__(self):
-        self.last = self.clock()
+        if self.last is None:
+            self.last = self.clock()
 
     def steps_to_boundary(self, step: int) -> int | None:
         """Steps from `step` to the next multiple of `steps` (None: no step measure)."""

@@ -269,9 +269,10 @@ class Schedule:
 
     def steps_to_boundary(self, step: int) -> int | None:
         """Steps until the next step at which something must happen (None: none ahead)."""
-        candidates = [s for s in [self.logs.steps_to_boundary(step)] if s]
-        if self.profile_steps:
-            candidates.extend(s - step for s in self.profile_steps if s > step)
+        candidates = [s - step for s in self.profile_steps or () if s > step]
+        logs = self.logs.steps_to_boundary(step)
+        if logs is not None:
+            candidates.append(logs)
         return min(candidates) if candidates else None
 
     def log_due(self, step: int) -> bool:
@@ -315,7 +316,9 @@ class Monitor:
         self._last_written_step = None
         self._last_timed = False
         self._profiling = False
-        self._flushed = None  # when the last flush was (set by `start`; `close` always flushes)
+        # Epoch ends flush at most every `flush_seconds` (from `start`; `close` always flushes).
+        self._flush = cadence.Every(secs=self.flush_seconds, clock=self.clock,
+                                    last=float("-inf"))
 
     @property
     def active(self) -> bool:
@@ -323,7 +326,7 @@ class Monitor:
 
     def start(self, step, texts=None, graph=None):
         self._mark = (step, self._examples, self.clock())
-        self._flushed = self._mark[2]
+        self._flush.done(self._mark[2])
         if not self.active:
             return
         if texts and self.options.write_config:
@@ -401,11 +404,11 @@ class Monitor:
         if self.schedule.histograms.at_epoch_end(epoch):
             self.writer.write_histograms(epoch, self.weights_fn())
         now = self.clock()
-        if self._flushed is None or now - self._flushed >= self.flush_seconds:
+        if self._flush.due(step, now):
             # At most every few seconds: a flush per short epoch cost 1% of it; the end
             # of `fit` always flushes (`close`).
             self.writer.flush()
-            self._flushed = now
+            self._flush.done(now)
         # Validation and epoch-end work are not training throughput.
         self._mark = (step, self._examples, self.clock())
 
