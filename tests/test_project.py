@@ -70,16 +70,6 @@ def test_the_readme_main_command_says_only_true_things_on_a_new_model_dir(tmp_pa
     assert "tuning:" not in again.stderr and "epoch 4" not in again.stderr
 
 
-def test_cli_quickstart_trains_for_real(tmp_path):
-    import helpers
-    proc = helpers.run_python(["-m", "kerastrain.cli", "quickstart", "--examples", "2048",
-                               "--epochs", "2", "--verbose", "2"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = proc.stdout.strip().splitlines()[-1]
-    assert summary.startswith("kerastrain: trained to step 16") and '"accuracy"' in summary
-    assert proc.stdout.count("8/8") == 2  # one progress line per epoch on a pipe
-
-
 def test_cli_reports_a_bad_strategy_with_exit_code_2():
     import helpers
     proc = helpers.run_python(["-m", "kerastrain.cli", "quickstart", "--strategy", "mirorred"])
@@ -95,23 +85,26 @@ def test_cli_info_shows_the_auto_choice():
     assert "auto strategy: default (auto: no GPU and no cluster, training on the CPU)" in proc.stdout
 
 
-def test_cli_quickstart_with_model_dir_writes_tensorboard_logs(tmp_path):
+def test_cli_quickstart_trains_for_real_keeps_its_outputs_and_a_rerun_trains_nothing(tmp_path):
     import glob
 
     import helpers
-    proc = helpers.run_python(["-m", "kerastrain.cli", "quickstart", "--examples", "1024",
-                               "--epochs", "1", "--model-dir", str(tmp_path)])
+    command = ["-m", "kerastrain.cli", "quickstart", "--examples", "2048", "--epochs", "2",
+               "--verbose", "2", "--model-dir", str(tmp_path)]
+    proc = helpers.run_python(command)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert summary.startswith("kerastrain: trained to step 16") and '"accuracy"' in summary
+    assert '"val_loss"' in summary
+    assert proc.stdout.count("8/8") == 2  # one progress line per epoch on a pipe
     assert f"outputs in {tmp_path}" in proc.stdout
-    assert '"val_loss"' in proc.stdout
     assert glob.glob(str(tmp_path / "logs/train/events.out.tfevents.*"))
     assert glob.glob(str(tmp_path / "logs/validation/events.out.tfevents.*"))
     assert os.path.exists(tmp_path / "export" / "saved_model" / "saved_model.pb")
     # The same command again: the run is complete, nothing is trained or lost.
-    again = helpers.run_python(["-m", "kerastrain.cli", "quickstart", "--examples", "1024",
-                                "--epochs", "1", "--model-dir", str(tmp_path)])
+    again = helpers.run_python(command)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "nothing left to train" in again.stdout and "already holds 4 steps" in again.stdout
+    assert "nothing left to train" in again.stdout and "already holds 16 steps" in again.stdout
 
 
 def test_example_validation_data_is_the_same_task_on_new_examples():
