@@ -136,36 +136,6 @@ def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):
             server.kill()
 
 
-def test_ps_sigterm_saves_the_step_its_variables_hold_and_resumes_to_the_exact_total(tmp_path):
-    """Stopped at a new random point each run (said on failure; test_visits stops another)."""
-    import random
-
-    import tensorflow as tf
-
-    model_dir, marker = tmp_path / "run", tmp_path / "started"
-    epochs, steps = 6, 40
-    job = {"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": epochs,
-           "steps_per_epoch": steps, "n": 960, "data": "slow", "steps_per_loop": 4,
-           "model_dir": str(model_dir), "started_marker": str(marker)}
-    delay = random.uniform(0.2, 2.0)
-    code, stderr, step, rerun = helpers.sigterm_worker(
-        job, tmp_path / "out", delay=delay, start_timeout=180)
-    assert code == 143 and step is not None, (delay, stderr[-3000:])
-    path = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-    assert path.endswith(f"ckpt-{step}")
-    saved = tf.train.load_checkpoint(path)
-
-    def value(name):
-        return int(saved.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE"))
-    # The checkpoint's name, its step counter and its place in the epochs all agree.
-    assert value("global_step") == step
-    assert value("epoch") * steps + value("step_in_epoch") == step
-    again = rerun()
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resumed from {path}: step {step}" in again.stderr
-    assert json.loads((tmp_path / "out.json").read_text())["global_step"] == epochs * steps
-
-
 @pytest.mark.multiprocess
 def test_a_script_that_trains_mirrored_then_ps_prints_no_function_removal_errors():
     # Functions traced before the process connected to the cluster were removed "remotely"

@@ -130,8 +130,12 @@ def test_every_example_once_per_pass_for_any_loop_and_epoch_length(tmp_path):
 
 def test_sigterm_mid_epoch_then_resume_trains_every_example_of_the_epoch_once(tmp_path):
     """The coordinator is stopped at a random point; the rerun resumes the epoch where the
-    data stood: over the whole run every id is trained exactly `passes` times."""
+    data stood: over the whole run every id is trained exactly `passes` times, and the
+    checkpoint it saved names the step its variables hold (its step counter and place in the
+    epochs agree)."""
     import random
+
+    import tensorflow as tf
 
     marker = tmp_path / "started"
     case = {"form": "context_fn", "steps_per_loop": 4, "steps_per_epoch": 96, "epochs": 3,
@@ -155,10 +159,19 @@ def test_sigterm_mid_epoch_then_resume_trains_every_example_of_the_epoch_once(tm
     in_flight = re.search(r"stop requested: (\d+) loop\(s\) in flight \((\d+) steps\) finish "
                           r"first, so the variables hold every batch they read and none is "
                           r"trained again on resume", stderr)
+    # The checkpoint's name, its step counter and its place in the epochs all agree.
+    path = tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints"))
+    assert path.endswith(f"ckpt-{step}"), (path, step)
+    saved = tf.train.load_checkpoint(path)
+
+    def value(name):
+        return int(saved.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE"))
+    assert value("global_step") == step
+    assert value("epoch") * 96 + value("step_in_epoch") == step
     again = subprocess.run(args, env=env, cwd=helpers.REPO, capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"step {step}" in again.stderr
+    assert f"resumed from {path}: step {step}" in again.stderr, again.stderr[-3000:]
     assert re.search(r"the data continues at pass \d+, batch \d+ of 32: no batch of the epoch "
                      r"is skipped", again.stderr), again.stderr[-3000:]
     (result,) = json.loads((tmp_path / "out.json").read_text())
