@@ -209,8 +209,12 @@ def _own_files(libc, spec) -> None:
         upper, work = os.path.join(scratch, f"{i}.upper"), os.path.join(scratch, f"{i}.work")
         os.mkdir(upper)
         os.mkdir(work)
+        beneath = [p for p in mounts_beneath(root) if not _under(p, scratch)]  # not ours
         _mount(libc, "overlay", root, "overlay", 0,
-               f"lowerdir={root},upperdir={upper},workdir={work}", f"an overlay on {root}")
+               f"lowerdir={root},upperdir={upper},workdir={work}", f"an overlay on {root}" + (
+                   f" (Linux refuses it in a user namespace while other file systems are mounted "
+                   f"beneath {root}: {', '.join(beneath[:3])}; unmount them for the rehearsal)"
+                   if beneath else ""))
     for path, fd in shared:
         os.makedirs(path, exist_ok=True)
         _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC, None,
@@ -226,6 +230,16 @@ def _own_files(libc, spec) -> None:
            "binding /etc/hosts")
     os.close(hosts)
     os.chdir(workdir)  # into the overlay now on it
+
+
+def mounts_beneath(root) -> list[str]:
+    """Mount points strictly beneath `root` in this process's view (/proc/self/mountinfo)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4].encode().decode("unicode_escape") for line in f]
+    except OSError:
+        return []
+    return [p for p in points if p != root and _under(p, root)]
 
 
 def _under(path, root) -> bool:

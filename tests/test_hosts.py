@@ -107,3 +107,24 @@ def test_a_ps_job_on_hosts_survives_a_frozen_worker_a_partition_and_a_killed_ps(
         after_kill[:6000]
     assert "step 160," in run.wait_for(r"\[chief:0\] kerastrain: done:").string
     assert "tasks still running after" not in text
+
+
+def test_a_mount_beneath_tmp_is_named_when_linux_refuses_the_hosts_tmp(tmp_path):
+    """In a user namespace Linux refuses an overlay on a /tmp with other file systems mounted
+    beneath it (EINVAL, which said nothing): the task's one line names them. The mount is made
+    in a mount namespace of this test's own, so tests beside it see none."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs the tests as root)")
+    point = tmp_path / "mounted"
+    point.mkdir()
+    launch = [sys.executable, "-m", "kerastrain.cli", "launch",
+              os.path.join(helpers.REPO, "recipes", "quickstart.yaml"), "--workers", "2",
+              "--network", "multihost", "--set", f"trainer.model_dir={tmp_path / 'run'}"]
+    script = f"mount -t tmpfs -o size=1m tmpfs {point} && exec " + " ".join(launch)
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          cwd=helpers.REPO, capture_output=True, text=True, timeout=120,
+                          env=helpers.child_env())
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert (f"could not be made: an overlay on /tmp (Linux refuses it in a user namespace while "
+            f"other file systems are mounted beneath /tmp: {point}; unmount them for the "
+            "rehearsal)") in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]

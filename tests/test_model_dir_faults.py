@@ -4,6 +4,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -172,12 +173,15 @@ def test_twenty_simultaneous_takeovers_leave_exactly_one_owner(tmp_path, stale):
 # -- 4. a full disk ------------------------------------------------------------------------
 
 @pytest.fixture
-def tiny_disk(tmp_path):
-    """A 4 MiB tmpfs (needs root, as in CI); removed afterwards."""
+def tiny_disk():
+    """A 4 MiB tmpfs (needs root, as in CI); removed afterwards. Not under /tmp: while a file
+    system is mounted beneath /tmp, Linux refuses the multihost rehearsal's /tmp overlay
+    (tests/test_hosts.py runs beside this)."""
+    import tempfile
+    from pathlib import Path
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs the tests as root)")
-    path = tmp_path / "disk"
-    path.mkdir()
+    path = Path(tempfile.mkdtemp(prefix="kerastrain-tiny-disk-", dir="/var/tmp"))
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)],
                              capture_output=True, text=True, timeout=30)
     if mounted.returncode != 0:
@@ -186,6 +190,7 @@ def tiny_disk(tmp_path):
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def fill(disk):
@@ -207,12 +212,31 @@ def filling_at(hook, when=lambda *a: True, disk=None):
     return keras.callbacks.LambdaCallback(**{hook: lambda *a: when(*a) and fill(disk)})
 
 
-def test_a_full_disk_during_a_checkpoint_save_is_one_line_and_loses_nothing(tiny_disk):
+def _listed(state_file, name):
+    """Whether TensorFlow's state file lists checkpoint `name` (a save is whole once listed)."""
+    return state_file.exists() and f'"{name}"' in state_file.read_text()
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
+def test_a_full_disk_during_a_checkpoint_save_is_one_line_and_loses_nothing(tiny_disk,
+                                                                           background):
+    """The disk fills once ckpt-6 is whole; the save of step 12 fails. Written in the
+    background, the failure is raised by the next save or the end of training, for its step."""
     run = tiny_disk / "run"
-    t = trainer(run, tensorboard=False)
+    t = trainer(run, tensorboard=False, checkpoint={"background": background})
+    state = run / "checkpoints" / "checkpoint"
+
+    def second_epoch(epoch, logs):
+        if epoch != 1:
+            return False
+        deadline = time.monotonic() + 60
+        while not _listed(state, "ckpt-6"):   # a background write: once it is whole
+            assert time.monotonic() < deadline, "ckpt-6 was never written"
+            time.sleep(0.01)
+        return True
     with pytest.raises(files.DiskFull) as e:
-        t.fit(epochs=3, callbacks=[filling_at("on_epoch_begin", lambda epoch, logs: epoch == 1,
-                                              tiny_disk)])
+        t.fit(epochs=3, callbacks=[filling_at("on_epoch_begin", second_epoch, tiny_disk)])
+    assert t._run.checkpointer.background is background
     message = str(e.value)
     assert "\n" not in message and message.startswith(
         f"disk full: could not write the checkpoint of step 12 to {run / 'checkpoints'} (")
