@@ -389,6 +389,63 @@ def share_optimizer_state(update, optimizer):
     object.__setattr__(update, "_learning_rate", optimizer._learning_rate)
 
 
+def not_copied_by_async_save(checkpoint) -> list[str]:
+    """What in `checkpoint` TensorFlow's asynchronous save would not copy (it logs the
+    object and leaves it out of the file): objects that save themselves but whose class has
+    no `_copy_trackable_to_cpu`, and objects whose saving is overridden on the instance
+    (`checkpoint_whole`: the copy would be of the class's kind, saving shards). The rule is
+    TensorFlow's own (`async_checkpoint_helper._get_all_trackables`)."""
+    import tensorflow as tf
+    from tensorflow.python.trackable import base
+
+    saves = ("_serialize_to_tensors", "_gather_saveables_for_checkpoint")
+    missing = []
+    for obj in tf.train.TrackableView(checkpoint).descendants():
+        if obj is checkpoint:
+            continue
+        if any(name in getattr(obj, "__dict__", {}) for name in saves):
+            missing.append(f"{getattr(obj, 'name', type(obj).__name__)} (saved whole)")
+            continue
+        classes = [c for c in type(obj).mro() if c is not base.Trackable]
+        if any(name in c.__dict__ for c in classes for name in saves) and not any(
+                "_copy_trackable_to_cpu" in c.__dict__ for c in classes):
+            missing.append(type(obj).__name__)
+    return missing
+
+
+def keras_variables_copy_for_async_save():
+    """Let TensorFlow's asynchronous save copy Keras variables more than once.
+
+    Keras 3 (3.10 to 3.16.dev at least) maps a variable to a new `tf.Variable` made from
+    its CPU copy each time the copy runs; the copy runs in a `tf.function`, which refuses a
+    second variable, so the second asynchronous save fails ("tf.function only supports
+    singleton tf.Variables"), and the wrapper would hold the first save's values anyway.
+    The variable's CPU copy (refreshed by TensorFlow at each save) is what the Keras
+    variable saves, under the same key: mapping the variable to it is the fix. Applied once,
+    on the first checkpoint written in the background.
+    """
+    from keras.src.backend import Variable
+
+    def _copy_trackable_to_cpu(self, object_map):
+        self.value._copy_trackable_to_cpu(object_map)
+        object_map[self] = object_map[self.value]
+
+    if getattr(Variable._copy_trackable_to_cpu, "_kerastrain", False):
+        return
+    _copy_trackable_to_cpu._kerastrain = True
+    Variable._copy_trackable_to_cpu = _copy_trackable_to_cpu
+
+
+def take_async_save_error(checkpoint):
+    """The error of `checkpoint`'s last asynchronous write, cleared (None: none). TensorFlow
+    keeps it until the next save and `sync()` does not raise it."""
+    helper = getattr(checkpoint, "_async_checkpointer_impl", None)
+    error = getattr(helper, "_async_error", None)
+    if error is not None:
+        helper._async_error = None
+    return error
+
+
 def checkpoint_whole(sharded):
     """Checkpoint a `ShardedVariable` as one whole variable, restorable into any split.
 

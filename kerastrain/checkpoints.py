@@ -40,6 +40,10 @@ class CheckpointOptions:
     max_to_keep: int = option(3, "checkpoints kept; older ones are deleted after a newer one")
     restore: str = option("latest", "latest (resume from model_dir), none, or a checkpoint path")
     export: bool = option(True, "export/model.keras and export/saved_model when training ends")
+    background: bool = option(True, "write each checkpoint in a background thread: training "
+                              "goes on once the values are copied in memory; the next save, "
+                              "SIGTERM and the end of training wait for the write (foreground "
+                              "under multi-worker mirrored)")
 
     def __post_init__(self):
         if self.every_steps is not None and not is_int(self.every_steps, 1):
@@ -93,7 +97,7 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | None, options: CheckpointOptions, *, is_chief: bool,
-                 **trackables):
+                 background: bool = False, **trackables):
         import tensorflow as tf
         self.options = options
         self.is_chief = is_chief
@@ -107,21 +111,87 @@ class Checkpointer:
                 checkpoint_name="ckpt")
         self.cadence = cadence.Every(steps=options.every_steps, secs=options.every_secs)
         self.last_saved_step = None
-        self.last_path = None
+        self.last_path = None       # the newest checkpoint written whole by this Checkpointer
+        self.saved_path = None      # the newest one asked for (whole, or being written)
+        # Written in a background thread (TensorFlow's asynchronous save) where it can be:
+        # decided at the first save, once the optimizer's variables exist.
+        self.background = bool(background and self.manager is not None)
+        self._checked_background = False
+        self._pending = None        # (step, path, what holds if it fails) being written
+        self._written = set()       # paths whose background write finished
 
-    def save(self, step: int) -> str | None:
-        if self.last_saved_step == step:
-            return None
+    def _can_write_in_background(self):
+        """Whether TensorFlow's asynchronous save copies every object of this checkpoint;
+        one it cannot copy would be left out of the file (TensorFlow only logs it), so the
+        saves stay in the foreground, said once."""
+        if not self._checked_background:
+            self._checked_background = True
+            from kerastrain import _compat
+            _compat.keras_variables_copy_for_async_save()
+            missing = _compat.not_copied_by_async_save(self.checkpoint)
+            if missing:
+                self.background = False
+                logger.info("checkpoints: written in the foreground: TensorFlow's background "
+                            "save cannot copy %s", ", ".join(missing[:3]))
+        return self.background
+
+    def _save_in_background(self, step):
+        import tensorflow as tf
+
+        def written(path):  # in TensorFlow's writer thread, once the files are whole
+            self._written.add(path)
+            logger.info("checkpoint saved at step %d: %s", step, path)
+        options = tf.train.CheckpointOptions(enable_async=True,
+                                             experimental_write_callbacks=[written])
+        return self.manager.save(checkpoint_number=step, options=options)
+
+    def wait(self):
+        """Block until the checkpoint being written in the background is whole on disk.
+
+        Raises:
+            files.DiskFull: the disk filled during the write (the earlier checkpoints are
+                intact, and the partial one is removed).
+            Exception: any other error of the write, for the step it was writing.
+        """
+        if self._pending is None:
+            return
+        step, path, after = self._pending
+        self._pending = None
+        from kerastrain import _compat
+        self.checkpoint.sync()
+        error = _compat.take_async_save_error(self.checkpoint)
+        if error is None and path not in self._written:
+            error = RuntimeError(f"the background write of the checkpoint of step {step} "
+                                 "ended without writing it (TensorFlow reported no error)")
+        if error is None:
+            self.last_path = path
+            return
+        _remove_quietly(files.join(self.directory, f"ckpt-{step}_temp"))
+        with files.disk_full_guard(f"the checkpoint of step {step}", self.directory, after):
+            raise error
+
+    def save(self, step: int, *, again: bool = False) -> str | None:
+        """Save at `step` (once per step unless `again`); returns the path being written
+        (None: not kept by this task). A background write is whole once `wait` returns."""
+        if self.last_saved_step == step and not again:
+            return self.saved_path
+        background = False
         if self.manager is not None:
+            self.wait()
             locks.check(self.directory)
             latest = self.manager.latest_checkpoint
             after = (f"the earlier checkpoints are intact (latest: {latest}); free space and run "
                      "again to resume from it" if latest else
                      "no checkpoint was kept yet; free space and run again")
+            background = self.background and self._can_write_in_background()
             try:
                 with files.disk_full_guard(f"the checkpoint of step {step}", self.directory,
                                            after):
-                    path = self.manager.save(checkpoint_number=step)
+                    if background:
+                        path = self._save_in_background(step)
+                        self._pending = (step, path, after)
+                    else:
+                        path = self.manager.save(checkpoint_number=step)
             except files.DiskFull:
                 _remove_quietly(files.join(self.directory, f"ckpt-{step}_temp"))
                 raise
@@ -133,8 +203,9 @@ class Checkpointer:
             path = None
         self.cadence.done()
         self.last_saved_step = step
-        self.last_path = path or self.last_path
-        if path:
+        self.saved_path = path
+        if path and not background:
+            self.last_path = path
             logger.info("checkpoint saved at step %d: %s", step, path)
         return path
 
@@ -169,6 +240,7 @@ class Checkpointer:
             FileNotFoundError: an explicit `restore=` path does not exist or cannot be read.
         """
         import tensorflow as tf
+        self.wait()
         tried = []
         for path in self.candidates():
             try:

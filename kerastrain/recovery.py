@@ -97,6 +97,7 @@ def action(driver, *, on_nonfinite, max_recoveries, spike_factor, model, step, g
                         + [global_step])
 
     def read_checkpoint(path):
+        checkpointer.wait()  # a restore point still being written in the background
         checkpointer.checkpoint.read(path).expect_partial()
 
     def loop_loss(totals):

@@ -11,6 +11,7 @@ directory, as the collective save requires).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -40,6 +41,7 @@ class RunState:
         self.epoch_totals = None
         self.checkpointer = None
         self.restored = False
+        self._saved_position = None  # (step, epoch, batch) of the last save
 
     def attach(self, *, width, model, global_step):
         """Create the epoch totals (`width` values; any length later: a model's own
@@ -56,14 +58,18 @@ class RunState:
         self.checkpointer = None
         if options and (self.model_dir or options.restore not in ("latest", "none")):
             directory = files.join(self.model_dir, "checkpoints") if self.model_dir else None
+            # Every multi-worker mirrored worker takes part in a save (a removed scratch
+            # copy on all but the chief): an asynchronous chief would be out of step.
             self.checkpointer = checkpoints.Checkpointer(
-                directory, options, is_chief=self.is_chief, model=model,
+                directory, options, is_chief=self.is_chief,
+                background=options.background and not self.is_multi_worker, model=model,
                 optimizer=model.optimizer, global_step=self._saved["global_step"],
                 epoch_totals=self.epoch_totals, **self.counters)
 
     def move(self, *, model_dir, outputs, options):
         """Keep the state in another place from the next fit on (a `BackupAndRestore`'s
         backup_dir, or none once it is deleted): it is restored from there if it holds some."""
+        self.wait()
         self.model_dir, self.outputs, self.options = model_dir, outputs, options
         self.restored = False
         if self.epoch_totals is not None:
@@ -102,9 +108,33 @@ class RunState:
         """Save training state at `step`; returns the checkpoint's path (None: not kept here)."""
         if self.checkpointer is None:
             return None
+        # The same step again in another place (a loop that ended an epoch of unknown length
+        # was saved mid-epoch, then the epoch's end came): written again, so a resume says
+        # and does what the run did.
+        position = (step, epoch, batch)
+        again = self._saved_position not in (None, position) and self._saved_position[0] == step
+        self._saved_position = position
         self.set(driver, epoch, batch, totals)
-        self.checkpointer.save(step)
-        return self.checkpointer.last_path
+        return self.checkpointer.save(step, again=again)
+
+    def wait(self):
+        """Block until a checkpoint written in the background is whole (its error raised)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+
+    @contextlib.contextmanager
+    def writes_settled(self):
+        """A `fit`'s training: when it ends, by any way, the last checkpoint is whole on disk
+        (a write that fails raises, unless an error is already on its way: then it is said)."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self.wait()
+            except Exception as e:  # noqa: BLE001 (the first error is the one raised)
+                logger.error("the last checkpoint could not be written either: %s", e)
+            raise
+        self.wait()
 
     def latest_checkpoint(self):
         """The newest checkpoint kept in model_dir (None: none)."""

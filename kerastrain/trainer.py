@@ -514,7 +514,7 @@ class Trainer:
         first_step, monitor = self.global_step, self._monitor(train_input.element_spec)
         cbs.on_train_begin()
         with self._user_model_updated(), self._cluster_errors_explained(), \
-                self._preemption_agreement() as agree, watch, monitor:
+                self._preemption_agreement() as agree, watch, monitor, self._run.writes_settled():
             listed = self._actions(driver, watch=watch, agree=agree, monitor=monitor,
                                    callback_list=cbs, validation=validation, steps_per_epoch=
                                    steps_per_epoch, batch_logs=bool(callbacks) or verbose != 0)

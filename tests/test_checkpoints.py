@@ -377,3 +377,51 @@ def test_sigterm_during_a_callback_saves_that_step_and_resumes_to_the_total(tmp_
     again = make()
     again.fit(epochs=2)
     assert again.global_step == 12  # 2 epochs of 6 steps, none lost or repeated
+
+
+@pytest.mark.parametrize("strategy", ["default", {"name": "mirrored", "cpu_devices": 2}],
+                         ids=["default", "mirrored"])
+def test_checkpoints_written_in_the_background_hold_the_values_of_their_step(tmp_path,
+                                                                              strategy):
+    """Training goes on while each checkpoint is written (TensorFlow's asynchronous save, the
+    default); each file still holds its own step's values: tensor for tensor what a run that
+    writes in the foreground saved, checkpoint by checkpoint (a later step's values, or a
+    Keras variable left out, would differ). Every write is whole when `fit` returns."""
+    import tensorflow as tf
+    saved = {}
+    for background in (False, True):
+        model_dir = tmp_path / ("background" if background else "foreground")
+        t = trainer(model_dir, strategy=strategy, steps_per_loop=1,
+                    checkpoint={"every_steps": 2, "max_to_keep": 10, "background": background})
+        t.fit(epochs=4)   # 24 steps: 12 checkpoints, the last 10 kept
+        assert t._run.checkpointer.background is background
+        names = sorted(os.listdir(model_dir / "checkpoints"))
+        assert not [n for n in names if "_temp" in n or ".tmp" in n], names
+        saved[background] = {n[:-len(".index")]: tf.train.load_checkpoint(
+            str(model_dir / "checkpoints" / n[:-len(".index")])) for n in names
+            if n.endswith(".index")}
+        assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith("ckpt-24")
+    assert sorted(saved[True]) == sorted(saved[False]) and len(saved[True]) == 10
+    for name, reader in saved[True].items():
+        keys = reader.get_variable_to_shape_map()
+        assert keys == saved[False][name].get_variable_to_shape_map()
+        for key in keys:  # save_counter: tf.train.Checkpoint's own count, not read back
+            if key not in ("_CHECKPOINTABLE_OBJECT_GRAPH",
+                           "save_counter/.ATTRIBUTES/VARIABLE_VALUE"):
+                np.testing.assert_array_equal(reader.get_tensor(key),
+                                              saved[False][name].get_tensor(key), err_msg=key)
+
+
+def test_what_the_background_save_cannot_copy_keeps_saves_in_the_foreground():
+    """TensorFlow's asynchronous save leaves out, with only a log line, what it cannot copy:
+    kerastrain finds it first (here a variable whose saving is overridden on the object: the
+    copy would be of its class's kind) and writes in the foreground."""
+    import tensorflow as tf
+
+    from kerastrain import _compat
+    model = helpers.build_model()
+    whole = tf.Variable([1.0, 2.0], name="saved_whole")
+    assert _compat.not_copied_by_async_save(tf.train.Checkpoint(model=model)) == []
+    object.__setattr__(whole, "_serialize_to_tensors", lambda: {"VARIABLE_VALUE": whole + 0})
+    assert _compat.not_copied_by_async_save(
+        tf.train.Checkpoint(model=model, whole=whole)) == ["saved_whole:0 (saved whole)"]
