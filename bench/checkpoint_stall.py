@@ -41,7 +41,8 @@ def build():
 
 
 class Run:
-    """One Trainer; `epoch()` trains `steps` more steps (one more epoch)."""
+    """One Trainer; `epoch()` trains `steps` more steps: `fit(epochs=1)` again, which (as
+    Keras's `fit`) trains one more epoch."""
 
     def __init__(self, root, name, checkpoint, steps):
         import numpy as np
@@ -52,15 +53,14 @@ class Run:
 
         def dataset_fn(ctx):
             return tf.data.Dataset.from_tensor_slices((x, x)).batch(BATCH).repeat()
-        self.steps, self.epochs = steps, 1
+        self.steps = steps
         self.trainer = kt.Trainer(build, dataset_fn, strategy="default", verbose=0, seed=0,
                                   model_dir=os.path.join(root, name), tensorboard=False,
                                   checkpoint=checkpoint, steps_per_loop=1)
         self.trainer.fit(epochs=1, steps_per_epoch=steps)   # traces, builds the slots, warms
 
     def epoch(self):
-        self.epochs += 1
-        self.trainer.fit(epochs=self.epochs, steps_per_epoch=self.steps)
+        self.trainer.fit(epochs=1, steps_per_epoch=self.steps)
 
 
 def main():
