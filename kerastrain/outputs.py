@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
+import re
 import shutil
 import tempfile
 
@@ -13,11 +15,38 @@ from kerastrain import files
 logger = logging.getLogger("kerastrain")
 
 SCRATCH_PREFIX = "kerastrain-nonchief-"
+_SCRATCH = re.compile(r"^kerastrain-nonchief-(\d+)-[^-]+$")  # with its process's pid
 
 
 def normalize_model_dir(model_dir) -> str | None:
     """A URL as given, a local path absolute; an unusable file system is a ValueError now."""
     return files.normalize_model_dir(model_dir)
+
+
+def new_scratch() -> str:
+    """A new scratch directory named for this process (`kerastrain-nonchief-<pid>-…` in the
+    temp dir), after removing those of processes that are gone: a worker killed during a
+    save leaves its part of the checkpoint there, one model's worth per kill."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        names = []
+    for name in names:
+        match = _SCRATCH.match(name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -27,7 +56,7 @@ def scratch_dir():
     Under multi-worker mirrored every worker must take part in a save or an export
     (reading on-read variables is collective); only the chief keeps the files.
     """
-    path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    path = new_scratch()
     try:
         yield path
     finally:

@@ -7,7 +7,6 @@ import os
 import select
 import shutil
 import signal
-import tempfile
 import threading
 
 logger = logging.getLogger("kerastrain")
@@ -121,7 +120,7 @@ def multi_worker_handler(cluster_resolver, checkpointer):
     else:
         # Non-chief: TensorFlow writes this worker's part of each save beside the
         # directory given (`workertemp_<task>`); a private temp dir keeps model_dir untouched.
-        scratch = tempfile.mkdtemp(prefix=outputs.SCRATCH_PREFIX)
+        scratch = outputs.new_scratch()
         target, directory = checkpointer.checkpoint, os.path.join(scratch, "checkpoints")
     handler = tf.distribute.experimental.PreemptionCheckpointHandler(
         cluster_resolver, target, checkpoint_dir=directory,

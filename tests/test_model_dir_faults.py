@@ -297,3 +297,26 @@ def test_the_cli_says_disk_full_in_one_line_and_exits_1(tiny_disk, capsys):
     (tiny_disk / "filler").unlink()
     t = trainer(tiny_disk / "run")
     t.close()
+
+
+def test_a_killed_workers_scratch_copy_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    """A multi-worker non-chief writes its part of each save to a scratch directory in the
+    temp dir, removed at once; killed during a save it leaves one model's worth there. The next
+    scratch directory removes those of processes that are gone, and only those."""
+    import tempfile
+
+    from kerastrain import outputs
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = tmp_path / f"kerastrain-nonchief-{int(gone.stdout)}-abc123"
+    (dead / "ckpt_temp").mkdir(parents=True)
+    (dead / "ckpt_temp" / "part-00000").write_bytes(b"\0" * 1024)
+    alive = tmp_path / f"kerastrain-nonchief-{os.getppid()}-def456"   # pytest's parent: alive
+    alive.mkdir()
+    unknown = tmp_path / "kerastrain-nonchief-3mwd35jv"   # before names carried a pid
+    unknown.mkdir()
+    with outputs.scratch_dir() as path:
+        assert os.path.basename(path).startswith(f"kerastrain-nonchief-{os.getpid()}-")
+        assert not dead.exists() and alive.exists() and unknown.exists()
+    assert not os.path.exists(path)
