@@ -164,21 +164,40 @@ def test_the_users_model_instance_is_updated_when_training_stops_early():
         np.testing.assert_array_equal(mine, trained)
 
 
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("prior", ["unused", "both"])
-def test_the_users_model_instance_under_parameter_servers(tmp_path, prior):
-    """The headline call: `Trainer(model, strategy="ps").fit`, then the user's own object
-    predicts, evaluates, trains, saves and loads as after `model.fit`, also when it was
-    used before (predict, then fit: Keras's cached functions and optimizer state)."""
+PRIORS = ("unused", "both")
+
+
+@pytest.fixture(scope="module")
+def ps_instances(tmp_path_factory):
+    """Both cases below, one after another in one process (TensorFlow and the local cluster
+    start once; each case is its own model and Trainer): {prior: (result, output)}."""
     import json
 
     import helpers
-    job = json.dumps({"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": 2,
-                      "steps_per_epoch": 6, "data": "infinite", "instance": True,
-                      "prior": prior, "use_after_fit": str(tmp_path)})
-    proc = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    result = json.loads((tmp_path / "chief.json").read_text())
+    tmp = tmp_path_factory.mktemp("ps_instances")
+    jobs = [[{"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": 2,
+              "steps_per_epoch": 6, "data": "infinite", "instance": True, "prior": prior,
+              "use_after_fit": str(tmp / f"{prior}-saved")}, str(tmp / prior)]
+            for prior in PRIORS]
+    for prior in PRIORS:
+        (tmp / f"{prior}-saved").mkdir()
+    proc = helpers.run_python(["tests/_worker.py", json.dumps(jobs)])
+    output = proc.stdout[-3000:] + proc.stderr[-5000:]
+    return {prior: (json.loads((tmp / f"{prior}.json").read_text())
+                    if (tmp / f"{prior}.json").exists() else None, output)
+            for prior in PRIORS}, proc.returncode
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("prior", PRIORS)
+def test_the_users_model_instance_under_parameter_servers(ps_instances, prior):
+    """The headline call: `Trainer(model, strategy="ps").fit`, then the user's own object
+    predicts, evaluates, trains, saves and loads as after `model.fit`, also when it was
+    used before (predict, then fit: Keras's cached functions and optimizer state)."""
+    import helpers
+    results, code = ps_instances
+    result, output = results[prior]
+    assert code == 0 and result is not None, output
     assert result["global_step"] == 12
     assert result["user_vs_trained"] == 0.0 and result["user_vs_initial"] > 0
     helpers.check_use_after_fit(result["used_after_fit"])
