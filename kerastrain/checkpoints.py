@@ -170,10 +170,10 @@ class Checkpointer:
         with files.disk_full_guard(f"the checkpoint of step {step}", self.directory, after):
             raise error
 
-    def save(self, step: int, *, again: bool = False) -> str | None:
-        """Save at `step` (once per step unless `again`); returns the path being written
-        (None: not kept by this task). A background write is whole once `wait` returns."""
-        if self.last_saved_step == step and not again:
+    def save(self, step: int) -> str | None:
+        """Save at `step` (once per step); returns the path being written (None: not kept
+        by this task). A background write is whole once `wait` returns."""
+        if self.last_saved_step == step:
             return self.saved_path
         background = False
         if self.manager is not None:

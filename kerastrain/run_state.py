@@ -41,7 +41,6 @@ class RunState:
         self.epoch_totals = None
         self.checkpointer = None
         self.restored = False
-        self._saved_position = None  # (step, epoch, batch) of the last save
 
     def attach(self, *, width, model, global_step):
         """Create the epoch totals (`width` values; any length later: a model's own
@@ -108,14 +107,8 @@ class RunState:
         """Save training state at `step`; returns the checkpoint's path (None: not kept here)."""
         if self.checkpointer is None:
             return None
-        # The same step again in another place (a loop that ended an epoch of unknown length
-        # was saved mid-epoch, then the epoch's end came): written again, so a resume says
-        # and does what the run did.
-        position = (step, epoch, batch)
-        again = self._saved_position not in (None, position) and self._saved_position[0] == step
-        self._saved_position = position
         self.set(driver, epoch, batch, totals)
-        return self.checkpointer.save(step, again=again)
+        return self.checkpointer.save(step)
 
     def wait(self):
         """Block until a checkpoint written in the background is whole (its error raised)."""
