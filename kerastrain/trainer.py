@@ -433,8 +433,8 @@ class Trainer:
             steps_per_loop=self._steps_per_loop, global_step=self._global_step,
             checkpointer=self._run.checkpointer, latest_checkpoint=self._run.latest_checkpoint)
 
-    def _actions(self, driver, *, watch, agree, monitor, callback_list, validation,
-                 steps_per_epoch, batch_logs):
+    def _actions(self, driver, watch, agree, monitor, callback_list, validation, batch_logs,
+                 steps_per_epoch):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
         results = self._step.results
         self._recovery = recovery_lib.action(
@@ -515,9 +515,8 @@ class Trainer:
         cbs.on_train_begin()
         with self._user_model_updated(), self._cluster_errors_explained(), \
                 self._preemption_agreement() as agree, watch, monitor, self._run.writes_settled():
-            listed = self._actions(driver, watch=watch, agree=agree, monitor=monitor,
-                                   callback_list=cbs, validation=validation, steps_per_epoch=
-                                   steps_per_epoch, batch_logs=bool(callbacks) or verbose != 0)
+            listed = self._actions(driver, watch, agree, monitor, cbs, validation, bool(
+                callbacks or verbose), steps_per_epoch or self._steps_the_data_holds(train_input))
             progress = self._train_epochs(
                 driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
                 self._resolve_steps_per_loop(callbacks, steps_per_epoch, train_input), resumed,
@@ -727,6 +726,14 @@ class Trainer:
                         "end, each example of the pass once", self._built.num_workers)
             return None
         return self._mode.epoch_length(n, self._step.accumulation)
+
+    def _steps_the_data_holds(self, train_input):
+        """Steps in one pass of data of known size (None: unknown or infinite). An epoch
+        that ends where the data does still knows its last loop: a mid-epoch checkpoint
+        there would stand in for the epoch end's, and a finished run would resume
+        "16 steps into epoch 2 of 2" instead of "after epoch 2 of 2"."""
+        n = train_input.cardinality
+        return -(-n // self._step.accumulation) if n >= 0 else None
 
     # -- evaluation -----------------------------------------------------------
 

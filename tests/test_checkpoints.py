@@ -425,3 +425,19 @@ def test_what_the_background_save_cannot_copy_keeps_saves_in_the_foreground():
     object.__setattr__(whole, "_serialize_to_tensors", lambda: {"VARIABLE_VALUE": whole + 0})
     assert _compat.not_copied_by_async_save(
         tf.train.Checkpoint(model=model, whole=whole)) == ["saved_whole:0 (saved whole)"]
+
+
+def test_a_finished_run_whose_every_steps_divides_its_epochs_resumes_after_its_last_epoch(
+        tmp_path, caplog):
+    """NumPy input: the epoch ends where the data does (16 batches), every_steps=4 lands on its
+    last loop too; the checkpoint there is the epoch end's, so a rerun says where it stopped."""
+    x, y = helpers.arrays(256)
+    for _ in range(2):
+        t = kt.Trainer(helpers.build_model, strategy="default", seed=0, verbose=0,
+                       model_dir=tmp_path, steps_per_loop=2, checkpoint={"every_steps": 4})
+        with caplog.at_level(logging.INFO, logger="kerastrain"):
+            t.fit(x, y, batch_size=16, epochs=2)
+        t.close()
+    assert t.global_step == 32
+    assert f"resumed from {tmp_path / 'checkpoints' / 'ckpt-32'}: step 32, after epoch 2 of 2" \
+        in caplog.text, caplog.text[-2000:]
