@@ -441,3 +441,63 @@ def test_a_finished_run_whose_every_steps_divides_its_epochs_resumes_after_its_l
     assert t.global_step == 32
     assert f"resumed from {tmp_path / 'checkpoints' / 'ckpt-32'}: step 32, after epoch 2 of 2" \
         in caplog.text, caplog.text[-2000:]
+
+
+KILLED_WRITER = """
+import sys
+import numpy as np, keras, tensorflow as tf
+import kerastrain as kt
+def build():
+    model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(4096),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+x = np.random.RandomState(0).rand(64, 1024).astype("float32")
+y = x[:, :1].copy()
+trainer = kt.Trainer(build, strategy="default", seed=0, verbose=0, model_dir=sys.argv[1],
+                     steps_per_loop=1, checkpoint={"every_steps": 2, "export": False})
+trainer.fit(x, y, batch_size=8, epochs=6, shuffle=False)
+print("trained to", trainer.global_step, "background", trainer._run.checkpointer.background)
+"""
+
+
+def test_a_process_killed_while_a_checkpoint_is_written_in_the_background_loses_nothing_older(
+        tmp_path):
+    """A 4 M-parameter model (a ~50 MB checkpoint with Adam's slots) saves every 2 steps in the
+    background. Once a later checkpoint's files are being written (its `ckpt-N_temp` exists)
+    the process is frozen, the write seen still unfinished, then killed: the checkpoints the
+    state file names are whole, the newest of them is older than the one cut off, and the
+    rerun removes the partial one, resumes from it and trains to the end."""
+    import tensorflow as tf
+    checkpoints_dir = tmp_path / "checkpoints"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)],
+                            cwd=helpers.REPO, env=helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cut = None
+    deadline = time.monotonic() + 180
+    try:
+        while cut is None:
+            assert proc.poll() is None, "it ended before a write was caught: " + \
+                proc.stderr.read()[-2000:]
+            assert time.monotonic() < deadline
+            temps = [n for n in (os.listdir(checkpoints_dir) if checkpoints_dir.exists() else [])
+                     if n.endswith("_temp") and n != "ckpt-2_temp"]
+            if temps:
+                proc.send_signal(signal.SIGSTOP)
+                if (checkpoints_dir / temps[0]).exists():   # still being written: cut it off
+                    cut = int(temps[0][len("ckpt-"):-len("_temp")])
+                    break
+                proc.send_signal(signal.SIGCONT)
+            time.sleep(0.002)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (checkpoints_dir / f"ckpt-{cut}_temp").exists()
+    latest = tf.train.latest_checkpoint(str(checkpoints_dir))
+    assert latest is not None and int(latest.rsplit("-", 1)[1]) < cut, (latest, cut)
+    tf.train.load_checkpoint(latest)          # whole
+    rerun = helpers.run_python(["-c", KILLED_WRITER, str(tmp_path)])
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed from {latest}" in rerun.stderr, rerun.stderr[-3000:]
+    assert "trained to 48 background True" in rerun.stdout
+    assert not [n for n in os.listdir(checkpoints_dir) if "_temp" in n]
