@@ -43,7 +43,7 @@ class CheckpointOptions:
     background: bool = option(True, "write each checkpoint in a background thread: training "
                               "goes on once the values are copied in memory; the next save, "
                               "SIGTERM and the end of training wait for the write (foreground "
-                              "under multi-worker mirrored)")
+                              "under multi-worker mirrored and parameter servers)")
 
     def __post_init__(self):
         if self.every_steps is not None and not is_int(self.every_steps, 1):

@@ -43,6 +43,9 @@ class Synchronous:
 
     stops_on_own_flag = True  # a loop ends early when this task's stop flag is set
     owns_sigterm = True       # the SIGTERM handler is kerastrain's (`preemption.SigtermWatch`)
+    # Checkpoints may be written in the background: the values are copied to this host and
+    # only the chief writes (see `run_state.RunState`).
+    background_checkpoints = True
 
     @contextlib.contextmanager
     def preemption_agreement(self, checkpointer, model_dir):
@@ -97,6 +100,7 @@ class MultiWorker(Synchronous):
     stops_on_own_flag = False
     owns_sigterm = False
     peers_can_stall = True
+    background_checkpoints = False  # every worker takes part in a save
 
     @contextlib.contextmanager
     def preemption_agreement(self, checkpointer, model_dir):
@@ -123,6 +127,9 @@ class ParameterServers(Synchronous):
 
     peers_can_stall = True
     timed_summaries = False  # results arrive after a join
+    # TensorFlow keeps the asynchronous copy on each variable's own task: the write would
+    # read the parameter servers while training goes on, and fail with them.
+    background_checkpoints = False
 
     def explain_lost(self, error, latest_checkpoint):
         return driver_lib.lost_cluster(error, latest_checkpoint)

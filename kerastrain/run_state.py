@@ -29,13 +29,15 @@ COUNTERS = ("epoch", "step_in_epoch", "data_pass", "data_offset")
 class RunState:
     """The counters of a run (made under the strategy's scope) and its checkpointer."""
 
-    def __init__(self, *, options, model_dir, outputs, is_chief, is_multi_worker):
+    def __init__(self, *, options, model_dir, outputs, is_chief, is_multi_worker,
+                 background=True):
         import tensorflow as tf
         self.options = options  # a `checkpoints.CheckpointOptions`, or None: no checkpoints
         self.model_dir = model_dir
         self.outputs = outputs
         self.is_chief = is_chief
         self.is_multi_worker = is_multi_worker
+        self.background = background  # the strategy allows background checkpoint writes
         self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
                          for name in COUNTERS}
         self.epoch_totals = None
@@ -57,11 +59,11 @@ class RunState:
         self.checkpointer = None
         if options and (self.model_dir or options.restore not in ("latest", "none")):
             directory = files.join(self.model_dir, "checkpoints") if self.model_dir else None
-            # Every multi-worker mirrored worker takes part in a save (a removed scratch
-            # copy on all but the chief): an asynchronous chief would be out of step.
+            # `background`: the mode's rule (modes.py; foreground under multi-worker mirrored
+            # and parameter servers).
             self.checkpointer = checkpoints.Checkpointer(
                 directory, options, is_chief=self.is_chief,
-                background=options.background and not self.is_multi_worker, model=model,
+                background=options.background and self.background, model=model,
                 optimizer=model.optimizer, global_step=self._saved["global_step"],
                 epoch_totals=self.epoch_totals, **self.counters)
 

@@ -82,6 +82,8 @@ def test_ps_without_cluster_starts_local_in_process_cluster(local_cluster):
 
 def test_ps_checkpoint_restores_into_a_fresh_trainer_with_the_exact_step(local_cluster):
     result, log = local_cluster["fresh_restore"]
+    # Written in the foreground: TensorFlow's asynchronous copy would live on the ps.
+    assert result["ckpt_background"] is False
     assert result["global_step"] == 20
     assert result["fresh_global_step"] == 20  # restored exactly, nothing left to train
     assert result["fresh_max_weight_diff"] == 0.0
