@@ -75,8 +75,13 @@ def test_a_ps_job_on_hosts_survives_a_frozen_worker_a_partition_and_a_killed_ps(
                                           "trainer.epochs=5", "trainer.stall_timeout=15",
                                           "trainer.steps_per_loop=4", "tensorboard=false"]
                            for a in ("--set", item)]])
-    assert run.finish(timeout=400) == 0, run.text[-8000:]
-    text = run.text
+    text = run.finish(timeout=400), run.text
+    # On failure: every line of the launcher and every kerastrain line (what happened, in
+    # order), then the end of the output; TensorFlow's start-up lines would crowd them out.
+    story = "\n".join(line for line in text[1].splitlines()
+                      if line.startswith("[launch]") or "] kerastrain:" in line)
+    assert text[0] == 0, story + "\n...\n" + text[1][-3000:]
+    text = text[1]
     assert "[launch] network: a multihost rehearsal" in text
     assert "[launch] fault: froze worker:1 for 60 s" in text
     assert re.search(r"\[chief:0\] kerastrain: stalled: chief:0 made no progress training under "
