@@ -379,8 +379,9 @@ def test_sigterm_during_a_callback_saves_that_step_and_resumes_to_the_total(tmp_
     assert again.global_step == 12  # 2 epochs of 6 steps, none lost or repeated
 
 
-@pytest.mark.parametrize("strategy", ["default", {"name": "mirrored", "cpu_devices": 2}],
-                         ids=["default", "mirrored"])
+@pytest.mark.parametrize("strategy", ["default", {"name": "mirrored", "cpu_devices": 2},
+                                      {"name": "central_storage", "cpu_devices": 2}],
+                         ids=["default", "mirrored", "central_storage"])
 def test_checkpoints_written_in_the_background_hold_the_values_of_their_step(tmp_path,
                                                                               strategy):
     """Training goes on while each checkpoint is written (TensorFlow's asynchronous save, the
