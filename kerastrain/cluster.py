@@ -297,7 +297,8 @@ def serve(config: ClusterConfig | None = None, *, startup_timeout: float = 600.0
     if config.task_type == "worker":
         server_config.inter_op_parallelism_threads = max(
             config.num_workers + 1, os.cpu_count() or 1)
-    server = tf.distribute.Server(
+    # Held for the life of this function: the server runs as long as its object lives.
+    server = tf.distribute.Server(  # noqa: F841
         tf.train.ClusterSpec(config.cluster), job_name=config.task_type,
         task_index=config.task_index, config=server_config,
         protocol=config.rpc_layer, start=True)
