@@ -392,8 +392,8 @@ def share_optimizer_state(update, optimizer):
 def not_copied_by_async_save(checkpoint) -> list[str]:
     """What in `checkpoint` TensorFlow's asynchronous save would not copy (it logs the
     object and leaves it out of the file): objects that save themselves but whose class has
-    no `_copy_trackable_to_cpu`, and objects whose saving is overridden on the instance
-    (`checkpoint_whole`: the copy would be of the class's kind, saving shards). The rule is
+    no `_copy_trackable_to_cpu`, and objects of the checkpoint's graph whose saving is
+    overridden on the instance (the copy would be of the class's kind). The rule is
     TensorFlow's own (`async_checkpoint_helper._get_all_trackables`)."""
     import tensorflow as tf
     from tensorflow.python.trackable import base

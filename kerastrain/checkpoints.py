@@ -112,13 +112,13 @@ class Checkpointer:
         self.cadence = cadence.Every(steps=options.every_steps, secs=options.every_secs)
         self.last_saved_step = None
         self.last_path = None       # the newest checkpoint written whole by this Checkpointer
+                                    # (set by the writer thread once a background write is)
         self.saved_path = None      # the newest one asked for (whole, or being written)
         # Written in a background thread (TensorFlow's asynchronous save) where it can be:
         # decided at the first save, once the optimizer's variables exist.
         self.background = bool(background and self.manager is not None)
         self._checked_background = False
         self._pending = None        # (step, path, what holds if it fails) being written
-        self._written = set()       # paths whose background write finished
 
     def _can_write_in_background(self):
         """Whether TensorFlow's asynchronous save copies every object of this checkpoint;
@@ -139,7 +139,7 @@ class Checkpointer:
         import tensorflow as tf
 
         def written(path):  # in TensorFlow's writer thread, once the files are whole
-            self._written.add(path)
+            self.last_path = path
             logger.info("checkpoint saved at step %d: %s", step, path)
         options = tf.train.CheckpointOptions(enable_async=True,
                                              experimental_write_callbacks=[written])
@@ -160,11 +160,10 @@ class Checkpointer:
         from kerastrain import _compat
         self.checkpoint.sync()
         error = _compat.take_async_save_error(self.checkpoint)
-        if error is None and path not in self._written:
+        if error is None and self.last_path != path:
             error = RuntimeError(f"the background write of the checkpoint of step {step} "
                                  "ended without writing it (TensorFlow reported no error)")
         if error is None:
-            self.last_path = path
             return
         _remove_quietly(files.join(self.directory, f"ckpt-{step}_temp"))
         with files.disk_full_guard(f"the checkpoint of step {step}", self.directory, after):

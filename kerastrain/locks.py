@@ -89,7 +89,8 @@ def _in_use(model_dir, other, detail="", advice=""):
         f"wait for that run to end{advice}.")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host exists (another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -222,7 +223,7 @@ class _KernelLock:
         if other is None:
             return
         host, pid = other.get("host"), other.get("pid")
-        if host == me["host"] and isinstance(pid, int) and pid != me["pid"] and _pid_alive(pid):
+        if host == me["host"] and isinstance(pid, int) and pid != me["pid"] and pid_alive(pid):
             # A live process named in a file nobody has flocked: a run of a kerastrain
             # that took the lock by creating the file only. Do not run beside it.
             raise _in_use(self.model_dir, other,

@@ -10,7 +10,7 @@ import re
 import shutil
 import tempfile
 
-from kerastrain import files
+from kerastrain import files, locks
 
 logger = logging.getLogger("kerastrain")
 
@@ -34,19 +34,9 @@ def new_scratch() -> str:
         names = []
     for name in names:
         match = _SCRATCH.match(name)
-        if match and not _alive(int(match.group(1))):
+        if match and not locks.pid_alive(int(match.group(1))):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
-
-
-def _alive(pid) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive
-        return True
-    return True
 
 
 @contextlib.contextmanager
