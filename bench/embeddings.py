@@ -112,7 +112,7 @@ def child(rows, rounds, steps):
     import keras
 
     import kerastrain as kt
-    from kerastrain import partitioning
+    from kerastrain.distribute.ps import partitioning
     spec = {"name": "ps", "num_workers": 1, "num_ps": 2, "variable_partitioner": SPLIT}
     built = kt.build_strategy(spec)
     trainer = kt.Trainer(lambda: build_model(keras, rows), dataset_fn(rows), strategy=spec,

@@ -27,7 +27,7 @@ def main():
     args = parser.parse_args()
     import tensorflow as tf
 
-    from kerastrain import data as data_lib
+    from kerastrain.data import inputs as data_lib
 
     n, b = args.examples, args.batch
     x = np.random.rand(n, 64).astype("float32")

@@ -3,7 +3,7 @@
 What stands in for "service workers on other machines" on one 2-core host: the trainer
 and the service get disjoint CPUs. This process (the trainer, in every configuration)
 pins itself to CPU 0 before TensorFlow starts; the dispatcher and one service worker are
-separate processes (`python -m kerastrain.service dispatcher|worker`) pinned to CPU 1
+separate processes (`python -m kerastrain.data.service dispatcher|worker`) pinned to CPU 1
 (`os.sched_setaffinity`). TensorFlow sizes its thread pools from the affinity mask
 (`--check-threads`: one "tf_Compute" inter-op thread pinned to one CPU, two unpinned;
 `os.cpu_count()` still says 2). So the local pipeline has only the trainer's CPU for map
@@ -57,13 +57,13 @@ TRAINER_CPU, SERVICE_CPU = 0, 1
 
 def start_service(python=sys.executable):
     """A dispatcher and one worker, separate processes pinned to SERVICE_CPU; their address."""
-    from kerastrain import cluster
+    from kerastrain.distribute import cluster
     port = cluster.free_port()
     env = dict(os.environ, PYTHONPATH=REPO)
 
     def spawn(*args):
         return subprocess.Popen(
-            [python, "-m", "kerastrain.service", *args], env=env, stdout=subprocess.DEVNULL,
+            [python, "-m", "kerastrain.data.service", *args], env=env, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, preexec_fn=lambda: os.sched_setaffinity(0, {SERVICE_CPU}))
     processes = [spawn("dispatcher", "--port", str(port))]
     processes.append(spawn("worker", "--dispatcher", f"127.0.0.1:{port}",
@@ -159,7 +159,8 @@ class ServiceCpu:
 
 def through_service(address):
     """A pipeline read through the service as kerastrain reads it (one job a pass)."""
-    from kerastrain import _compat, service
+    from kerastrain import _compat
+    from kerastrain.data import service
     return lambda dataset: dataset.apply(_compat.service_distribute(
         "distributed_epoch", address, task_refresh_ms=service.TASK_REFRESH_MS))
 

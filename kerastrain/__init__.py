@@ -16,24 +16,36 @@ _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "CSVWriter": "kerastrain.summaries",
-    "CheckpointOptions": "kerastrain.checkpoints",
-    "LoggingWriter": "kerastrain.summaries",
-    "MetricWriter": "kerastrain.summaries",
-    "MultiWriter": "kerastrain.summaries",
-    "Preempted": "kerastrain.preemption",
-    "ServiceOptions": "kerastrain.service",
-    "TensorBoardOptions": "kerastrain.summaries",
-    "TensorBoardWriter": "kerastrain.summaries",
+    "CSVWriter": "kerastrain.io.summaries",
+    "CheckpointOptions": "kerastrain.io.checkpoints",
+    "DiskFull": "kerastrain.io.files",
+    "LoggingWriter": "kerastrain.io.summaries",
+    "MetricWriter": "kerastrain.io.summaries",
+    "ModelDirInUse": "kerastrain.io.locks",
+    "MultiWriter": "kerastrain.io.summaries",
+    "Preempted": "kerastrain.loop.preemption",
+    "ServiceOptions": "kerastrain.data.service",
+    "TensorBoardOptions": "kerastrain.io.summaries",
+    "TensorBoardWriter": "kerastrain.io.summaries",
+    "TooManyRecoveries": "kerastrain.loop.recovery",
     "Trainer": "kerastrain.trainer",
-    "build_strategy": "kerastrain.strategies",
-    "configure_cpu_devices": "kerastrain.strategies",
-    "isolate_network": "kerastrain.network",
-    "serve": "kerastrain.cluster",
+    "build_strategy": "kerastrain.distribute.strategies",
+    "configure_cpu_devices": "kerastrain.distribute.strategies",
+    "isolate_network": "kerastrain.distribute.network",
+    "serve": "kerastrain.distribute.cluster",
 }
-_SUBMODULES = ("cluster", "config", "data", "examples", "optimizers", "recipes", "service",
-               "sharding",
-               "strategies")
+# Modules reachable as attributes (`kt.cluster.serve`), by where they live.
+_SUBMODULES = {
+    "cluster": "kerastrain.distribute.cluster",
+    "config": "kerastrain.cli.config",
+    "data": "kerastrain.data",
+    "examples": "kerastrain.examples",
+    "optimizers": "kerastrain.optimizers",
+    "recipes": "kerastrain.cli.recipes",
+    "service": "kerastrain.data.service",
+    "sharding": "kerastrain.data.sharding",
+    "strategies": "kerastrain.distribute.strategies",
+}
 
 __all__ = sorted(_EXPORTS) + ["data", "__version__"]
 
@@ -42,7 +54,7 @@ def __getattr__(name):
     if name in _EXPORTS:
         value = getattr(_importlib.import_module(_EXPORTS[name]), name)
     elif name in _SUBMODULES:
-        value = _importlib.import_module(f"kerastrain.{name}")
+        value = _importlib.import_module(_SUBMODULES[name])
     else:
         raise AttributeError(f"module 'kerastrain' has no attribute {name!r}")
     globals()[name] = value

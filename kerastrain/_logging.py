@@ -75,7 +75,7 @@ def start_tensorflow_quietly():
 
 
 def _devices_line(gpus, cuda_failed):
-    from kerastrain import tuning
+    from kerastrain.loop import tuning
     cores = tuning.usable_cores()
     if gpus:
         line = f"devices: {len(gpus)} GPU(s) ({', '.join(g.name for g in gpus)}) and the CPU"

@@ -1,6 +1,6 @@
 """Option dataclasses: one field declares an option's default, check and doc; coercion.
 
-The recipe schema and its commented template (`kerastrain.config`) are generated
+The recipe schema and its commented template (`kerastrain.cli.config`) are generated
 from these fields, so an option's default is written in exactly one place.
 """
 

@@ -235,7 +235,8 @@ def tfrecord_data(directory: str, num_files: int = 8, num_examples: int = 65536,
     import os
     import time
 
-    from kerastrain import cluster, data
+    from kerastrain.distribute import cluster
+    from kerastrain.data import inputs as data
 
     marker = os.path.join(directory, "_COMPLETE")
     if not os.path.exists(marker):

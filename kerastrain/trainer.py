@@ -11,34 +11,34 @@ import numpy as np
 
 from kerastrain import _compat
 from kerastrain import _logging
-from kerastrain import actions as actions_lib
-from kerastrain import callbacks as callbacks_lib
-from kerastrain import checkpoints
-from kerastrain import data as data_lib
-from kerastrain import driver as driver_lib
-from kerastrain import files
-from kerastrain import fit_args
-from kerastrain import loops as loops_lib
-from kerastrain import models as models_lib
-from kerastrain import modes
-from kerastrain import outputs as outputs_lib
-from kerastrain import precision
-from kerastrain import predicting
-from kerastrain import preemption
-from kerastrain import recovery as recovery_lib
-from kerastrain import run_state
-from kerastrain import service as service_lib
-from kerastrain import sharding
-from kerastrain import stalls
-from kerastrain import strategies
-from kerastrain import summaries
-from kerastrain import tuning as tuning_lib
+from kerastrain.loop import actions as actions_lib
+from kerastrain.loop import callbacks as callbacks_lib
+from kerastrain.io import checkpoints
+from kerastrain.data import inputs as data_lib
+from kerastrain.loop import driver as driver_lib
+from kerastrain.io import files
+from kerastrain.data import fit_args
+from kerastrain.step import loops as loops_lib
+from kerastrain.distribute import models as models_lib
+from kerastrain.distribute import modes
+from kerastrain.io import outputs as outputs_lib
+from kerastrain.step import precision
+from kerastrain.loop import predicting
+from kerastrain.loop import preemption
+from kerastrain.loop import recovery as recovery_lib
+from kerastrain.loop import run_state
+from kerastrain.data import service as service_lib
+from kerastrain.data import sharding
+from kerastrain.loop import stalls
+from kerastrain.distribute import strategies
+from kerastrain.io import summaries
+from kerastrain.loop import tuning as tuning_lib
 from kerastrain._options import check_choice, check_int
 
 logger = logging.getLogger("kerastrain")
 
 VERBOSE = (0, 1, 2, "auto")  # as `model.fit`'s
-# model.fit's data arguments that `fit` takes by keyword (`kerastrain.fit_args`).
+# model.fit's data arguments that `fit` takes by keyword (`kerastrain.data.fit_args`).
 _KERAS_FIT_DATA_ARGS = {"x", "sample_weight", "class_weight", "validation_data",
                         "validation_split", "shuffle", "validation_batch_size"}
 
@@ -68,17 +68,17 @@ class Trainer:
         jit_compile: compile each step with XLA. None follows the model's compile
             setting, which Keras resolves to False on CPU-only machines; `"auto"`:
             Keras's rule (on with a GPU and XLA-capable layers) and off under strategies
-            that place variables (`kerastrain.tuning.resolve_jit_compile`); True is
+            that place variables (`kerastrain.loop.tuning.resolve_jit_compile`); True is
             allowed with the `default` and `one_device` strategies only.
         mixed_precision: None, `"mixed_float16"` (with dynamic loss scaling) or
             `"mixed_bfloat16"`: the Keras dtype policy the model is built under
-            (`kerastrain.precision`); needs a model function.
+            (`kerastrain.step.precision`); needs a model function.
         tuning: what kerastrain tunes for speed by itself without changing results
-            (`kerastrain.tuning.TuningOptions`): True (all), False (none), or a dict.
+            (`kerastrain.loop.tuning.TuningOptions`): True (all), False (none), or a dict.
         tensorboard: with a `model_dir`, the chief writes TensorBoard logs to
             `model_dir/logs/{train,validation}`. True (defaults), False, a dict of
             `TensorBoardOptions` fields, or a `TensorBoardOptions`.
-        writers: more `kerastrain.summaries.MetricWriter`s (CSV, logging...)
+        writers: more `kerastrain.io.summaries.MetricWriter`s (CSV, logging...)
             that receive the same scalars, on the chief only.
         checkpoint: with a `model_dir`, the chief keeps checkpoints in
             `model_dir/checkpoints` (every epoch end by default), `fit` resumes from
@@ -93,19 +93,19 @@ class Trainer:
         on_nonfinite: what a NaN or infinite loss does: `"stop"` ends training
             (the default), `"recover"` restores the last good state (the newest
             checkpoint, else the epoch start kept in memory), skips the batch that
-            caused it and goes on (`kerastrain.recovery`, docs/reliability.md).
+            caused it and goes on (`kerastrain.loop.recovery`, docs/reliability.md).
         max_recoveries: with `"recover"`, recoveries allowed in one `fit`; the next
-            bad loss raises `kerastrain.recovery.TooManyRecoveries`.
+            bad loss raises `kerastrain.loop.recovery.TooManyRecoveries`.
         spike_factor: with `"recover"`, also recover from a loop whose mean loss is
             over this many times the running median of the loops before (None: off).
         stall_timeout: a task whose training makes no progress for this long
             (a frozen or partitioned peer, a lost ps, a deadlock) writes who stalled
-            and its Python stacks, and exits with 75 (`kerastrain.stalls`): seconds,
+            and its Python stacks, and exits with 75 (`kerastrain.loop.stalls`): seconds,
             `"auto"` (under multi-worker mirrored and parameter servers, where a peer
             can stall this task: the larger of 5 minutes and 20 x the slowest loop, 10
             minutes before the first), or None (never).
         data_service: read the training data through the tf.data service
-            (`kerastrain.service`): None (off), `"local"` (an in-process dispatcher and
+            (`kerastrain.data.service`): None (off), `"local"` (an in-process dispatcher and
             workers), `"grpc://host:port"`, or a mapping of `ServiceOptions` fields.
 
     Example:
@@ -490,7 +490,7 @@ class Trainer:
             **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
                 `validation_split`, `shuffle`, `validation_batch_size`, meaning what
                 they mean in `model.fit`
-                (`kerastrain.fit_args`).
+                (`kerastrain.data.fit_args`).
 
         Raises:
             ValueError: missing data, infinite data without `steps_per_epoch`, or a
@@ -788,7 +788,7 @@ class Trainer:
         outputs, and `model.stop_predicting` stops. A model's own `predict_step`
         runs. Under multi-worker mirrored, parameter servers and central storage this
         task predicts all of `x` itself, reading the trained variables
-        (`kerastrain.predicting`).
+        (`kerastrain.loop.predicting`).
 
         Example:
             >>> probabilities = trainer.predict(x_test, batch_size=256)
@@ -831,7 +831,7 @@ def _check_init_options(*, steps_per_loop, verbose, jit_compile, seed, writers):
     check_int("seed", seed, optional=True)
     for w in writers or []:
         if not isinstance(w, summaries.MetricWriter):
-            raise TypeError("`writers` must be kerastrain.summaries.MetricWriter instances. "
+            raise TypeError("`writers` must be kerastrain.io.summaries.MetricWriter instances. "
                             f"Received an item of type {type(w).__name__}: {w!r}")
 
 

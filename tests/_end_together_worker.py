@@ -8,7 +8,7 @@ import time
 
 import tensorflow as tf
 
-from kerastrain import cluster
+from kerastrain.distribute import cluster
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)

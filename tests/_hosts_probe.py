@@ -1,7 +1,7 @@
 """`python _hosts_probe.py SHARED`: a launcher of three plain-Python "hosts" (no TensorFlow).
 
 Moves into a user + network namespace as `kerastrain launch --network multihost` does, makes
-the bridge, and runs chief:0, worker:0 and worker:1 through `kerastrain.launch.Launcher`. Each
+the bridge, and runs chief:0, worker:0 and worker:1 through `kerastrain.cli.launch.Launcher`. Each
 host records what it sees in SHARED (the one directory the hosts share, as model_dir is):
 its host name, network namespace, address, whether /tmp and the working directory hold what
 another host wrote. The chief writes a "vocabulary" to its own /tmp, as a careless job would,
@@ -14,7 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kerastrain import hosts, launch, network  # noqa: E402  (standard library only)
+from kerastrain.cli import hosts, launch  # noqa: E402
+from kerastrain.distribute import network  # noqa: E402  (standard library only)
 
 TASK = r'''
 import json, os, socket, sys, time

@@ -1,4 +1,4 @@
-"""A `kerastrain.launch.Launcher` over stand-in tasks (plain Python, no TensorFlow), for
+"""A `kerastrain.cli.launch.Launcher` over stand-in tasks (plain Python, no TensorFlow), for
 signal tests: `python _launch_stub.py MODE MARKER_DIR`.
 
 Each task prints `up`, then `training`, then sleeps (at most 120 s). MODE:
@@ -14,12 +14,12 @@ import signal
 import subprocess
 import sys
 
-from kerastrain import launch
+from kerastrain.cli import launch
 
 mode, marker_dir = sys.argv[1], sys.argv[2]
 TASK = """
 import os, sys, time
-from kerastrain import launch
+from kerastrain.cli import launch
 launch.die_with_launcher()  # as `kerastrain run` does first thing
 print("up", flush=True)
 if sys.argv[1] == "fail-once" and not os.path.exists(sys.argv[2]):

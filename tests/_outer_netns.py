@@ -3,7 +3,7 @@ besides loopback, like a machine on a network.
 
 The network tests need such a namespace to show that kerastrain's servers are not bound beyond
 loopback there. When the machine's own namespace has only `lo` (a CI container without
-network), this makes one: a new user + network namespace (kerastrain.network's own move), then
+network), this makes one: a new user + network namespace (kerastrain.distribute.network's own move), then
 an interface added through rtnetlink with the standard library only (no `ip` binary), trying
 the kinds a kernel may offer: dummy, ifb, veth. It prints `outer-netns: IFACES` on stderr, then
 execs COMMAND. Exits 77 when Linux allows none of it.
@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kerastrain import network  # noqa: E402  (standard library only: no threads started)
+from kerastrain.distribute import network  # noqa: E402  (standard library only: no threads started)
 
 RTM_NEWLINK, NLMSG_ERROR = 16, 2
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400

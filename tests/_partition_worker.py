@@ -65,7 +65,7 @@ def max_diff(a, b):
 
 
 def shards(trainer):
-    from kerastrain import partitioning
+    from kerastrain.distribute.ps import partitioning
     table = trainer.model.get_layer("table").embeddings
     parts = partitioning.shards_of(table) or [table.value]
     return [{"rows": int(p.shape[0]), "device": p.device} for p in parts]
@@ -93,7 +93,7 @@ def main():
     result["loss_before"], result["loss_after"] = before, trainer.evaluate()["loss"]
     result["shards"] = shards(trainer)
     slot = trainer.model.optimizer.variables[2]  # the table's first Adam slot
-    from kerastrain import partitioning
+    from kerastrain.distribute.ps import partitioning
     result["slot_devices"] = [p.device for p in partitioning.shards_of(slot) or []]
     trained = state(trainer)
     one = kt.Trainer(build_model, dataset_fn, strategy="one_device", seed=1, verbose=0)

@@ -91,7 +91,7 @@ def run(job, out):
                    if hasattr(v.value, "variables")},
         "evaluate": trainer.evaluate(helpers.global_batch_dataset_fn(job.get("n", 96)))
         if job.get("evaluate") else None,
-        # Every task predicts all of x itself (kerastrain.predicting): 96 examples, batches of
+        # Every task predicts all of x itself (kerastrain.loop.predicting): 96 examples, batches of
         # 10, a last one of 6.
         "predict": trainer.predict(helpers.arrays(job.get("n", 96))[0], batch_size=10).tolist()
         if job.get("predict") else None,

@@ -126,7 +126,7 @@ def run_workers(script, job, out_prefix, num_workers=2, env=None, timeout=300):
 
     Returns (return codes, combined outputs), one per worker.
     """
-    from kerastrain.cluster import free_port
+    from kerastrain.distribute.cluster import free_port
 
     cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]}
     procs = []

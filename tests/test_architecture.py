@@ -8,8 +8,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kerastrain"
 
 
 def modules():
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def module_name(path):
+    """kerastrain/io/files.py -> kerastrain.io.files; a package's __init__ -> the package."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_kerastrain_modules(tree):
@@ -18,10 +24,12 @@ def imported_kerastrain_modules(tree):
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("kerastrain."))
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "kerastrain":
-                found.update(f"kerastrain.{a.name}" for a in node.names)
-            elif node.module.startswith("kerastrain."):
+        elif isinstance(node, ast.ImportFrom) and node.module and (
+                node.module + ".").startswith("kerastrain."):
+            # `from kerastrain.io import files` imports a module; `from kerastrain.io.files
+            # import DiskFull` a name of one: both spellings are kept, non-modules drop out.
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+            if node.module != "kerastrain":
                 found.add(node.module)
     return found
 
@@ -40,8 +48,7 @@ def test_no_module_but_the_trainer_reaches_into_a_trainers_privates():
 
 
 def test_the_import_graph_has_no_circle():
-    names = {("kerastrain" if p.stem == "__init__" else f"kerastrain.{p.stem}"): t
-             for p, t in modules()}
+    names = {module_name(p): t for p, t in modules()}
     graph = {name: imported_kerastrain_modules(tree) & set(names) - {name}
              for name, tree in names.items()}
     circles = []
@@ -78,7 +85,20 @@ def test_writers_and_public_names_are_exported():
     import kerastrain
     for name in ("LoggingWriter", "CSVWriter", "MultiWriter", "MetricWriter", "TensorBoardWriter"):
         assert name in kerastrain.__all__
-        assert getattr(kerastrain, name).__module__ == "kerastrain.summaries"
+        assert getattr(kerastrain, name).__module__ == "kerastrain.io.summaries"
+
+
+def test_every_public_name_and_module_resolves_wherever_its_module_lives():
+    """`kerastrain/__init__.py` maps public names onto the subpackages: a module moved
+    without its entry there would break `kt.<name>` for users, and only on first use."""
+    import kerastrain
+    for name in kerastrain.__all__:
+        assert getattr(kerastrain, name) is not None, name
+    for name, module in kerastrain._SUBMODULES.items():
+        assert getattr(kerastrain, name).__name__ == module
+    assert kerastrain.data.files.__module__ == "kerastrain.data.inputs"
+    assert issubclass(kerastrain.DiskFull, OSError)
+    assert issubclass(kerastrain.Preempted, SystemExit)
 
 
 def test_no_name_is_defined_twice_in_one_class_or_module():
@@ -130,10 +150,10 @@ def test_ints_and_numbers_are_checked_in_one_place():
 
 # The modules `kerastrain validate`, `export`, `launch` and `--help` run on: they load no
 # TensorFlow or Keras (seconds of start-up, and none of it needed to check a recipe).
-TENSORFLOW_FREE = ("kerastrain.cli", "kerastrain.config", "kerastrain.recipes",
-                   "kerastrain.launch", "kerastrain.manifests", "kerastrain.stalls",
-                   "kerastrain.files", "kerastrain._options", "kerastrain.cluster",
-                   "kerastrain.network", "kerastrain.locks", "kerastrain.hosts")
+TENSORFLOW_FREE = ("kerastrain.cli.command", "kerastrain.cli.config", "kerastrain.cli.recipes",
+                   "kerastrain.cli.launch", "kerastrain.cli.manifests", "kerastrain.loop.stalls",
+                   "kerastrain.io.files", "kerastrain._options", "kerastrain.distribute.cluster",
+                   "kerastrain.distribute.network", "kerastrain.io.locks", "kerastrain.cli.hosts")
 
 
 def test_the_command_lines_modules_import_without_tensorflow():
@@ -156,7 +176,8 @@ def test_a_recipe_option_and_its_python_argument_have_one_default():
     import dataclasses
     import inspect
 
-    from kerastrain import config, trainer
+    from kerastrain import trainer
+    from kerastrain.cli import config
     signatures = [inspect.signature(trainer.Trainer.__init__).parameters,
                   inspect.signature(trainer.Trainer.fit).parameters]
     unmatched = []
@@ -171,8 +192,8 @@ def test_a_recipe_option_and_its_python_argument_have_one_default():
 
 
 def test_the_trainer_asks_its_mode_instead_of_testing_the_strategy():
-    """What differs between kinds of strategy lives in `kerastrain.modes`; the Trainer only
-    hands the strategy's kind on to the run state."""
+    """What differs between kinds of strategy lives in `kerastrain.distribute.modes`; the
+    Trainer only hands the strategy's kind on to the run state."""
     lines = (PACKAGE / "trainer.py").read_text().splitlines()
     tests = [line.strip() for line in lines
              if re.search(r"\bis_(parameter_server|multi_worker)\b", line)]

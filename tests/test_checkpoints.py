@@ -13,7 +13,7 @@ import pytest
 
 import helpers
 import kerastrain as kt
-from kerastrain import checkpoints
+from kerastrain.io import checkpoints
 
 
 def shuffled_fn(ctx):
@@ -306,7 +306,9 @@ def test_every_secs_and_every_steps_cadence():
 
 
 def test_one_cadence_rule_in_steps_seconds_and_epochs():
-    from kerastrain import actions, cadence, summaries
+    from kerastrain.loop import actions
+    from kerastrain.loop import cadence
+    from kerastrain.io import summaries
     now = [0.0]
     every = cadence.Every(steps=4, secs=10, clock=lambda: now[0])
     assert [every.steps_to_boundary(s) for s in (0, 1, 3, 4, 5)] == [4, 3, 1, 4, 3]

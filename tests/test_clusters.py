@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 import helpers
-from kerastrain import cli, cluster, manifests
+from kerastrain.cli import command as cli
+from kerastrain.distribute import cluster
+from kerastrain.cli import manifests
 
 RECIPES = os.path.join(helpers.REPO, "recipes")
 QUICKSTART = os.path.join(RECIPES, "quickstart.yaml")
@@ -67,7 +69,7 @@ def test_local_cluster_ports_never_collide(monkeypatch):
         ephemeral = int(f.read().split()[0])
     assert all(port < ephemeral for port in mine)  # clients' local ports never take them
     # Another process (a test beside this one, another launch) cannot reserve them.
-    proc = helpers.run_python(f"from kerastrain import cluster; "
+    proc = helpers.run_python(f"from kerastrain.distribute import cluster; "
                               f"print([cluster._reserve(p) for p in {mine}])")
     assert proc.stdout.strip() == str([False] * 20), proc.stderr
     # A port some server listens on (every interface, as TensorFlow's) is skipped.
@@ -190,7 +192,7 @@ def test_each_cluster_recipe_exports_a_job_that_keeps_its_work(recipe, capsys, t
     assert "COPY recipes ./recipes" in dockerfile
     heartbeat = tmp_path / "alive"
     code = probe[-1].replace(repr(manifests.HEARTBEAT), repr(str(heartbeat)))
-    from kerastrain import stalls
+    from kerastrain.loop import stalls
     stalls.start_heartbeat(str(heartbeat), every=3600)
     deadline = time.monotonic() + 30
     while not heartbeat.exists() and time.monotonic() < deadline:

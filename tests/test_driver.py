@@ -4,7 +4,7 @@ import types
 
 import numpy as np
 
-from kerastrain import driver
+from kerastrain.loop import driver
 
 
 class FakeCoordinator:
@@ -110,7 +110,7 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
 # -- exact visits: positions per loop -------------------------------------------------
 
 def test_positions_take_the_pipelines_in_turn_and_continue_into_the_next_pass():
-    from kerastrain import visits
+    from kerastrain.distribute.ps import visits
     positions = visits.Positions([3, 2])   # pipeline 0: 3 batches a pass, pipeline 1: 2
     assert positions.per_pass == 5
     assert [tuple(map(int, p)) for p in zip(*positions.of(0, 5))] == [
@@ -135,7 +135,7 @@ class PositionsCoordinator(FakeCoordinator):
 
 
 def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restart(caplog):
-    from kerastrain import visits
+    from kerastrain.distribute.ps import visits
     reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None,
                                      cursor=0)
     data = types.SimpleNamespace(reader=lambda: reader, drains=False)
@@ -166,7 +166,7 @@ def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restar
 def test_a_later_fit_begins_the_next_pass_or_goes_on_along_an_infinite_stream():
     """A new driver (a later fit) on the same input never starts again at position 0,
     where every worker's iterators already stand past the loops' positions."""
-    from kerastrain import visits
+    from kerastrain.distribute.ps import visits
 
     def scheduled_by_two_fits(sizes, steps):
         reader = types.SimpleNamespace(positions=visits.Positions(sizes), iterators=(),
@@ -191,7 +191,7 @@ def test_a_later_fit_begins_the_next_pass_or_goes_on_along_an_infinite_stream():
 
 
 def test_a_retried_loop_behind_its_new_worker_runs_again_from_a_fresh_copy(caplog):
-    from kerastrain import visits
+    from kerastrain.distribute.ps import visits
     reader = types.SimpleNamespace(positions=visits.Positions([4]), iterators=(), worker=None,
                                      cursor=0)
     data = types.SimpleNamespace(reader=lambda: reader, drains=False)
@@ -224,7 +224,8 @@ def test_an_epoch_of_unknown_length_under_parameter_servers(caplog):
 
     import pytest
 
-    from kerastrain import data, modes
+    from kerastrain.data import inputs as data
+    from kerastrain.distribute import modes
     built = types.SimpleNamespace(num_workers=2, is_parameter_server=True, is_multi_worker=False)
     ps = modes.for_strategy(built)
     with caplog.at_level("INFO", logger="kerastrain"):

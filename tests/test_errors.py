@@ -7,7 +7,8 @@ import pytest
 
 import helpers
 import kerastrain as kt
-from kerastrain import cluster, strategies
+from kerastrain.distribute import cluster
+from kerastrain.distribute import strategies
 
 
 def dataset_fn(ctx):

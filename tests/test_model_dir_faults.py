@@ -13,7 +13,10 @@ import pytest
 
 import helpers
 import kerastrain as kt
-from kerastrain import checkpoints, cli, files, locks
+from kerastrain.io import checkpoints
+from kerastrain.cli import command as cli
+from kerastrain.io import files
+from kerastrain.io import locks
 
 QUICKSTART = os.path.join(helpers.REPO, "recipes", "quickstart.yaml")
 
@@ -122,7 +125,7 @@ def test_a_new_model_dir_takes_its_lock_without_a_word(tmp_path, caplog):
 
 TAKER = """
 import json, os, sys, time
-from kerastrain import locks
+from kerastrain.io import locks
 model_dir, go, done = sys.argv[1:4]
 while not os.path.exists(go):
     time.sleep(0.001)
@@ -305,7 +308,7 @@ def test_a_killed_workers_scratch_copy_is_removed_by_the_next_one(tmp_path, monk
     scratch directory removes those of processes that are gone, and only those."""
     import tempfile
 
-    from kerastrain import outputs
+    from kerastrain.io import outputs
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

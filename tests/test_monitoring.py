@@ -15,7 +15,7 @@ import pytest
 
 import helpers
 import kerastrain as kt
-from kerastrain import summaries
+from kerastrain.io import summaries
 
 EPOCHS, N = 2, 96  # 6 steps per epoch
 

@@ -22,7 +22,9 @@ import time
 import pytest
 
 import helpers
-from kerastrain import cli, network, strategies
+from kerastrain.cli import command as cli
+from kerastrain.distribute import network
+from kerastrain.distribute import strategies
 
 PS_RECIPE = os.path.join(helpers.REPO, "recipes", "parameter_server.yaml")
 OUTER_SCRIPT = os.path.join(helpers.REPO, "tests", "_outer_netns.py")
@@ -106,7 +108,7 @@ def _outer_prefix():
 def outer():
     """(command prefix, whether kerastrain can isolate a process there)."""
     prefix = _outer_prefix()
-    code = "from kerastrain import network; print(network._probe())"
+    code = "from kerastrain.distribute import network; print(network._probe())"
     probe = _python(prefix, code, timeout=60)
     assert probe.returncode == 0, probe.stderr
     return prefix, probe.stdout.strip() == "None"
@@ -314,7 +316,7 @@ def test_api_without_isolation_warns_in_one_line_with_its_ports(outer):
 
 REFUSE = """
 import errno
-from kerastrain import network
+from kerastrain.distribute import network
 def refuse(flags):
     raise OSError(errno.{errno}, "{message}")
 network._unshare = refuse
@@ -346,7 +348,7 @@ def test_refused_unshare_is_one_line_and_changes_nothing(outer):
 @pytest.mark.multiprocess
 def test_cli_run_where_unshare_is_refused_says_so_and_warns(outer, tmp_path):
     code = REFUSE.format(errno="EINVAL", message="Invalid argument") + textwrap.dedent(f"""
-        from kerastrain import cli
+        from kerastrain.cli import command as cli
         raise SystemExit(cli.main({["run", PS_RECIPE] + _sets(
             TINY + [f"trainer.model_dir={tmp_path}"])!r}))
     """)
@@ -365,7 +367,8 @@ def test_cli_run_where_unshare_is_refused_says_so_and_warns(outer, tmp_path):
 
 def test_launch_where_unshare_is_refused_says_so_and_warns(outer):
     code = REFUSE.format(errno="ENOSPC", message="No space left on device") + textwrap.dedent(f"""
-        from kerastrain import cli, launch
+        from kerastrain.cli import command as cli
+        from kerastrain.cli import launch
         launch.Launcher.run = lambda self: 0   # the job itself is not the point here
         raise SystemExit(cli.main({["launch", PS_RECIPE, "--workers", "1", "--ps", "1"]!r}))
     """)
@@ -381,7 +384,8 @@ def test_launch_where_unshare_is_refused_says_so_and_warns(outer):
 def test_multihost_where_unshare_is_refused_is_one_line_and_no_job(outer):
     """The rehearsal never falls back to one loopback: that would pass for hosts it is not."""
     code = REFUSE.format(errno="EPERM", message="Operation not permitted") + textwrap.dedent(f"""
-        from kerastrain import cli, launch
+        from kerastrain.cli import command as cli
+        from kerastrain.cli import launch
         def run(self):
             raise AssertionError("a job started on loopback")
         launch.Launcher.run = run

@@ -233,7 +233,9 @@ def test_checkpoints_of_adam_and_lazy_adam_restore_into_each_other(tmp_path):
 def test_recipes_and_compile_name_lazy_optimizers(tmp_path):
     import keras
 
-    from kerastrain import config, optimizers, recipes
+    from kerastrain import optimizers
+    from kerastrain.cli import config
+    from kerastrain.cli import recipes
     text = (f"include: {helpers.REPO}/recipes/quickstart.yaml\n"
             "model:\n  compile:\n    optimizer: {name: lazy_adam, learning_rate: 0.002}\n")
     (tmp_path / "r.yaml").write_text(text)

@@ -111,7 +111,7 @@ def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):
     for task_type, index in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)):
         env = dict(env_base, TF_CONFIG=helpers.tf_config(cluster, task_type, index))
         servers.append(subprocess.Popen(
-            [sys.executable, "-m", "kerastrain.cluster"], env=env, cwd=helpers.REPO,
+            [sys.executable, "-m", "kerastrain.distribute.cluster"], env=env, cwd=helpers.REPO,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
         split = {"name": "fixed_shards", "num_shards": 2}

@@ -6,7 +6,8 @@ import pytest
 
 import helpers
 import kerastrain as kt
-from kerastrain import config, partitioning
+from kerastrain.cli import config
+from kerastrain.distribute.ps import partitioning
 
 PS_JOB = "/job:ps/replica:0/task:{}/device:CPU:0"
 
@@ -106,6 +107,6 @@ def test_recipe_reports_a_bad_partitioner_with_its_line(tmp_path):
         "  name: ps\n"
         "  variable_partitioner: {name: min_size, min_shard_bytes: -1}\n")
     with pytest.raises(config.RecipeError) as info:
-        from kerastrain import recipes
+        from kerastrain.cli import recipes
         recipes.load(str(recipe))
     assert "min_shard_bytes` must be an integer >= 1. Received: -1" in str(info.value)

@@ -8,7 +8,9 @@ import pytest
 import yaml
 
 import helpers
-from kerastrain import cli, config, recipes
+from kerastrain.cli import command as cli
+from kerastrain.cli import config
+from kerastrain.cli import recipes
 
 RECIPES = sorted(glob.glob(os.path.join(helpers.REPO, "recipes", "*.yaml")))
 
@@ -154,7 +156,7 @@ def test_template_validates_and_names_every_key(tmp_path, capsys):
 
 
 def test_schema_and_template_take_defaults_and_docs_from_the_option_dataclasses(monkeypatch):
-    from kerastrain import checkpoints
+    from kerastrain.io import checkpoints
     epochs = config.TrainerConfig.__dataclass_fields__["epochs"]
     keep = checkpoints.CheckpointOptions.__dataclass_fields__["max_to_keep"]
     monkeypatch.setattr(epochs, "default", 7)
@@ -174,7 +176,7 @@ def _write_text(tmp_path, text):
 
 
 def test_validate_does_not_start_tensorflow():
-    code = ("import sys\nfrom kerastrain import cli\n"
+    code = ("import sys\nfrom kerastrain.cli import command as cli\n"
             "assert cli.main(['validate', 'recipes/quickstart.yaml']) == 0\n"
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules\n")
     proc = helpers.run_python(code, timeout=60)

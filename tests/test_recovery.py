@@ -8,7 +8,9 @@ import pytest
 
 import helpers
 import kerastrain as kt
-from kerastrain import config, recipes, recovery
+from kerastrain.cli import config
+from kerastrain.cli import recipes
+from kerastrain.loop import recovery
 from test_monitoring import read_scalars
 
 BATCHES, BATCH, POISONED = 12, 16, 6  # batch 6 of each pass has NaN labels

@@ -17,7 +17,8 @@ import pytest
 import _service_worker
 import helpers
 import kerastrain as kt
-from kerastrain import config, service
+from kerastrain.cli import config
+from kerastrain.data import service
 
 N, BATCH = 512, 16
 
@@ -162,7 +163,7 @@ def _server(args, log=None):
     """A service server; with `log`, its TensorFlow log of the tasks it serves goes there."""
     env = {"TF_CPP_MIN_LOG_LEVEL": "2"} if log is None else {
         "TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "worker_impl=3"}
-    return subprocess.Popen([sys.executable, "-m", "kerastrain.service", *args],
+    return subprocess.Popen([sys.executable, "-m", "kerastrain.data.service", *args],
                             cwd=helpers.REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL if log is None else open(log, "w"),
                             env=helpers.child_env(**env))
@@ -219,7 +220,7 @@ def test_a_service_worker_killed_mid_epoch_training_finishes_and_reports_the_los
 
 
 def test_launch_starts_a_dispatcher_and_workers_and_points_the_recipe_at_them():
-    from kerastrain import launch
+    from kerastrain.cli import launch
     tasks, sets = launch.service_tasks(2, ["trainer.epochs=1"])
     assert [t.name for t in tasks] == ["data_dispatcher:0", "data_worker:0", "data_worker:1"]
     port = tasks[0].command[-1]

@@ -1,4 +1,4 @@
-"""Speed choices (kerastrain.tuning, precision, all-reduce): results unchanged, logged, switchable."""
+"""Speed choices (kerastrain.loop.tuning, precision, all-reduce): results unchanged, logged, switchable."""
 
 import logging
 
@@ -7,7 +7,9 @@ import pytest
 from helpers import FEATURES, arrays, build_model
 
 import kerastrain as kt
-from kerastrain import config, strategies, tuning
+from kerastrain.cli import config
+from kerastrain.distribute import strategies
+from kerastrain.loop import tuning
 
 
 def readme_dataset_fn(ctx):
@@ -113,7 +115,8 @@ def _batches(reader_or_dataset):
 def test_in_step_batches_are_the_pipelines_batches_in_its_order():
     import tensorflow as tf
 
-    from kerastrain import data, instep
+    from kerastrain.data import inputs as data
+    from kerastrain.data import instep
     x = np.random.RandomState(0).rand(50, 3).astype("float32")
     ids = np.arange(50)
     numpy = data.NumpyData((x, ids), 8, shuffle=True, seed=5)
@@ -165,7 +168,7 @@ def test_in_step_batches_are_the_pipelines_batches_in_its_order():
 
 
 def test_in_step_placement_keeps_tf_data_for_many_replicas_and_big_gpu_data():
-    from kerastrain import instep
+    from kerastrain.data import instep
     cpu, gpu = "/job:localhost/replica:0/task:0/device:CPU:0", "/job:localhost/device:GPU:0"
     assert instep.placement(10 ** 12, [cpu]) == (None, None)  # host memory: left in place
     assert instep.placement(2 ** 20, [gpu]) == (gpu, None)    # copied to the GPU once

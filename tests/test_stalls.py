@@ -1,10 +1,10 @@
-"""A task with no training progress ends with who stalled and its stacks (`kerastrain.stalls`)."""
+"""A task with no training progress ends with who stalled and its stacks (`kerastrain.loop.stalls`)."""
 
 import threading
 
 import pytest
 
-from kerastrain import stalls
+from kerastrain.loop import stalls
 
 
 def test_a_watch_without_beats_writes_the_line_and_the_stacks_then_exits_75(tmp_path):
@@ -76,7 +76,7 @@ def test_a_bad_stall_timeout_is_refused(bad):
 
 
 def test_a_peer_tensorflow_calls_unhealthy_is_named_in_one_line_with_where_to_resume():
-    from kerastrain import driver
+    from kerastrain.loop import driver
     error = RuntimeError(
         "Collective ops is aborted by: Error reported from /job:worker/task:1: The following "
         "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n...")
@@ -113,7 +113,7 @@ def test_the_launcher_names_a_stall_that_faulthandlers_backstop_ended():
     import io
     import sys
 
-    from kerastrain import launch
+    from kerastrain.cli import launch
     blocked = "print('Timeout (0:00:50)!'); print('Thread 0x1 (most recent call first):'); exit(1)"
     tasks = [launch.Task("worker", 0, "{}", [sys.executable, "-c", blocked]),
              launch.Task("worker", 1, "{}", [sys.executable, "-c", "import time; time.sleep(30)"])]

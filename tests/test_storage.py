@@ -17,7 +17,11 @@ import pytest
 
 import helpers
 import kerastrain as kt
-from kerastrain import checkpoints, cli, files, locks, recipes
+from kerastrain.io import checkpoints
+from kerastrain.cli import command as cli
+from kerastrain.io import files
+from kerastrain.io import locks
+from kerastrain.cli import recipes
 
 QUICKSTART = os.path.join(helpers.REPO, "recipes", "quickstart.yaml")
 
@@ -171,7 +175,7 @@ def test_the_recipe_cli_and_the_evaluator_use_a_url_model_dir(url, capsys, monke
     assert checkpoints.export_is_current(f"{url}/export", 6)
 
     # The side-car evaluator reads the chief's checkpoints there and writes its scalars there.
-    from kerastrain import evaluator
+    from kerastrain.cli import evaluator
     recipe, _ = recipes.load(QUICKSTART, sets)
     port = kt.cluster.free_port()  # nobody listens: the chief "never came", after a moment
     monkeypatch.setenv("TF_CONFIG", helpers.tf_config(

@@ -189,13 +189,13 @@ def test_a_worker_killed_mid_epoch_repeats_only_its_loop_in_flight_and_says_so(t
     run, as many as the log reports."""
     import random
 
-    from kerastrain.cluster import free_port
+    from kerastrain.distribute.cluster import free_port
     cluster = {"chief": [f"127.0.0.1:{free_port()}"],
                "worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
                "ps": [f"127.0.0.1:{free_port()}"]}
     env = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
     servers = [subprocess.Popen(
-        [sys.executable, "-m", "kerastrain.cluster"], cwd=helpers.REPO,
+        [sys.executable, "-m", "kerastrain.distribute.cluster"], cwd=helpers.REPO,
         env=dict(env, TF_CONFIG=helpers.tf_config(cluster, task, index)),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for task, index in (("ps", 0), ("worker", 0), ("worker", 1))]

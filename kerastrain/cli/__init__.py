@@ -1,0 +1,1 @@
+"""The `kerastrain` command line: recipes and their schema, launch, manifests, the evaluator task."""

@@ -1,0 +1,693 @@
+"""`kerastrain launch`: a real local cluster of processes on 127.0.0.1, one per task.
+
+TensorFlow's servers listen on every interface and accept anyone, so the launcher first moves
+itself into a private network namespace with loopback only (where Linux allows it; `--network
+host` keeps this machine's network); the tasks inherit it and all share its one loopback.
+
+Every task runs the same command (`kerastrain run RECIPE --set ...`) with its own
+`TF_CONFIG`; the recipe decides the strategy and each task's role follows from
+`TF_CONFIG`. The launcher prefixes each task's output (`[worker:1] ...`), restarts
+a parameter-server worker that dies (the coordinator retries its steps and the
+worker rejoins), restarts the whole job after any other failure while
+`--max-restarts` allows (training resumes from the last checkpoint), and stops
+every process it started when the job ends, fails, or is interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from kerastrain.cli import hosts as hosts_lib
+from kerastrain.loop import stalls
+from kerastrain.distribute import network as network_lib
+from kerastrain.distribute.cluster import free_port, ports
+from kerastrain._options import is_int
+
+# Set in each task's environment: the launcher's pid, so the task can end with it.
+LAUNCHER_PID = "KERASTRAIN_LAUNCHER_PID"
+WORKER_RESTARTS = 3        # per parameter-server worker and job attempt
+GRACE_SECS = 20.0          # for the other tasks to stop by themselves once the chief is done
+KILL_AFTER_SECS = 5.0      # SIGTERM, then SIGKILL
+CHIEF_NOTICE_SECS = 90.0   # for the chief to report a lost parameter server itself
+
+
+@dataclasses.dataclass
+class Task:
+    type: str
+    index: int
+    tf_config: str
+    command: list
+    process: subprocess.Popen | None = None
+    restarts: int = 0
+    backstop: bool = False  # its output had faulthandler's "Timeout (...)!": a blocked stall
+    pump: threading.Thread | None = None  # copies its output
+
+    @property
+    def name(self) -> str:
+        return f"{self.type}:{self.index}"
+
+    @property
+    def host(self) -> str:
+        """Its host name in a multihost rehearsal."""
+        return hosts_lib.host_name(self.type, self.index)
+
+
+def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
+                 host: str = "127.0.0.1", multihost: bool = False) -> dict:
+    """A cluster of free loopback ports, or with `multihost` of host names, each with the
+    same port of its own address. Parameter-server clusters always get a chief."""
+    if not is_int(workers, 1):
+        raise ValueError(f"`--workers` must be an int >= 1. Received: {workers!r}")
+    if not is_int(ps, 0):
+        raise ValueError(f"`--ps` must be an int >= 0. Received: {ps!r}")
+    def address(job, index):
+        if multihost:
+            return f"{hosts_lib.host_name(job, index)}:{hosts_lib.PORT}"
+        return f"{host}:{free_port(host)}"
+
+    counts = {"chief": int(bool(chief or ps)), "worker": workers, "ps": ps,
+              "evaluator": int(bool(evaluator))}
+    return {job: [address(job, i) for i in range(count)]
+            for job, count in counts.items() if count}
+
+
+def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
+    command = [sys.executable, "-m", "kerastrain.cli", "run", recipe]
+    for item in sets:
+        command += ["--set", item]
+    training = {k: v for k, v in spec.items() if k != "evaluator"}
+    tasks = []
+    for job in ("chief", "worker", "ps", "evaluator"):
+        for index in range(len(spec.get(job, ()))):
+            # The evaluator is not part of the training cluster: a coordinator that sees
+            # it in the cluster spec waits for it forever (tensorflow#46169).
+            config = {"cluster": spec if job == "evaluator" else training,
+                      "task": {"type": job, "index": index}}
+            tasks.append(Task(job, index, json.dumps(config), command))
+    return tasks
+
+
+def service_tasks(workers: int, sets=(), multihost: bool = False) -> tuple[list[Task], list]:
+    """A tf.data service dispatcher and `workers` workers on loopback ports (none for 0), or
+    with `multihost` on hosts of their own, and the `--set` items that point the recipe's
+    training data at it."""
+    if not is_int(workers, 0):
+        raise ValueError(f"`--service-workers` must be an int >= 0. Received: {workers!r}")
+    if not workers:
+        return [], list(sets)
+    command = [sys.executable, "-m", "kerastrain.data.service"]
+    if multihost:
+        dispatcher = f"{hosts_lib.host_name('data_dispatcher', 0)}:{hosts_lib.SERVICE_PORT}"
+        port = hosts_lib.SERVICE_PORT
+        workers_at = [(hosts_lib.host_name("data_worker", i), hosts_lib.SERVICE_PORT)
+                      for i in range(workers)]
+    else:
+        port = free_port()
+        dispatcher = f"127.0.0.1:{port}"
+        workers_at = [("127.0.0.1", free_port()) for _ in range(workers)]
+    tasks = [Task("data_dispatcher", 0, "", command + ["dispatcher", "--port", str(port)])]
+    # Fixed ports: a worker restarted at its address lets the dispatcher's jobs end. Its
+    # host is how the dispatcher tells consumers to reach it.
+    tasks += [Task("data_worker", i, "", command + [
+        "worker", "--dispatcher", dispatcher, "--port", str(worker_port), "--host", host])
+        for i, (host, worker_port) in enumerate(workers_at)]
+    return tasks, list(sets) + [f"data.service=grpc://{dispatcher}"]
+
+
+def recipe_network(tree: dict) -> str:
+    """The recipe's `strategy.network` when it sets one, else "private" (`--network` wins)."""
+    strategy = tree.get("strategy")
+    value = strategy.get("network") if isinstance(strategy, dict) else None
+    return value if value in network_lib.NETWORKS else network_lib.PRIVATE
+
+
+def isolate(network: str, tree: dict, out=None) -> None:
+    """Move this launcher, and so every task it starts, into a private network namespace.
+
+    Raises:
+        ValueError: the recipe (`tree`) names URLs that the namespace cannot reach.
+    """
+    if network not in (network_lib.PRIVATE, hosts_lib.MULTIHOST):
+        return
+    network_lib.check_no_urls(tree, "--network host")
+    multihost = network == hosts_lib.MULTIHOST
+    if not network_lib.exposed_interfaces() and not multihost:
+        return
+    try:
+        why = network_lib.try_isolate(root=multihost)
+    except network_lib.TooLate as e:
+        why = str(e)
+    if why is not None and multihost:
+        raise hosts_lib.Refused(
+            f"--network multihost needs a user and network namespace of its own, and Linux "
+            f"refused one here ({why}); allow unprivileged user namespaces, or rehearse with "
+            "--network private (one loopback)")
+    if multihost:
+        line = (f"network: a multihost rehearsal: every task a host of its own on a private "
+                f"bridge ({hosts_lib.GATEWAY}/24), with its own /tmp and working directory; "
+                f"only model_dir is shared; {network_lib.INSIDE}")
+    elif why is not None:
+        line = network_lib.fallback_line(why, "the tasks run")
+    else:
+        line = (f"network: every task runs in one private network namespace with loopback only "
+                f"(TensorFlow's servers accept anyone who can reach them); {network_lib.INSIDE}; "
+                "--network host turns this off")
+    print(f"[launch] {line}", file=out or sys.stdout, flush=True)
+
+
+def warn_if_exposed(spec: dict, network: str, out=None) -> None:
+    """One line when the tasks' servers will be reachable from the network."""
+    how = ("--network host asked for this; without it, the tasks run in a private namespace"
+           if network == network_lib.HOST else network_lib.REFUSED_ADVICE)
+    line = network_lib.exposure_line(ports(spec), how, who="the tasks' servers")
+    if line:
+        print(f"[launch] {line}", file=out or sys.stdout, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One scheduled fault: `freeze`/`partition` a task's host for `duration` seconds, or
+    `kill` its process, once `at` seconds have passed since the tasks started or once the
+    chief has a checkpoint of step `step` or later."""
+    action: str
+    task: str
+    at: float | None
+    step: int | None
+    duration: float | None
+    text: str
+
+
+_FAULT = re.compile(r"^(freeze|partition|kill)\s+([a-z_]+:\d+)\s+at\s+(?:(\d+(?:\.\d+)?)s|"
+                    r"step\s+(\d+))(?:\s+for\s+(\d+(?:\.\d+)?)s)?$")
+FAULT_FORM = ("'freeze TASK at Ns for Ns', 'partition TASK at Ns for Ns' or 'kill TASK at Ns' "
+              "('at step N' instead of 'at Ns': once a checkpoint of step N or later exists)")
+
+
+def parse_fault(text: str, tasks, multihost: bool) -> Fault:
+    """A `--fault` value, checked against the job's tasks.
+
+    Raises:
+        ValueError: not of the form, an unknown task, or a partition without `--network
+            multihost` (only there does a task have a link of its own to cut).
+    """
+    match = _FAULT.match(" ".join(str(text).split()))
+    if not match:
+        raise ValueError(f"`--fault` must read {FAULT_FORM}. Received: {text!r}")
+    action, task, at, step, duration = match.groups()
+    names = [t.name for t in tasks]
+    if task not in names:
+        raise ValueError(f"`--fault` names {task!r}, which this job does not have; its tasks "
+                         f"are {', '.join(names)}. Received: {text!r}")
+    if (duration is None) != (action == "kill"):
+        raise ValueError(f"`--fault` {action} {'takes no' if action == 'kill' else 'needs a'} "
+                         f"duration ('for Ns'); the form is {FAULT_FORM}. Received: {text!r}")
+    if action == "partition" and not multihost:
+        raise ValueError("`--fault partition` cuts a host's own link, which only `--network "
+                         f"multihost` gives each task. Received: {text!r}")
+    return Fault(action, task, None if at is None else float(at),
+                 None if step is None else int(step),
+                 None if duration is None else float(duration), " ".join(text.split()))
+
+
+def latest_step(model_dir) -> int | None:
+    """The step of the newest checkpoint in `model_dir` (None: none yet, or no model_dir)."""
+    if not model_dir:
+        return None
+    steps = [int(m.group(1)) for path in glob.glob(os.path.join(model_dir, "checkpoints",
+                                                                 "ckpt-*.index"))
+             if (m := re.search(r"ckpt-(\d+)\.index$", path))]
+    return max(steps, default=None)
+
+
+class Faults:
+    """Applies a fault plan while the job runs, from a thread of the launcher."""
+
+    def __init__(self, launcher, plan, model_dir=None, poll_secs=0.2):
+        self.launcher = launcher
+        self.pending = list(plan)
+        self.model_dir = model_dir
+        self.poll_secs = poll_secs
+        self._ends = []           # (monotonic time, fault, process) to undo
+        self._stop = threading.Event()
+        self._thread = None
+        self._started = None
+
+    def __enter__(self):
+        if self.pending:
+            self._started = time.monotonic()
+            self._thread = threading.Thread(target=self._run, name="kerastrain-faults",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for _, fault, process in self._ends:  # a job that ends first: hosts joined again
+            self._undo(fault, process)
+        self._ends = []
+        return False
+
+    def _due(self, fault) -> bool:
+        if fault.at is not None:
+            return time.monotonic() - self._started >= fault.at
+        step = latest_step(self.model_dir)
+        return step is not None and step >= fault.step
+
+    def _run(self):
+        while not self._stop.wait(self.poll_secs):
+            for fault in [f for f in self.pending if self._due(f)]:
+                self.pending.remove(fault)
+                self._apply(fault)
+            now = time.monotonic()
+            for end in [e for e in self._ends if e[0] <= now]:
+                self._ends.remove(end)
+                self._undo(end[1], end[2])
+            if not self.pending and not self._ends:
+                return
+
+    def _apply(self, fault):
+        task = self.launcher.task(fault.task)
+        process = task.process
+        if fault.action == "partition":
+            self.launcher.hosts.partition(task.host, True)
+        elif process is None or process.poll() is not None:
+            self.launcher.say(f"fault: {fault.text}: {fault.task} is not running; skipped")
+            return
+        else:
+            _signal_group(process, signal.SIGSTOP if fault.action == "freeze" else
+                          signal.SIGKILL)
+        what = {"freeze": "froze", "partition": "cut off the network:", "kill": "killed"}
+        self.launcher.say(f"fault: {what[fault.action]} {fault.task}" + (
+            f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})")
+        if fault.duration:
+            self._ends.append((time.monotonic() + fault.duration, fault, process))
+
+    def _undo(self, fault, process):
+        if fault.action == "partition":
+            self.launcher.hosts.partition(self.launcher.task(fault.task).host, False)
+            self.launcher.say(f"fault: {fault.task} is on the network again")
+        elif process.poll() is None:
+            _signal_group(process, signal.SIGCONT)
+            self.launcher.say(f"fault: {fault.task} runs again")
+
+
+# What faulthandler.dump_traceback_later writes first (the stall watch's backstop).
+_BACKSTOP = re.compile(r"^Timeout \(\d+:\d\d:\d\d\)!$")
+# The line `stalls.StallWatch` writes on a coordinator that found stuck workers.
+_STUCK = re.compile(r"kerastrain: stalled: .* waits on ((?:worker:\d+)(?:, worker:\d+)*), "
+                    r"which answer")
+
+
+def chief_of(tasks: list[Task]) -> Task:
+    return next((t for t in tasks if t.type == "chief"), None) or next(
+        t for t in tasks if t.type == "worker" and t.index == 0)
+
+
+def dry_run(tasks: list[Task], out=None) -> None:
+    out = out or sys.stdout  # the current one: a default bound at import would outlive it
+    for task in tasks:
+        print(f"[{task.name}] TF_CONFIG='{task.tf_config}'", file=out)
+        print(f"[{task.name}] {' '.join(task.command)}", file=out)
+
+
+class Interrupts:
+    """SIGINT and SIGTERM become one `KeyboardInterrupt` in the main thread, from `__enter__` on.
+
+    Installed explicitly, not inherited: a shell starts a background job (`cmd &`, CI runners,
+    `nohup`) with SIGINT ignored, and Python keeps an ignored SIGINT ignored, so a launcher
+    relying on Python's default would not hear Ctrl-C at all and would train on to the end.
+    Only the first signal raises: a second Ctrl-C must not cut short the stopping of the tasks
+    that the first one asked for (`Launcher.stop_all` kills what is left after a few seconds).
+    Inside `deferred()` the signal is only noted, and raised when the block ends, so a task
+    is never half started (forked but not yet known to the launcher).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum = None
+        self._deferring = 0
+        self._pending = False
+        self._previous = {}
+
+    def __enter__(self):
+        self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+        for s in self.SIGNALS:
+            signal.signal(s, self._on_signal)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        return False
+
+    def _on_signal(self, signum, frame):
+        if self.signum is not None:
+            return
+        self.signum = signum
+        if self._deferring:
+            self._pending = True
+        else:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+        if self._pending and not self._deferring:
+            self._pending = False
+            raise KeyboardInterrupt
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, as a shell reports a job stopped by it (130: Ctrl-C)."""
+        return 128 + int(self.signum or signal.SIGINT)
+
+
+class Launcher:
+    """Runs one job's tasks as child processes and decides when it is over."""
+
+    def __init__(self, tasks, *, out=None, env=None, max_restarts=0, poll_secs=0.2,
+                 interrupts=None, hosts=None, faults=(), model_dir=None):
+        self.tasks = tasks
+        self.hosts = hosts          # a hosts.Hosts: each task a host of its own
+        self.faults = list(faults)
+        self.model_dir = model_dir
+        self.interrupts = interrupts
+        self.out = out or sys.stdout
+        self.env = dict(os.environ if env is None else env)
+        if env is None and not _tf_log_level_set_by_user():
+            # Set by `import kerastrain` in this process, not by the user: each task's
+            # command line then holds TensorFlow's start-up lines back itself.
+            self.env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+        self.max_restarts = max_restarts
+        self.poll_secs = poll_secs
+        self.parameter_servers = any(t.type == "ps" for t in tasks)
+        self._lock = threading.Lock()
+        self._threads = []
+        self._ended_by = None  # the task whose exit ended the last attempt, if not the chief
+
+    # -- processes ---------------------------------------------------------------------
+
+    def say(self, text):
+        with self._lock:
+            print(f"[launch] {text}", file=self.out, flush=True)
+
+    def _pump(self, task, stream):
+        for line in iter(stream.readline, ""):
+            if task.type == "chief" and self.parameter_servers:
+                self._restart_stuck(line)
+            if _BACKSTOP.match(line):
+                task.backstop = True
+            with self._lock:
+                self.out.write(f"[{task.name}] {line}" if line.endswith("\n")
+                               else f"[{task.name}] {line}\n")
+                self.out.flush()
+        stream.close()
+
+    def start(self, task):
+        env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1",
+                   **{LAUNCHER_PID: str(os.getpid())})
+        if self.hosts is not None:
+            env[network_lib.REHEARSAL_HOST] = task.host
+        # Its own session: a Ctrl-C in the terminal reaches the launcher only, which
+        # then stops every task, and a task's children go with it.
+        how = dict(env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                   bufsize=1, start_new_session=True)
+        with self._deferred():
+            if self.hosts is not None:
+                task.process = self.hosts.popen(task.host, task.command, **how)
+                where = f" on host {task.host} ({self.hosts.addresses[task.host]})"
+            else:
+                task.process = subprocess.Popen(task.command, **how)
+                where = ""
+            self.say(f"started {task.name} (pid {task.process.pid}){where}")
+        thread = threading.Thread(target=self._pump, args=(task, task.process.stdout),
+                                  daemon=True)
+        task.pump = thread
+        thread.start()
+        self._threads.append(thread)
+
+    def task(self, name):
+        """The task named `name` ("worker:1"), or None."""
+        return next((t for t in self.tasks if t.name == name), None)
+
+    def _restart_stuck(self, line):
+        """The coordinator names workers that answer no request (`stalls.StallWatch`): end
+        them, so that their steps run elsewhere; the attempt's loop restarts them."""
+        match = _STUCK.search(line)
+        if not match:
+            return
+        for name in match.group(1).split(", "):
+            task = self.task(name)
+            if task is not None and task.process is not None and task.process.poll() is None:
+                self.say(f"{name} answers the chief no request: ending it (pid "
+                         f"{task.process.pid}) to restart it")
+                _signal_group(task.process, signal.SIGKILL)
+
+    def _deferred(self):
+        return self.interrupts.deferred() if self.interrupts else contextlib.nullcontext()
+
+    def stop_all(self, reason=""):
+        """SIGTERM every live task's process group, SIGKILL what is left after a grace period."""
+        live = [t for t in self.tasks if t.process is not None and t.process.poll() is None]
+        if live and reason:
+            self.say(f"stopping {', '.join(t.name for t in live)}: {reason}")
+        for task in live:
+            # A stopped (frozen) task cannot act on SIGTERM until it runs again, and then it
+            # would save with peers that are gone: it gets SIGKILL at once.
+            frozen = _state(task.process.pid) in ("T", "t")
+            _signal_group(task.process, signal.SIGKILL if frozen else signal.SIGTERM)
+        deadline = time.monotonic() + KILL_AFTER_SECS
+        for task in live:
+            try:
+                task.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(task.process, signal.SIGKILL)
+                task.process.wait()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        self._threads = []
+
+    # -- one attempt ---------------------------------------------------------------------
+
+    def run_once(self, on_started=None) -> int:
+        """Start every task and wait for the job's end; return the chief's exit code."""
+        self._ended_by = None
+        for task in self.tasks:
+            task.restarts, task.backstop = 0, False
+            self.start(task)
+        if on_started is not None:
+            on_started()
+        chief = chief_of(self.tasks)
+        try:
+            code = self._attempt(chief)
+            if code and chief.pump is not None:
+                chief.pump.join(timeout=2)  # its last lines read (faulthandler's among them)
+            frozen = _frozen_note(self.tasks) if code else ""  # before the others are stopped
+            if code == stalls.STALLED:
+                self.say(f"a task stalled (exit {code}): no training progress within its "
+                         "stall_timeout" + frozen)
+            elif any(t.backstop for t in self.tasks):
+                names = ", ".join(t.name for t in self.tasks if t.backstop)
+                self.say(f"a task stalled (exit {code}, from faulthandler's backstop in {names}: "
+                         "a call blocked while holding Python's GIL, so the stall watch could "
+                         "not act; its stacks are above)" + frozen)
+            elif frozen:
+                self.say(f"the job failed (exit {code})" + frozen)
+            return code
+        finally:
+            self.stop_all()
+
+    def _attempt(self, chief):
+        while True:
+            code = chief.process.poll()
+            if code is not None:
+                if code == 0:  # a failed chief's peers are stopped at once (run_once)
+                    self._wait_for_the_rest(chief)
+                return code
+            for task in self.tasks:
+                if task is chief or task.process.poll() is None:
+                    continue
+                failed = self._on_exit(task)
+                if failed is not None:
+                    return failed
+            time.sleep(self.poll_secs)
+
+    def _on_exit(self, task):
+        """A task other than the chief exited. Returns an exit code to end the attempt."""
+        code = task.process.returncode
+        if task.type == "evaluator":
+            return None  # side-car: the job goes on without it
+        if task.type == "data_worker" and task.restarts < WORKER_RESTARTS:
+            # Back at its address, it lets the dispatcher's jobs end (its splits are lost).
+            task.restarts += 1
+            self.say(f"{task.name} exited with {_describe(code)}; restarting it "
+                     f"({task.restarts}/{WORKER_RESTARTS})")
+            self.start(task)
+            return None
+        if code == 0 and not self.parameter_servers:
+            return None  # a synchronous worker that finished: the chief will too
+        if self.parameter_servers and task.type == "worker" and task.restarts < WORKER_RESTARTS:
+            # The coordinator retries the worker's steps elsewhere; once the worker is back
+            # at the same address, it takes steps again.
+            task.restarts += 1
+            self.say(f"{task.name} exited with {_describe(code)}; restarting it "
+                     f"({task.restarts}/{WORKER_RESTARTS})")
+            self.start(task)
+            return None
+        self.say(f"{task.name} exited with {_describe(code)}; the job cannot go on without it")
+        chief = chief_of(self.tasks)
+        if task.type == "ps":
+            # The chief notices and says what it lost, with where to resume; give it time.
+            try:
+                chief.process.wait(timeout=CHIEF_NOTICE_SECS)
+            except subprocess.TimeoutExpired:
+                pass
+            if chief.process.returncode not in (None, 0):
+                return chief.process.returncode
+            if chief.process.returncode is None:
+                self.say(f"{chief.name} did not stop by itself within {CHIEF_NOTICE_SECS:.0f} s "
+                         f"of losing {task.name}: stopping the job")
+        self._ended_by = task.name  # the attempt's exit code is this task's, not the chief's
+        return code if code else 1
+
+    def _wait_for_the_rest(self, chief):
+        """After the chief: servers stop by themselves once it is gone (kerastrain.distribute.cluster.serve).
+
+        On hosts of their own (multihost) a finished chief's host vanishes with it, which a
+        server cannot tell from a partition and waits out: the launcher, which saw the chief
+        succeed, stops the parameter-server job's servers itself (just after this).
+        """
+        servers = ("worker", "ps") if self.hosts is not None and self.parameter_servers else ()
+        deadline = time.monotonic() + GRACE_SECS
+        while time.monotonic() < deadline:
+            # The evaluator too: it evaluates the last checkpoint, then sees the chief gone.
+            # tf.data service servers serve until stopped (just after this).
+            if all(t.process.poll() is not None for t in self.tasks
+                   if not t.type.startswith("data_") and t.type not in servers):
+                return
+            time.sleep(self.poll_secs)
+        self.say(f"{chief.name} finished; tasks still running after {GRACE_SECS:.0f} s are "
+                 "stopped")
+
+    # -- the job --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run the job, restarting it while `max_restarts` allows; the exit code.
+
+        SIGINT (Ctrl-C) or SIGTERM at any moment stops every task and returns 128 + the
+        signal's number (130 for Ctrl-C).
+        """
+        own = self.interrupts is None
+        if own:
+            self.interrupts = Interrupts().__enter__()
+        attempt = 0
+        faults = Faults(self, self.faults, self.model_dir)
+        try:
+            while True:
+                # The fault plan's clock starts once the first attempt's tasks have.
+                code = self.run_once(on_started=None if attempt else faults.__enter__)
+                if code == 0:
+                    self.say(f"job finished: {chief_of(self.tasks).name} exited with 0")
+                    return 0
+                if attempt >= self.max_restarts:
+                    self.say(f"job failed: {self._ended_by or chief_of(self.tasks).name} "
+                             "exited with "
+                             f"{_describe(code)}" + (f" after {attempt} restart(s)"
+                                                     if attempt else ""))
+                    return code
+                attempt += 1
+                self.say(f"job failed ({_describe(code)}); restarting every task "
+                         f"({attempt}/{self.max_restarts}): training resumes from the last "
+                         "checkpoint")
+        except KeyboardInterrupt:
+            self.say("interrupted: stopping every task")
+            self.stop_all()
+            return self.interrupts.exit_code
+        finally:
+            faults.__exit__(None, None, None)
+            if own:
+                self.interrupts.__exit__(None, None, None)
+                self.interrupts = None
+
+
+def _state(pid):
+    """The kernel's one-letter state of a process (R, S, D, T...), or None (gone, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _frozen_note(tasks):
+    """Which tasks the kernel says are stopped (SIGSTOP, a paused VM) or in an uninterruptible
+    wait, read before they are stopped: on a cluster a peer the launcher cannot see."""
+    found = []
+    for task in tasks:
+        if task.process is None:
+            continue
+        state = _state(task.process.pid)
+        if state in ("T", "t", "D"):
+            how = "stopped" if state in ("T", "t") else "in an uninterruptible wait"
+            found.append(f"{task.name} ({how}, pid {task.process.pid})")
+    return "; frozen here: " + ", ".join(found) if found else ""
+
+
+def die_with_launcher():
+    """In a task `kerastrain launch` started: end when the launcher ends, however it ends.
+
+    A launcher killed with SIGKILL (an OOM killer, a CI timeout) cannot stop its tasks, and
+    each runs in a session of its own: a hung one would live on, holding memory and ports.
+    Linux sends a process a signal of its choice when its parent dies (PR_SET_PDEATHSIG):
+    SIGKILL, since a hung task ignores SIGTERM. Checkpoints are written whole, so at most the
+    steps since the last one are lost, as with any kill. Nothing happens outside Linux or
+    outside a launched task.
+    """
+    launcher = os.environ.get(LAUNCHER_PID)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import ctypes.util
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+    if os.getppid() != int(launcher):  # it died before the request above: too late to be told
+        os._exit(137)
+
+
+def _tf_log_level_set_by_user():
+    import kerastrain
+    return kerastrain._TF_LOG_LEVEL_SET_BY_USER
+
+
+def _signal_group(process, signum):
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe(code):
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"

@@ -1,0 +1,155 @@
+"""`model.fit`'s data arguments (`y`, `sample_weight`, `class_weight`, `validation_*`, `shuffle`).
+
+They are turned into the input forms kerastrain takes (see `kerastrain.data.inputs`), with
+Keras's meaning: `validation_split` takes the *last* fraction of the arrays before
+any shuffling, `validation_data` wins over `validation_split`, `class_weight` turns
+each example's class into its weight, and `shuffle` applies to NumPy arrays (a
+dataset is shuffled by its own pipeline). What cannot mean the same for a form of
+input is an error that says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import warnings
+
+from kerastrain import _compat
+from kerastrain.data import inputs as data_lib
+from kerastrain._options import is_int, is_number
+
+logger = logging.getLogger("kerastrain")
+
+
+@dataclasses.dataclass(frozen=True)
+class FitData:
+    """What `fit` trains and validates on, in kerastrain's input forms."""
+    train: object
+    validation: object = None
+    shuffle: bool = True  # NumPy training arrays are reshuffled every epoch
+    validation_batch_size: int | None = None  # NumPy validation data; None: batch_size
+
+
+def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_data=None,
+            validation_split=None, shuffle=None, validation_batch_size=None,
+            argument="dataset_fn") -> FitData:
+    """`fit(x, y, ...)`'s data arguments as kerastrain input forms.
+
+    `argument` is the name the user gave the data by (`dataset_fn` or `x`), for errors.
+
+    Raises:
+        ValueError: an argument that does not apply to this form of input, or a bad value.
+    """
+    if y is None and sample_weight is None and not isinstance(data, (tuple, list)) and \
+            data_lib.array_leaves(data) is not None:
+        data = (data,)  # fit(x): the inputs alone, for a model whose loss needs no targets
+    if y is not None and data_lib.array_leaves(data) is not None:
+        # fit(x, y): x is the model's inputs (an array, or a list/dict/tuple of them).
+        data = (data, y) if sample_weight is None else (data, y, sample_weight)
+        y = sample_weight = None
+    form = data_lib.input_form(data, argument)
+    _check_scalars(shuffle=shuffle, validation_batch_size=validation_batch_size)
+    if form != "numpy":
+        for name, value in (("y", y), ("sample_weight", sample_weight),
+                            ("validation_split", validation_split)):
+            if value is not None:
+                raise ValueError(
+                    f"`{name}` applies to NumPy arrays `x`, as in `model.fit`: a dataset or a "
+                    f"dataset_fn yields its own (x, y[, sample_weight]) batches. Put it in the "
+                    f"dataset, or pass arrays. Received: {name} with {argument} of form {form!r}")
+        if shuffle:
+            warnings.warn("`shuffle=True` is ignored for a dataset or dataset_fn: shuffle it in "
+                          "its own pipeline (`.shuffle(buffer_size)`), as with `model.fit`.",
+                          stacklevel=3)
+    else:
+        data = _arrays(data, y, sample_weight)
+    if class_weight is not None:
+        data = _with_class_weight(data, form, class_weight)
+    validation = validation_data
+    if validation_split == 0.0 and not isinstance(validation_split, bool):
+        validation_split = None  # model.fit's default: nothing held out
+    if validation_split is not None:
+        _check_split(validation_split)
+        train, held_out = _split(data, validation_split)
+        data = train
+        if validation is None:  # as in Keras, validation_data wins
+            validation = held_out
+    return FitData(data, validation, shuffle=True if shuffle is None else bool(shuffle),
+                   validation_batch_size=validation_batch_size)
+
+
+def _check_scalars(*, shuffle, validation_batch_size):
+    from kerastrain._options import check_int
+    if shuffle is not None and not isinstance(shuffle, (bool, int)):
+        raise ValueError(
+            "`shuffle` must be True or False: kerastrain reshuffles NumPy arrays example by "
+            "example each epoch; Keras's shuffle='batch' (for HDF5 arrays) has no meaning here. "
+            f"Pass True, or shuffle a dataset in its pipeline. Received: shuffle={shuffle!r}")
+    check_int("validation_batch_size", validation_batch_size, minimum=1, optional=True)
+
+
+def _arrays(data, y, sample_weight):
+    """NumPy `(x, y[, sample_weight])` with a `sample_weight` given beside `(x, y)`."""
+    if sample_weight is None:
+        return data
+    if len(data) != 2:
+        raise ValueError("`sample_weight` was given twice: the data already holds "
+                         "(x, y, sample_weight). Pass one. Received: both")
+    return (*data, sample_weight)
+
+
+def _with_class_weight(data, form, class_weight):
+    if not isinstance(class_weight, dict) or not class_weight or not all(
+            is_int(k) for k in class_weight):
+        raise ValueError("`class_weight` must be a non-empty dict {class index: weight}, as in "
+                         f"`model.fit`. Received: class_weight={class_weight!r}")
+    if form == "numpy":
+        if len(data) == 3:
+            raise ValueError("You cannot give `class_weight` and `sample_weight` at the same "
+                             "time (as in `model.fit`): fold the class weights into the sample "
+                             "weights. Received: both")
+        if len(data) == 1:
+            raise ValueError("`class_weight` weighs examples by their class, read from the "
+                             "targets: pass `y`. Received: class_weight with x alone")
+        x, y = data
+        if isinstance(y, (dict, list, tuple)):
+            raise ValueError("`class_weight` is only supported for models with a single output "
+                             f"(as in `model.fit`). Received: y of type {type(y).__name__}")
+        return x, y, _compat.class_weight_to_sample_weights(y, class_weight)
+    weigh = _compat.class_weight_map_fn(class_weight)
+    if form == "dataset":
+        return data.map(weigh)
+    if form == "global_fn":
+        return lambda: data().map(weigh)
+    return lambda ctx: data(ctx).map(weigh)  # a dataset_fn(ctx)
+
+
+def _check_split(value):
+    if not is_number(value, above=0) or not value < 1:
+        raise ValueError("`validation_split` must be a float between 0 and 1 (exclusive), the "
+                         f"fraction of the arrays held out. Received: validation_split={value!r}")
+
+
+def _split(arrays, fraction):
+    """Keras's split: the last `fraction` of the examples, before any shuffling."""
+    import numpy as np
+    leaves = data_lib.array_leaves(arrays)
+    n = int(np.shape(leaves[0])[0])
+    at = int(math.floor(n * (1.0 - fraction)))
+    if at in (0, n):
+        raise ValueError(f"The training data has {n} examples, too few to hold out "
+                         f"validation_split={fraction}. Give more data or another fraction.")
+    head = _map_arrays(arrays, lambda a: a[:at])
+    tail = _map_arrays(arrays, lambda a: a[at:])
+    logger.info("validation_split=%s: the last %d of %d examples are held out for validation",
+                fraction, n - at, n)
+    return head, tail
+
+
+def _map_arrays(structure, fn):
+    if isinstance(structure, dict):
+        return {k: _map_arrays(v, fn) for k, v in structure.items()}
+    if isinstance(structure, (list, tuple)):
+        return type(structure)(_map_arrays(v, fn) for v in structure)
+    return fn(structure)

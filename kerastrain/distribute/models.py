@@ -1,0 +1,531 @@
+"""Getting a compiled Keras model whose variables live where the strategy wants them."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import keras
+
+from kerastrain import _compat
+
+logger = logging.getLogger("kerastrain")
+
+_DEFAULT_OPTIMIZER = "rmsprop"  # what keras.Model.compile uses when none is given
+
+
+class NotClonable(ValueError):
+    """A model instance made outside the strategy's scope that Keras cannot clone into it."""
+
+
+def on_one_device(model, device) -> bool:
+    """Whether every variable of `model` lives on `device` (type and index)."""
+    import tensorflow as tf
+    there = tf.DeviceSpec.from_string(device)
+    for v in model.variables:
+        here = tf.DeviceSpec.from_string(getattr(v, "value", v).device or "")
+        if (here.device_type, here.device_index or 0) != (there.device_type,
+                                                          there.device_index or 0):
+            return False
+    return True
+
+
+def _created_in_scope(strategy, variable) -> bool:
+    return strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))
+
+
+class _FromConfig:
+    """An optimizer or metric read as (class, config), to be made again in a scope."""
+
+    def __init__(self, obj):
+        self.cls, self.config = type(obj), obj.get_config()
+
+    def make(self):
+        return self.cls.from_config(self.config)
+
+
+class Detached:
+    """What kerastrain needs of a user's model instance, read before the strategy exists.
+
+    Connecting to a parameter-server cluster moves this process's eager work off
+    `/job:localhost`, where the instance's variables live; after that they (and the
+    optimizer's learning rate, which `get_config` reads) cannot be read. So the
+    weights and the compile arguments (optimizer and metrics as configs) are read
+    first, and the model is rebuilt in scope from them.
+    """
+
+    def __init__(self, model):
+        self.weights = model.get_weights()
+        # Lookup tables are not variables: read their vocabularies, and the layers'
+        # configs (TextVectorization's reads its table), while they can be read.
+        self.vocabularies = [layer.get_vocabulary() for layer in _compat.lookup_layers(model)]
+        self.layer_configs = {id(layer): layer.get_config() for layer in model.layers}
+        args = _compat.compile_args(model) if getattr(model, "compiled", False) else None
+        self.compile_args = None if args is None else {
+            k: _as_config(v) for k, v in args.items()}
+
+
+def _as_config(obj):
+    if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+        return _FromConfig(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_as_config(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _as_config(v) for k, v in obj.items()}
+    return obj
+
+
+def detach(model):
+    """`Detached(model)` for a model instance; None for a model function."""
+    return Detached(model) if isinstance(model, keras.Model) else None
+
+
+def hand_back(trained, user_model):
+    """Put what `trained` holds into the user's own model object, so that everything code
+    written for `model.fit` does next works on it: `predict`, `evaluate`, `fit`, `save`.
+
+    - Its variables (weights and random seeds' states) and its optimizer's (step count,
+      learning rate, slots; built first if the user's never was) take `trained`'s values.
+    - Under parameter servers the user's variables, optimizer and metrics made before this
+      process connected to the cluster sit on a device that is gone ("Client for target
+      /job:localhost... not found"): they get new storage here.
+    - Keras's cached train / test / predict functions were traced for those devices and the
+      old values: they are dropped, and Keras traces them again on next use.
+    """
+    values = _values_if_paired(user_model.variables, trained.variables)
+    if values is not None:
+        _assign(user_model.variables, values)
+    else:  # a partitioned model's variables are shards: its weights pair up
+        _assign(user_model.weights, trained.get_weights())
+    mine, theirs = user_model.optimizer, getattr(trained, "optimizer", None)
+    if mine is not None:
+        _compat.rekey_optimizer(mine)  # its model's variables may have new storage now
+    if mine is not None and theirs is not None and getattr(theirs, "built", False):
+        _rehome_unreadable(mine.variables)
+        if not mine.built:
+            mine.build(user_model.trainable_variables)
+        values = _values_if_paired(mine.variables, theirs.variables)
+        if values is not None:
+            _assign(mine.variables, values)
+    _rehome_unreadable(user_model.metrics_variables)
+    user_model.train_function = user_model.test_function = user_model.predict_function = None
+
+
+def _values_if_paired(mine, theirs):
+    """`theirs`' values when the two lists pair up one to one by shape, else None."""
+    if len(mine) != len(theirs) or any(tuple(a.shape) != tuple(b.shape)
+                                       for a, b in zip(mine, theirs)):
+        return None
+    try:
+        return [v.numpy() for v in theirs]
+    except (AttributeError, TypeError, ValueError):  # e.g. a partitioned variable's shards
+        return None
+
+
+def _assign(variables, values):
+    import numpy as np
+    for variable, value in zip(variables, values):
+        value = np.asarray(value)
+        if not _set(variable, value):
+            _compat.replace_storage([variable], [value])
+
+
+def _set(variable, value) -> bool:
+    import tensorflow as tf
+    try:
+        variable.assign(value)
+        return True
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+        return False
+
+
+def _rehome_unreadable(variables):
+    """New storage, holding zeros, for variables on a device that is gone (metric states,
+    an optimizer's count: their values there cannot be read)."""
+    import numpy as np
+    import tensorflow as tf
+    for variable in variables:
+        try:
+            variable.numpy()
+        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+            _compat.replace_storage([variable], [np.zeros(variable.shape, variable.dtype)])
+
+
+def _fresh(obj):
+    """A copy of an optimizer or metric instance, so its variables are made in scope."""
+    if isinstance(obj, _FromConfig):
+        return obj.make()
+    if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+        return obj.__class__.from_config(obj.get_config())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_fresh(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _fresh(v) for k, v in obj.items()}
+    return obj
+
+
+def materialize(model, built, *, detached=None, optimizer=None, loss=None, metrics=None):
+    """Return a compiled `keras.Model` built under `built.strategy`'s scope.
+
+    Call inside `strategy.scope()`. `detached` is `detach(model)`, read before the
+    strategy was built; a model instance made outside the scope is rebuilt from it.
+
+    Raises:
+        TypeError: `model` is neither a keras.Model nor a function returning one.
+        ValueError: the model cannot be rebuilt in scope, or is not compiled.
+    """
+    strategy = built.strategy
+    if isinstance(model, keras.Model):
+        instance = model
+        # Every strategy but the default one owns where variables go (one_device too:
+        # Adam's slots are made colocated with the weights, inside its scope).
+        needs_scope = built.name != "default"
+        if needs_scope and instance.variables and not all(
+                _created_in_scope(strategy, v) for v in instance.variables):
+            with _explained(built):
+                instance = _rebuild(instance, detached or Detached(instance))
+        elif needs_scope and getattr(instance, "optimizer", None) is not None and not all(
+                _created_in_scope(strategy, v) for v in instance.optimizer.variables):
+            _recompile(instance, (detached or Detached(instance)).compile_args or {}, fresh=True)
+    elif callable(model):
+        with _explained(built):
+            instance = model()
+        if not isinstance(instance, keras.Model):
+            raise TypeError(
+                "The model function must return a keras.Model. "
+                f"Received: an object of type {type(instance).__name__} from {model!r}")
+    else:
+        raise TypeError(
+            "`model` must be a compiled keras.Model or a zero-argument function returning one. "
+            f"Received: model={model!r} of type {type(model).__name__}")
+
+    # A function for the optimizer or the metrics is called here, in scope, so that
+    # their variables are placed by the strategy (recipes pass them this way).
+    if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
+        optimizer = optimizer()
+    if callable(metrics) and not isinstance(metrics, keras.metrics.Metric):
+        metrics = metrics()
+    overrides = {k: v for k, v in (("optimizer", optimizer), ("loss", loss),
+                                   ("metrics", metrics)) if v is not None}
+    if overrides:
+        args = dict(_compat.compile_args(instance) or {}) if getattr(
+            instance, "compiled", False) else {}
+        args.update(overrides)
+        args.setdefault("optimizer", _DEFAULT_OPTIMIZER)
+        _recompile(instance, args, fresh=built.name != "default")
+    # Compiled without a loss is fine where the model adds its own (an "endpoint" layer's
+    # `add_loss`, as on keras.io); without any, Keras's compute_loss says "No loss to compute".
+    # A model with its own train_step may keep its optimizers itself (a GAN's two).
+    from kerastrain.step import loops
+    own_step = loops.overrides(instance, "train_step")
+    if not getattr(instance, "compiled", False) or (instance.optimizer is None and not own_step):
+        raise ValueError(
+            "The model is not compiled and no `loss=` was given, so kerastrain does not know "
+            "what to minimise. Call `model.compile(optimizer=..., loss=...)` in your model "
+            "function, or pass `Trainer(..., optimizer='adam', loss='mse')`. "
+            f"Received: model {instance.name!r} with compiled={getattr(instance, 'compiled', False)}")
+    if instance.optimizer is not None and own_step:
+        _check_accumulation(instance.optimizer, built.name)
+    return instance
+
+
+def _own_step_with_parts_built(model) -> bool:
+    """A model with its own `train_step` whose layers are all built (keras.io's GAN: two
+    built sub-models, no `call`): nothing is left to build by calling it. `model.fit`
+    without a strategy defers building to the step's tracing (under any strategy it
+    fails the same way); here the optimizer is built below, in the scope."""
+    if getattr(type(model), "train_step") is getattr(keras.Model, "train_step"):
+        return False
+    return _compat.sublayers_built(model)
+
+
+def build_state(model, built, element_spec):
+    """Create the model's, metrics' and optimizer's variables from the data's shapes.
+
+    Call inside `strategy.scope()`. Under parameter servers, variables the strategy
+    partitioned are set up for training shard by shard (`kerastrain.distribute.ps.partitioning`).
+
+    Returns:
+        The `Partitioning` of the model, or None when no variable is partitioned.
+
+    Raises:
+        ValueError: the model cannot run on batches of `element_spec`.
+        TypeError: a layer cannot run with its partitioned variable.
+    """
+    from kerastrain.step import accumulation
+    from kerastrain.step import loops
+
+    optimizer = model.optimizer
+    if optimizer is None or loops.overrides(model, "train_step"):
+        return _build_state(model, built, element_spec)
+    # kerastrain's own step accumulates gradients itself: no Keras accumulators to build.
+    with accumulation.keras_accumulation_off(optimizer):
+        return _build_state(model, built, element_spec)
+
+
+def _build_state(model, built, element_spec):
+    from kerastrain.data import inputs as data_lib
+    from kerastrain.distribute.ps import partitioning
+
+    optimizer = model.optimizer
+    ps = built.is_parameter_server
+    # Keras builds the optimizer at the end of a symbolic build; under parameter
+    # servers kerastrain builds it (partitioned variables need partitioned slots),
+    # so Keras's build waits.
+    hold = (_compat.instance_override(optimizer, "build", lambda variables: None)
+            if ps and optimizer is not None and not optimizer.built else contextlib.nullcontext())
+    with _explained(built):  # outside the `try`: its advice is not about the data
+        try:
+            with hold:
+                _compat.symbolic_build(model, element_spec)
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                "The model cannot run on the batches the dataset yields. Received: "
+                f"element_spec={data_lib.describe(element_spec)}. Keras said: {e}") from None
+        except RuntimeError:
+            # Keras could not call the model to build it (keras.io's GAN has no `call`).
+            if not _own_step_with_parts_built(model):
+                raise
+    build_step_optimizers(model, built, element_spec)
+    partitioned = partitioning.Partitioning(model) if ps else None
+    if partitioned:
+        partitioned.check()
+        partitioned.install()
+        logger.info(partitioned.summary())
+        partitioned.build_optimizers(optimizer, model.trainable_variables)
+    elif optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    _read_rows_if_lazy(model, optimizer)
+    return partitioned or None
+
+
+def build_step_optimizers(model, built, element_spec):
+    """Build the optimizers a model's own `train_step` applies besides `model.optimizer`
+    (keras.io's GAN: `compile(d_optimizer=..., g_optimizer=...)`, each left to build itself
+    in its first `apply`), as Keras would on one device.
+
+    Under a strategy an optimizer cannot create its slots inside the compiled step (Keras
+    `fit` under MirroredStrategy fails there too; a parameter-server worker cannot create
+    variables at all). So the step is traced once, never run, with each unbuilt optimizer's
+    `apply` recording the variables it is given; each is then built with those variables,
+    here, inside the strategy's scope. Call inside `strategy.scope()`.
+    """
+    import tensorflow as tf
+    from kerastrain.step import loops
+
+    if not loops.overrides(model, "train_step"):
+        return
+    unbuilt = {name: value for name, value in sorted(vars(model).items())
+               if isinstance(value, keras.optimizers.Optimizer) and not value.built
+               and value is not model.optimizer}
+    if not unbuilt:
+        return
+    updated = {}
+
+    def recorder(name):
+        def apply(grads, trainable_variables=None):
+            if trainable_variables is not None:
+                updated.setdefault(name, list(trainable_variables))
+        return apply
+
+    with contextlib.ExitStack() as stack:
+        for name, optimizer in unbuilt.items():
+            stack.enter_context(_compat.instance_override(optimizer, "apply", recorder(name)))
+        strategy = built.strategy
+
+        @tf.function
+        def dry_run(data):
+            strategy.run(model.train_step, args=(data,))
+        try:
+            dry_run.get_concrete_function(element_spec)
+        except Exception as e:  # noqa: BLE001 - the real step then runs as it would have
+            logger.debug("could not trace the model's train_step to find what its unbuilt "
+                         "optimizer(s) %s update (%s: %s); they build on first use",
+                         sorted(unbuilt), type(e).__name__, e)
+            return
+    for name, optimizer in unbuilt.items():
+        if name in updated:
+            optimizer.build(updated[name])
+            logger.info("optimizer `%s` (%s) built for the %d variable(s) the model's "
+                        "train_step updates with it", name, type(optimizer).__name__,
+                        len(updated[name]))
+
+
+def say_unsynchronized_batchnorm(model, strategy):
+    """One line when BatchNormalization layers normalise per replica: under a strategy of
+    several replicas each normalises its share of the batch with that share's statistics,
+    as under Keras `fit` with the same strategy, which a one-device run does not."""
+    replicas = strategy.num_replicas_in_sync
+    if replicas < 2:
+        return
+    names = [layer.name for layer in model._flatten_layers(include_self=False)
+             if isinstance(layer, keras.layers.BatchNormalization)
+             and not getattr(layer, "synchronized", False)]
+    if names:
+        logger.info("BatchNormalization layer(s) %s normalise each of the %d replicas' share "
+                    "of a batch with that share's statistics (as Keras fit does under this "
+                    "strategy), so results differ slightly from one device's; "
+                    "BatchNormalization(synchronized=True) uses the whole batch's",
+                    ", ".join(map(repr, names)), replicas)
+
+
+def _read_rows_if_lazy(model, optimizer):
+    # A lazy optimizer writes rows in place; a whole-table read per step (Keras's
+    # Embedding) would then copy the table each step (kerastrain.optimizers.read_rows).
+    from kerastrain import optimizers
+    if optimizer is not None and optimizers.is_lazy(optimizer):
+        changed = optimizers.read_rows(model)
+        if changed:
+            logger.info("lazy optimizer %s: embedding layer(s) %s read only the rows they look "
+                        "up", type(optimizer).__name__, ", ".join(map(repr, changed)))
+
+
+def _check_accumulation(optimizer, strategy_name):
+    """A model's own `train_step` calls `optimizer.apply`, where Keras applies accumulated
+    gradients inside a `cond`; tf.distribute strategies synchronise there (`merge_call`),
+    which TensorFlow does not support. (kerastrain's own step accumulates itself.)"""
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if steps and strategy_name not in ("default", "one_device"):
+        raise ValueError(
+            f"`gradient_accumulation_steps` with a model that overrides `train_step` works "
+            f"with the 'default' and 'one_device' strategies only: Keras applies the "
+            f"accumulated gradients inside a conditional in `optimizer.apply`, and under "
+            f"{strategy_name!r} TensorFlow cannot synchronise replicas there (\"merge_call "
+            f"called while defining a new graph\"). Multiply the global batch size by {steps} "
+            f"instead, which gives the same gradient, or let kerastrain's own step (which "
+            f"accumulates under every strategy) train the model: move the step's logic into "
+            f"`compute_loss`. Received: {type(optimizer).__name__}(gradient_accumulation_steps="
+            f"{steps}) under {strategy_name!r}")
+
+
+def _recompile(model, args, *, fresh):
+    args = dict(args)
+    if fresh:
+        # Optimizer and metric objects hold variables made when they were created;
+        # copies made here get them inside the strategy's scope.
+        args["optimizer"] = _fresh(args.get("optimizer") or _DEFAULT_OPTIMIZER)
+        for key in ("metrics", "weighted_metrics"):
+            if args.get(key) is not None:
+                args[key] = _fresh(args[key])
+    model.compile(**args)
+
+
+def _rebuild(model, detached):
+    """Clone a model made outside the scope; give it the weights and compile settings
+    read from it before the strategy was built."""
+    configs = detached.layer_configs
+    clone = clone_compiled(model, (
+        f"The model {model.name!r} was created outside the strategy's scope and cannot be "
+        "rebuilt inside it"), compile_args=detached.compile_args,
+        clone_function=lambda layer: layer.__class__.from_config(
+            configs[id(layer)] if id(layer) in configs else layer.get_config()))
+    clone.set_weights(detached.weights)
+    # In scope: each table is made again where the strategy wants it (per worker under ps).
+    for layer, vocabulary in zip(_compat.lookup_layers(clone), detached.vocabularies):
+        layer.set_vocabulary(vocabulary)
+    return clone
+
+
+def clone_compiled(model, why, compile_args=None, clone_function=None):
+    """`keras.models.clone_model(model)`, compiled as `model` is (with fresh optimizer state).
+
+    `compile_args` (optimizer and metrics possibly as configs) default to `model`'s own.
+
+    Raises:
+        ValueError: Keras cannot clone the model from its config; `why` starts the message.
+    """
+    compiled = getattr(model, "compiled", False)
+    try:
+        # clone_model also compiles the clone from the original's serialised compile
+        # config, which reads the optimizer's learning-rate variable (unreadable once a
+        # ps cluster is connected) and fails for unregistered custom losses; the clone is
+        # compiled below from the arguments kerastrain holds, so skip that step.
+        model.compiled = False
+        clone = keras.models.clone_model(model, clone_function=clone_function)
+    except Exception as e:  # clone_model raises several types for unclonable models
+        cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise NotClonable(
+            f"{why} (Keras cannot clone it from its config). Pass a function that "
+            "builds and compiles the model instead, e.g. `Trainer(build_model, ...)`; kerastrain "
+            f"calls it wherever it needs the model built. Cause: {type(e).__name__}: {cause}"
+        ) from None
+    finally:
+        model.compiled = compiled
+    args = compile_args if compile_args is not None else _compat.compile_args(model)
+    if args is not None and compiled:
+        _recompile(clone, args, fresh=True)
+    return clone
+
+
+def unpartitioned_copy(model, source=None):
+    """The same model with whole variables on this machine, compiled alike, for export.
+
+    Built from `source` when it is a model function, else cloned from the model's
+    config; then every variable gets the partitioned model's value.
+    """
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy():
+        raise RuntimeError("unpartitioned_copy must be called outside a strategy scope")
+    if callable(source) and not isinstance(source, keras.Model):
+        copy = source()
+    else:
+        copy = clone_compiled(model, (
+            f"The model {model.name!r} has partitioned variables, so kerastrain exports a copy "
+            "with whole variables, but it cannot make one"))
+    if len(copy.weights) != len(model.weights):
+        copy.build_from_config(model.get_build_config())
+    mine, theirs = copy.weights, model.weights
+    if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
+        raise ValueError(
+            f"The rebuilt model {copy.name!r} does not have the trained model's variables "
+            "(a model function must build the same model each time). Received shapes "
+            f"{[tuple(v.shape) for v in mine]}, expected {[tuple(v.shape) for v in theirs]}")
+    for target, variable in zip(mine, theirs):
+        target.assign(tf.convert_to_tensor(variable.value))
+    return copy
+
+
+def _explained(built):
+    """Under parameter servers, a layer failing on a partitioned variable gets advice."""
+    if not built.is_parameter_server:
+        return contextlib.nullcontext()
+    from kerastrain.distribute.ps import partitioning
+    return partitioning.explain_failures()
+
+
+def check_resources_placed(model, built):
+    """Under parameter servers, fail fast on a variable or lookup table made before this
+    process joined the cluster.
+
+    It lives on `/job:localhost`, which no worker knows: workers answer "unknown device",
+    which TensorFlow's ClusterCoordinator takes for a lost worker, so it would retry the
+    step for ever (`cluster_coordinator._is_worker_failure`). A hang is the worst answer.
+
+    Raises:
+        ValueError: naming the variable or layer, and how to create it in the model function.
+    """
+    if not built.is_parameter_server:
+        return
+    import tensorflow as tf
+    for v in model.variables:
+        for part in getattr(v.value, "variables", [v.value]):
+            if tf.DeviceSpec.from_string(part.device or "").job == "localhost":
+                raise ValueError(
+                    f"Variable {v.path!r} was created before kerastrain connected to the "
+                    "parameter-server cluster, so no worker can reach it (a layer built or "
+                    "adapted before the Trainer and used by the model function). Create every "
+                    "layer inside the model function you pass to the Trainer.")
+    for layer in _compat.lookup_layers(model):
+        job = _compat.table_job(layer.lookup_table)
+        if job == "localhost":
+            raise ValueError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) holds a lookup table created "
+                "before kerastrain connected to the parameter-server cluster, so no worker can "
+                "reach it. Create the layer inside the model function, passing the vocabulary "
+                "(e.g. `StringLookup(vocabulary=adapted.get_vocabulary("
+                "include_special_tokens=False))`), or look tokens up in `dataset_fn`.")
+        if job is not None:
+            logger.warning("layer %r's lookup table was created outside the strategy's scope: "
+                           "it stays on the coordinator and every step on every worker reads "
+                           "it remotely. Create the layer inside the model function.", layer.name)

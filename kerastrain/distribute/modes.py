@@ -1,0 +1,189 @@
+"""One object per kind of strategy: what differs between them, asked by the Trainer.
+
+Keras keeps one trainer per backend; kerastrain keeps one mode per kind of strategy, so the
+Trainer wires the same pieces in the same order and never tests which strategy it runs:
+
+- `Synchronous`: one task's replicas (default, one device, mirrored, central storage). Loops
+  run here; their length may be measured; SIGTERM is this process's own.
+- `MultiWorker` (multi-worker mirrored): the same loops on every worker in step. Workers must
+  agree where loops stop, so none stops on its own flag and none measures its own loop
+  length; TensorFlow's `PreemptionCheckpointHandler` owns SIGTERM; a lost peer is one error.
+- `ParameterServers`: loops scheduled on workers by a `ClusterCoordinator`
+  (`driver.PSDriver`); a loop at most one worker's share of an epoch; results arrive after
+  joins (running summaries are not timed); evaluation runs on the chief; a stall names the
+  worker that does not answer.
+
+`for_strategy(built)` picks the mode of a `strategies.BuiltStrategy`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+from kerastrain.loop import callbacks as callbacks_lib
+from kerastrain.data import inputs as data_lib
+from kerastrain.loop import driver as driver_lib
+from kerastrain.loop import preemption
+from kerastrain.loop import stalls
+
+logger = logging.getLogger("kerastrain")
+
+AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
+
+
+class Synchronous:
+    """This task's replicas run every loop (see the module docstring)."""
+
+    def __init__(self, built):
+        self.built = built
+
+    # -- stopping -----------------------------------------------------------------------
+
+    stops_on_own_flag = True  # a loop ends early when this task's stop flag is set
+    owns_sigterm = True       # the SIGTERM handler is kerastrain's (`preemption.SigtermWatch`)
+    # Checkpoints may be written in the background: the values are copied to this host and
+    # only the chief writes (see `run_state.RunState`).
+    background_checkpoints = True
+
+    @contextlib.contextmanager
+    def preemption_agreement(self, checkpointer, model_dir):
+        """Yield `agree(step)` where workers must agree on a step to stop at, else None."""
+        yield None
+
+    def explain_lost(self, error, latest_checkpoint):
+        """The error to raise for a lost cluster task (None: raise the original)."""
+        return None
+
+    # -- loops ----------------------------------------------------------------------------
+
+    def auto_steps_per_loop(self, steps_per_epoch, *, sizer, measure):
+        """`steps_per_loop="auto"` without batch hooks: measured on the first loops
+        (`sizer`, a `tuning.LoopSizer`) when `measure`, else a constant."""
+        return sizer if measure else AUTO_STEPS_PER_LOOP
+
+    def driver(self, step, *, stop_requested, callbacks, steps_per_loop, global_step,
+               checkpointer, latest_checkpoint):
+        """The driver of this strategy's epochs (`latest_checkpoint()`: the path a lost task's
+        error names). When callbacks watch every batch and a step
+        reads several, one batch per loop (as fit)."""
+        watched = steps_per_loop in ("auto", 1) and any(
+            map(callbacks_lib.wants_every_batch, callbacks))
+        batches = step.batch_loop() if watched else None
+        return driver_lib.SyncDriver(step.train_loop(), step.skip_loop(), step.accumulation,
+                                     batch_loop=batches, reset=step.reset_held)
+
+    def epoch_length(self, cardinality, accumulation):
+        """Steps of an epoch asked with `steps_per_epoch=None`, from the data's `cardinality`
+        (batches, or `data.UNKNOWN`): None, the epoch ends where the data does."""
+        return None
+
+    timed_summaries = True  # a loop's result arrives when it ends: throughput is timed
+
+    def evaluation(self, step, eval_input):
+        """`(loop, iterator)` of an evaluation pass."""
+        return step.eval_loop(), iter(eval_input.distributed())
+
+    # -- stalls ---------------------------------------------------------------------------
+
+    peers_can_stall = False  # "auto" stall_timeout watches only where a peer can stall
+
+    def stall_probe(self):
+        """`() -> workers that answer no request`, or None where none can be named."""
+        return None
+
+
+class MultiWorker(Synchronous):
+    """Multi-worker mirrored: every worker runs the same loops (see the module docstring)."""
+
+    stops_on_own_flag = False
+    owns_sigterm = False
+    peers_can_stall = True
+    background_checkpoints = False  # every worker takes part in a save
+
+    @contextlib.contextmanager
+    def preemption_agreement(self, checkpointer, model_dir):
+        if checkpointer is None or not model_dir:
+            yield None
+            return
+        agree, release = preemption.multi_worker_handler(self.built.strategy.cluster_resolver,
+                                                         checkpointer)
+        try:
+            yield agree
+        finally:
+            release()
+
+    def explain_lost(self, error, latest_checkpoint):
+        return driver_lib.lost_peer(error, latest_checkpoint)
+
+    def auto_steps_per_loop(self, steps_per_epoch, *, sizer, measure):
+        # Workers must agree on their loops, and a measurement each could differ.
+        return AUTO_STEPS_PER_LOOP
+
+
+class ParameterServers(Synchronous):
+    """A `ClusterCoordinator` schedules loops on workers (see the module docstring)."""
+
+    peers_can_stall = True
+    timed_summaries = False  # results arrive after a join
+    # TensorFlow keeps the asynchronous copy on each variable's own task: the write would
+    # read the parameter servers while training goes on, and fail with them.
+    background_checkpoints = False
+
+    def explain_lost(self, error, latest_checkpoint):
+        return driver_lib.lost_cluster(error, latest_checkpoint)
+
+    def auto_steps_per_loop(self, steps_per_epoch, *, sizer, measure):
+        workers = self.built.num_workers
+        if steps_per_epoch and workers > 1:
+            # One loop at most one worker's share, or one worker may take the epoch.
+            return min(AUTO_STEPS_PER_LOOP, -(-steps_per_epoch // workers))
+        return AUTO_STEPS_PER_LOOP
+
+    def epoch_length(self, cardinality, accumulation):
+        if cardinality == data_lib.UNKNOWN:
+            raise ValueError(
+                "Under parameter-server training the coordinator schedules a fixed number "
+                "of steps per epoch, and the size of this dataset is unknown (e.g. after "
+                "`filter`): pass `steps_per_epoch`. Received: steps_per_epoch=None")
+        # Worker i reads shard i; one epoch is as many steps as the shards have batches
+        # together, whichever worker takes them (k batches a step when the optimizer
+        # accumulates k).
+        k = accumulation
+        steps = -(-cardinality // k)
+        logger.info("steps_per_epoch=None under parameter servers: one epoch is %d steps "
+                    "(the data's batches%s), spread over %d workers", steps,
+                    f" / {k} accumulated per step" if k > 1 else "", self.built.num_workers)
+        return steps
+
+    def driver(self, step, *, stop_requested, callbacks, steps_per_loop, global_step,
+               checkpointer, latest_checkpoint):
+        workers = self.built.num_workers
+        return driver_lib.PSDriver(
+            step.train_loop(), self.built.coordinator, global_step,
+            stop_requested=stop_requested,
+            join_at=None if checkpointer is None else (
+                lambda s: checkpointer.due(s, epoch_end=False)),
+            max_in_flight=2 * max(workers, 1),
+            on_lost=lambda error: self.explain_lost(error, latest_checkpoint()),
+            positions_loop=step.positions_loop, width=step.width,
+            accumulation=step.accumulation, pass_loop=step.pass_loop(), workers=workers)
+
+    def evaluation(self, step, eval_input):
+        return step.eval_loop_local(), iter(eval_input.local_dataset())
+
+    def stall_probe(self):
+        workers = stalls.cluster_workers()
+        if not workers:
+            return None
+        return functools.partial(stalls.unanswering_workers, workers)
+
+
+def for_strategy(built):
+    """The mode of a `strategies.BuiltStrategy`."""
+    if built.is_parameter_server:
+        return ParameterServers(built)
+    if built.is_multi_worker:
+        return MultiWorker(built)
+    return Synchronous(built)

@@ -1,0 +1,1 @@
+"""What a run writes and who keeps it: outputs (the chief rule), checkpoints, summaries, files, locks."""

@@ -1,0 +1,471 @@
+"""Metric writers (TensorBoard, logging, CSV) and the schedule that decides when they write."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+from typing import Mapping
+
+import numpy as np
+
+from kerastrain.loop import cadence
+from kerastrain.io import files
+
+from kerastrain._options import is_int, option
+
+logger = logging.getLogger("kerastrain")
+
+VALIDATION_PREFIX = "val_"
+
+
+class MetricWriter:
+    """Where scalars go. Subclass and override what you need; the rest does nothing.
+
+    Keys starting with `val_` are validation values; a writer may route them
+    apart (TensorBoard writes them to the `validation` run without the prefix).
+    """
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        pass
+
+    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
+        pass
+
+    def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None:
+        pass
+
+    def write_graph(self, graph) -> None:
+        """A `tf.Graph` of the model's forward pass, once per fit (TensorBoard's Graphs tab)."""
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.flush()
+
+
+class MultiWriter(MetricWriter):
+    """Writes everything to each of `writers`, in order."""
+
+    def __init__(self, writers):
+        self.writers = list(writers)
+
+    def write_scalars(self, step, scalars):
+        for w in self.writers:
+            w.write_scalars(step, scalars)
+
+    def write_texts(self, step, texts):
+        for w in self.writers:
+            w.write_texts(step, texts)
+
+    def write_histograms(self, step, arrays):
+        for w in self.writers:
+            w.write_histograms(step, arrays)
+
+    def write_graph(self, graph):
+        for w in self.writers:
+            w.write_graph(graph)
+
+    def flush(self):
+        for w in self.writers:
+            w.flush()
+
+    def close(self):
+        for w in self.writers:
+            w.close()
+
+
+def _split(scalars):
+    train, validation = {}, {}
+    for key, value in scalars.items():
+        if key.startswith(VALIDATION_PREFIX):
+            validation[key[len(VALIDATION_PREFIX):]] = value
+        else:
+            train[key] = value
+    return train, validation
+
+
+class TensorBoardWriter(MetricWriter):
+    """Event files in `logdir/train` and `logdir/validation`, Keras's layout (two runs).
+
+    Scalars are kept until `flush` (or `MAX_PENDING` of them) and then written in one
+    compiled call per run, each at its own step: TensorFlow's event writer shows
+    nothing before a flush anyway, and one call per logged step cost 3% of a short
+    epoch of the core benchmark. (Their event wall times are those of the flush.)
+    """
+
+    MAX_PENDING = 1024
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+        self._writers = {}
+        self._compiled = {}
+        self._pending = {}  # run -> [(step, tag, value)]
+
+    def _writer(self, run):
+        import tensorflow as tf
+        if run not in self._writers:
+            path = files.join(self.logdir, run)
+            with files.disk_full_guard("TensorBoard events", path):
+                self._writers[run] = tf.summary.create_file_writer(path)
+        return self._writers[run]
+
+    @property
+    def train_dir(self):
+        return files.join(self.logdir, "train")
+
+    def _scalar_writer(self, run):
+        """One compiled call per run, for any set of tags.
+
+        Eager `tf.summary.scalar` ops cost ~0.5 ms each, which made logging 3% of an
+        epoch of the core benchmark. Tags go in as a string tensor (written as
+        `tf.summary.scalar` writes them, with the scalars plugin's metadata), so a new
+        set of tags does not trace a new function: one function per tag set made
+        TensorFlow warn about retracing on parameter-server runs, which log rarely.
+        """
+        import tensorflow as tf
+        if run not in self._compiled:
+            from tensorboard.plugins.scalar import metadata as scalar_metadata
+            writer = self._writer(run)
+            plugin = scalar_metadata.create_summary_metadata(
+                display_name=None, description=None).SerializeToString()
+
+            @tf.function(reduce_retracing=True)
+            def write(steps, tags, values):
+                with writer.as_default():
+                    for i in tf.range(tf.size(tags)):
+                        tf.summary.write(tags[i], values[i], step=steps[i], metadata=plugin)
+            self._compiled[run] = write
+        return self._compiled[run]
+
+    def write_scalars(self, step, scalars):
+        for run, values in zip(("train", "validation"), _split(scalars)):
+            if values:
+                self._pending.setdefault(run, []).extend(
+                    (int(step), tag, float(v)) for tag, v in values.items())
+        if sum(len(rows) for rows in self._pending.values()) >= self.MAX_PENDING:
+            self._write_pending()
+
+    def _write_pending(self):
+        import tensorflow as tf
+        pending, self._pending = self._pending, {}
+        for run, rows in pending.items():
+            if rows:
+                steps, tags, values = zip(*rows)
+                self._scalar_writer(run)(tf.constant(steps, tf.int64),
+                                         tf.constant(tags, tf.string),
+                                         tf.constant(values, tf.float32))
+
+    def write_texts(self, step, texts):
+        import tensorflow as tf
+        with self._writer("train").as_default(step=step):
+            for tag, text in texts.items():
+                tf.summary.text(tag, text)
+
+    def write_histograms(self, step, arrays):
+        import tensorflow as tf
+        with self._writer("train").as_default(step=step):
+            for tag, value in arrays.items():
+                tf.summary.histogram(tag, value)
+
+    def write_graph(self, graph):
+        import tensorflow as tf
+        with self._writer("train").as_default(step=0):
+            tf.summary.graph(graph)
+
+    def flush(self):
+        self._write_pending()
+        for run, w in self._writers.items():
+            with files.disk_full_guard("TensorBoard events", files.join(self.logdir, run)):
+                w.flush()
+
+    def close(self):
+        self._write_pending()
+        writers, self._writers, self._compiled = self._writers, {}, {}
+        for run, w in writers.items():
+            with files.disk_full_guard("TensorBoard events", files.join(self.logdir, run)):
+                w.close()
+
+
+class LoggingWriter(MetricWriter):
+    """One `kerastrain` log line per write: `step 200: loss=0.3412 accuracy=0.8750`."""
+
+    def __init__(self, level=logging.INFO):
+        self.level = level
+
+    def write_scalars(self, step, scalars):
+        text = " ".join(f"{k}={v:.4g}" for k, v in scalars.items())
+        logger.log(self.level, "step %d: %s", step, text)
+
+
+class CSVWriter(MetricWriter):
+    """Long-format rows `step,name,value` appended to one file (a local path or a URL)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._file = None
+
+    def write_scalars(self, step, scalars):
+        if self._file is None:
+            import tensorflow as tf
+            new = not files.exists(self.path)
+            self._file = tf.io.gfile.GFile(self.path, "a")
+            if new:
+                self._file.write("step,name,value\n")
+        w = csv.writer(self._file)
+        for name, value in scalars.items():
+            w.writerow([step, name, repr(float(value))])
+
+    def flush(self):
+        if self._file is not None:
+            with files.disk_full_guard("CSV rows", self.path):
+                self._file.flush()
+
+    def close(self):
+        if self._file is not None:
+            file, self._file = self._file, None
+            with files.disk_full_guard("CSV rows", self.path):
+                file.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorBoardOptions:
+    """What the chief writes under `model_dir/logs` (each field's doc is in its declaration)."""
+
+    log_every_steps: int = option(
+        100, "running loss/metrics, learning rate and throughput every N steps; 0: epoch ends only")
+    histograms_every_epochs: int = option(0, "weight histograms every N epochs; 0: never")
+    write_graph: bool = option(False, "the model's forward graph, once")
+    write_config: bool = option(False, "the trainer's resolved settings as text, once per fit")
+    profile_steps: tuple | None = option(None, "[first, last] global steps to profile")
+
+    def __post_init__(self):
+        for name in ("log_every_steps", "histograms_every_epochs"):
+            value = getattr(self, name)
+            if not is_int(value, 0):
+                raise ValueError(f"`{name}` must be an int >= 0. Received: {name}={value!r}")
+        p = self.profile_steps
+        if p is not None:
+            if (not isinstance(p, (tuple, list)) or len(p) != 2
+                    or not all(is_int(s) for s in p)
+                    or not 0 <= p[0] < p[1]):
+                raise ValueError("`profile_steps` must be a pair (first, last) of steps with "
+                                 f"0 <= first < last. Received: profile_steps={p!r}")
+            object.__setattr__(self, "profile_steps", tuple(p))
+
+    @classmethod
+    def coerce(cls, value):
+        """Accept True/False/None, a mapping of fields, or an instance."""
+        from kerastrain import _options
+        return _options.coerce(cls, value, "tensorboard")
+
+class Schedule:
+    """Decides, from the global step alone, where loops must stop and what happens there."""
+
+    def __init__(self, log_every_steps=0, profile_steps=None, histograms_every_epochs=0):
+        self.logs = cadence.Every(steps=log_every_steps)
+        self.histograms = cadence.Every(epochs=histograms_every_epochs)
+        self.profile_steps = profile_steps
+
+    def steps_to_boundary(self, step: int) -> int | None:
+        """Steps until the next step at which something must happen (None: none ahead)."""
+        candidates = [s - step for s in self.profile_steps or () if s > step]
+        logs = self.logs.steps_to_boundary(step)
+        if logs is not None:
+            candidates.append(logs)
+        return min(candidates) if candidates else None
+
+    def log_due(self, step: int) -> bool:
+        return self.logs.at_step(step)
+
+    def profile_action(self, step: int) -> str | None:
+        if not self.profile_steps:
+            return None
+        first, last = self.profile_steps
+        if step == first:
+            return "start"
+        if step == last:
+            return "stop"
+        return None
+
+
+class Monitor:
+    """Writes what the chief logs during one `fit`, at the steps the Schedule names.
+
+    Step-level scalars are the *running epoch* values (as a progress bar shows
+    them), so the value written at an epoch's last step equals `history`.
+    Throughput covers the steps since the previous write. Time comes from
+    `clock`, so tests need no sleeps.
+    """
+
+    flush_seconds = 5.0  # epoch ends flush at most this often; the end of fit always does
+
+    def __init__(self, writer, options, *, learning_rate_fn, weights_fn, train_logdir=None,
+                 clock=None):
+        import time
+        self.writer = writer
+        self.options = options or TensorBoardOptions(log_every_steps=0)
+        self.schedule = Schedule(self.options.log_every_steps, self.options.profile_steps,
+                                 self.options.histograms_every_epochs)
+        self.learning_rate_fn = learning_rate_fn
+        self.weights_fn = weights_fn
+        self.train_logdir = train_logdir
+        self.clock = clock or time.perf_counter
+        self._mark = None  # (step, examples, time) at the previous write
+        self._examples = 0.0
+        self._last_written_step = None
+        self._last_timed = False
+        self._profiling = False
+        # Epoch ends flush at most every `flush_seconds` (from `start`; `close` always flushes).
+        self._flush = cadence.Every(secs=self.flush_seconds, clock=self.clock,
+                                    last=float("-inf"))
+
+    @property
+    def active(self) -> bool:
+        return self.writer is not None
+
+    def start(self, step, texts=None, graph=None):
+        self._mark = (step, self._examples, self.clock())
+        self._flush.done(self._mark[2])
+        if not self.active:
+            return
+        if texts and self.options.write_config:
+            self.writer.write_texts(step, texts)
+        if graph is not None and self.options.write_graph:
+            self.writer.write_graph(graph)
+        self._profile(step)
+
+    def steps_to_boundary(self, step):
+        # On every task, writing or not: the workers of a multi-worker job must end their
+        # loops at the same steps, or one reads on to the data's end alone and waits forever
+        # for the others' collectives.
+        return self.schedule.steps_to_boundary(step)
+
+    def _profile(self, step):
+        action = self.schedule.profile_action(step)
+        if action == "start" and not self._profiling and self.train_logdir:
+            import tensorflow as tf
+            tf.profiler.experimental.start(self.train_logdir)
+            self._profiling = True
+        elif action == "stop" and self._profiling:
+            import tensorflow as tf
+            tf.profiler.experimental.stop()
+            self._profiling = False
+
+    def _write_step(self, step, logs, timed=True):
+        already = step == self._last_written_step
+        if already and (self._last_timed or not timed):
+            return
+        # A step first written untimed (results that arrived late) still gets its
+        # throughput when a timed write for it follows (the epoch end under PS).
+        scalars = {} if already else dict(logs, learning_rate=self.learning_rate_fn(step))
+        if timed:
+            now = self.clock()
+            mark_step, mark_examples, mark_time = self._mark
+            elapsed = now - mark_time
+            if step > mark_step and elapsed > 0:
+                scalars["examples_per_second"] = (self._examples - mark_examples) / elapsed
+                scalars["step_time_seconds"] = elapsed / (step - mark_step)
+            self._mark = (step, self._examples, now)
+        if scalars:
+            self.writer.write_scalars(step, scalars)
+        self._last_written_step, self._last_timed = step, timed
+
+    def after_loop(self, step, examples, running_logs_fn, timed=True):
+        """Called after each compiled loop; `running_logs_fn()` gives the epoch's logs so far.
+
+        `timed=False` when results arrive later than they were computed (parameter
+        servers deliver an epoch's loops after joining): throughput is then
+        measured over the whole epoch at its end instead.
+        """
+        self._examples += examples
+        if not self.active:
+            return
+        if self.schedule.log_due(step):
+            self._write_step(step, running_logs_fn(), timed=timed)
+        self._profile(step)
+
+    def epoch_end(self, epoch, step, logs):
+        if not self.active:
+            return
+        self._write_step(step, {k: v for k, v in logs.items()
+                                if not k.startswith(VALIDATION_PREFIX)})
+        validation = {k: v for k, v in logs.items() if k.startswith(VALIDATION_PREFIX)}
+        if validation:
+            self.writer.write_scalars(step, validation)
+        # Keras's per-epoch tags, so TensorBoard shows the same charts as for model.fit.
+        per_epoch = {}
+        for key, value in logs.items():
+            if key.startswith(VALIDATION_PREFIX):
+                per_epoch[VALIDATION_PREFIX + "epoch_" + key[len(VALIDATION_PREFIX):]] = value
+            else:
+                per_epoch["epoch_" + key] = value
+        self.writer.write_scalars(epoch, per_epoch)
+        if self.schedule.histograms.at_epoch_end(epoch):
+            self.writer.write_histograms(epoch, self.weights_fn())
+        now = self.clock()
+        if self._flush.due(step, now):
+            # At most every few seconds: a flush per short epoch cost 1% of it; the end
+            # of `fit` always flushes (`close`).
+            self.writer.flush()
+            self._flush.done(now)
+        # Validation and epoch-end work are not training throughput.
+        self._mark = (step, self._examples, self.clock())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        if self._profiling:
+            import tensorflow as tf
+            tf.profiler.experimental.stop()
+            self._profiling = False
+        if self.active:
+            self.writer.flush()
+
+
+def model_monitor(model, writer, options, *, step, settings, element_spec, train_logdir=None):
+    """A started `Monitor` for `model`: its learning rate, weights and (if asked) its graph.
+
+    Args:
+        writer: the chief's writer, or None (other tasks: nothing is written).
+        settings: the run's resolved settings as YAML text (`write_config`).
+        element_spec: the training batches' spec, to trace the forward graph.
+    """
+    from kerastrain import _compat
+    optimizer = model.optimizer
+    schedule = _compat.learning_rate_schedule(optimizer)
+
+    def learning_rate(at):
+        # The rate the step just taken used: the schedule at its iteration.
+        if schedule is not None:
+            return float(schedule(max(at - 1, 0)))
+        return float(np.asarray(optimizer.learning_rate))
+
+    def weights():
+        return {v.path: np.asarray(v.numpy()) for v in model.weights}
+
+    monitor = Monitor(writer, options, learning_rate_fn=learning_rate, weights_fn=weights,
+                      train_logdir=train_logdir)
+    graph = None
+    if monitor.active and monitor.options.write_graph:
+        graph = _forward_graph(model, element_spec)
+    monitor.start(step, texts={"config": "```\n" + settings + "```"}, graph=graph)
+    return monitor
+
+
+def _forward_graph(model, element_spec):
+    import tensorflow as tf
+
+    from kerastrain.data import inputs as data_lib
+    try:
+        return tf.function(lambda x: model(x, training=False)).get_concrete_function(
+            data_lib.split_batch(element_spec)[0]).graph
+    except Exception as e:  # the graph is a nicety; never fail training for it
+        logger.warning("could not trace the model's graph for TensorBoard: %s", e)
+        return None

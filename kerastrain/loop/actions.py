@@ -1,0 +1,241 @@
+"""Actions: what happens after each compiled loop and at each epoch end, each with its own cadence.
+
+The Trainer builds one list of actions per `fit` (that is where "only the chief
+writes" is decided) and calls them in order with the same `Progress`: after
+every loop, and once more at the end of each epoch (`progress.logs` set). An
+action may end training by setting `progress.stop`; the actions after it are not
+called for that loop. Each action also says how many steps ahead it next needs
+the loop to stop (`steps_to_boundary`), so that it sees exactly the steps it acts on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+
+from kerastrain.loop import cadence
+from kerastrain.loop import preemption
+
+logger = logging.getLogger("kerastrain")
+
+DIVERGED = "diverged"      # the loss became NaN or infinite
+PREEMPTED = "preempted"    # SIGTERM: saved, then `fit` raises `Preempted`
+REQUESTED = "requested"    # a callback set `model.stop_training`
+RECOVERING = "recovering"  # a bad loss: the state went back (`kerastrain.loop.recovery`); go on
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where training stands, as the actions see it.
+
+    Attributes:
+        epoch: the epoch in progress (0-based).
+        step: the global step after the last loop.
+        batch: steps taken in this epoch.
+        totals: the epoch's running totals (`[loss sum, examples, metric deltas...]`).
+        last: the last loop's `LoopResult` (None at an epoch end with no new loop).
+        logs: at an epoch end, the epoch's logs (`val_*` added by validation);
+            None after a loop.
+        stop: why training ends here, set by an action (None: it goes on).
+    """
+
+    epoch: int
+    step: int
+    batch: int
+    totals: np.ndarray
+    last: object = None
+    logs: dict | None = None
+    stop: str | None = None
+
+    @property
+    def epoch_end(self) -> bool:
+        return self.logs is not None
+
+
+class Action:
+    """Called after each loop and at each epoch end; override what applies."""
+
+    def steps_to_boundary(self, step: int) -> int | None:
+        return None
+
+    def epoch_begin(self, progress: Progress) -> None:
+        """Called before an epoch's first loop (where `progress` resumes it)."""
+
+    def __call__(self, progress: Progress) -> None:
+        pass
+
+
+def epoch_begin(actions, progress: Progress) -> None:
+    for action in actions:
+        action.epoch_begin(progress)
+
+
+def steps_to_boundary(actions, step):
+    """Steps until the nearest step at which some action must see the loop stop."""
+    found = [b for b in (a.steps_to_boundary(step) for a in actions) if b]
+    return min(found) if found else None
+
+
+def run(actions, progress: Progress) -> Progress:
+    """Call the actions in order. After a preemption or a recovery none follows; after
+    divergence only those that report it (callbacks see the end of the epoch that diverged)."""
+    for action in actions:
+        if progress.stop in (PREEMPTED, RECOVERING) or (progress.stop == DIVERGED and not getattr(
+                action, "reports_divergence", False)):
+            continue
+        action(progress)
+    return progress
+
+
+class Preemption(Action):
+    """SIGTERM: once the variables hold the step reached, save exactly it and stop.
+
+    Under parameter servers the results of a join arrive loop by loop and only
+    the last one is `in_sync`; saving before it would record a step the variables
+    have already passed.
+    """
+
+    def __init__(self, watch, save):
+        self.watch = watch
+        self.save = save  # (progress) -> checkpoint path or None
+        self.preempted = None
+
+    def __call__(self, p):
+        if p.epoch_end or not self.watch.requested or not p.last.in_sync:
+            return
+        path = self.save(p)
+        logger.warning("SIGTERM: stopped after step %d%s; exiting with code %d so the job can be "
+                       "restarted", p.step, f", checkpoint {path}" if path else
+                       " (no model_dir: nothing saved)", preemption.EXIT_CODE)
+        self.preempted = preemption.Preempted(p.step, path)
+        p.stop = PREEMPTED
+
+
+class AgreeOnPreemption(Action):
+    """Multi-worker mirrored: all workers call `agree(step)` after every loop; after a
+    SIGTERM on any of them all save that same step (TensorFlow's handler raises)."""
+
+    def __init__(self, agree, record_state):
+        self.agree = agree
+        self.record_state = record_state  # (progress) -> None: what the save must hold
+
+    def __call__(self, p):
+        if p.epoch_end:
+            return
+        self.record_state(p)
+        self.agree(p.step)
+
+
+class StopOnNonFinite(Action):
+    """A NaN or infinite loss stops training before anything is saved after it
+    (and sets `model.stop_training`, as Keras's `TerminateOnNaN` does)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, p):
+        if p.epoch_end or np.isfinite(p.last.totals[0]):
+            return
+        logger.error(
+            "the loss became %s by step %d (epoch %d); training stopped. Nothing was saved after "
+            "the last finite step, so the latest checkpoint is the last good one.",
+            p.last.totals[0], p.step, p.epoch + 1)
+        self.model.stop_training = True
+        p.stop = DIVERGED
+
+
+class Validation(Action):
+    """At the end of every `every`-th epoch, evaluates and adds `val_*` to the epoch's logs
+    (`validation_freq` in `model.fit`)."""
+
+    def __init__(self, evaluate, every=1):
+        self.evaluate = evaluate  # () -> logs
+        self.every = cadence.Every(epochs=every)
+
+    def __call__(self, p):
+        if p.epoch_end and self.every.at_epoch_end(p.epoch):
+            p.logs.update({f"val_{k}": v for k, v in self.evaluate().items()})
+
+
+class Summaries(Action):
+    """Running values every `log_every_steps`, epoch values at epoch ends (`summaries.Monitor`)."""
+
+    def __init__(self, monitor, results, timed=True):
+        self.monitor = monitor
+        self.results = results  # (totals) -> logs
+        self.timed = timed      # False where results arrive after a join (parameter servers)
+
+    def steps_to_boundary(self, step):
+        return self.monitor.steps_to_boundary(step)
+
+    def __call__(self, p):
+        if p.epoch_end:
+            self.monitor.epoch_end(p.epoch, p.step, p.logs)
+        else:
+            self.monitor.after_loop(p.step, float(p.last.totals[1]),
+                                    lambda: self.results(p.totals), timed=self.timed)
+
+
+class Checkpoints(Action):
+    """Saves at the checkpointer's cadence: mid-epoch every N steps or seconds (when the
+    variables hold the step), and at epoch ends."""
+
+    def __init__(self, checkpointer, save, steps_per_epoch):
+        self.checkpointer = checkpointer
+        self.save = save  # (progress, epoch, batch, totals) -> path
+        self.steps_per_epoch = steps_per_epoch
+
+    def steps_to_boundary(self, step):
+        return self.checkpointer.cadence.steps_to_boundary(step)
+
+    def __call__(self, p):
+        if p.epoch_end:
+            if self.checkpointer.due(p.step, epoch_end=True):
+                self.save(p, p.epoch + 1, 0, np.zeros_like(p.totals))
+        elif p.last.in_sync and self.checkpointer.due(p.step, epoch_end=False) and (
+                self.steps_per_epoch is None or p.batch < self.steps_per_epoch):
+            self.save(p, p.epoch, p.batch, p.totals)
+
+
+class Callbacks(Action):
+    """Keras callbacks: batch ends with the running logs, epoch ends with the epoch's logs.
+
+    `model.stop_training`, set by a callback, ends training after this loop (or epoch).
+    """
+
+    reports_divergence = True  # callbacks see the end of an epoch that diverged
+
+    def __init__(self, callback_list, model, results, batch_logs, accumulation=1):
+        self.callback_list = callback_list
+        self.model = model
+        self.results = results
+        self.batch_logs = batch_logs  # whether anyone reads batch-level logs
+        self.accumulation = accumulation  # batches per step
+
+    def __call__(self, p):
+        last = p.last
+        if p.epoch_end:
+            self.callback_list.on_epoch_end(p.epoch, p.logs)
+        elif p.stop == DIVERGED:
+            return
+        elif last.batches is not None:  # one batch per result: Keras's batch index
+            if last.batches and self.batch_logs:
+                index = (p.batch - last.steps) * self.accumulation + last.batches - 1
+                self.callback_list.on_train_batch_end(index, self.results(p.totals))
+        elif last.steps and self.batch_logs:
+            self.callback_list.on_train_batch_end(p.batch - 1, self.results(p.totals))
+        if self.model.stop_training and not p.stop:
+            p.stop = REQUESTED
+
+
+class Heartbeat(Action):
+    """Listed last: each loop and epoch end, once every other action is done, is progress
+    (`kerastrain.loop.stalls.StallWatch`)."""
+
+    def __init__(self, watch):
+        self.watch = watch
+
+    def __call__(self, p):
+        self.watch.beat()

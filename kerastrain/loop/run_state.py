@@ -1,0 +1,162 @@
+"""Where a run stands, kept with every checkpoint; restoring it; the chief's export.
+
+A checkpoint holds the model and optimizer, the global step, and four counters: the
+epoch in progress, the steps taken into it, and the data position (passes begun over
+the training data, batches into the current pass), plus the epoch's running totals
+so that a resumed epoch's logs are exact. `RunState` creates those variables, writes
+them before a save, reads them back on the first `fit` of a Trainer, and exports the
+trained model (chief only; other multi-worker tasks take part in a removed scratch
+directory, as the collective save requires).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import numpy as np
+
+from kerastrain.io import checkpoints
+from kerastrain.io import files
+from kerastrain.distribute import models as models_lib
+from kerastrain.io import outputs as outputs_lib
+
+logger = logging.getLogger("kerastrain")
+
+COUNTERS = ("epoch", "step_in_epoch", "data_pass", "data_offset")
+
+
+class RunState:
+    """The counters of a run (made under the strategy's scope) and its checkpointer."""
+
+    def __init__(self, *, options, model_dir, outputs, is_chief, is_multi_worker,
+                 background=True):
+        import tensorflow as tf
+        self.options = options  # a `checkpoints.CheckpointOptions`, or None: no checkpoints
+        self.model_dir = model_dir
+        self.outputs = outputs
+        self.is_chief = is_chief
+        self.is_multi_worker = is_multi_worker
+        self.background = background  # the strategy allows background checkpoint writes
+        self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+                         for name in COUNTERS}
+        self.epoch_totals = None
+        self.checkpointer = None
+        self.restored = False
+
+    def attach(self, *, width, model, global_step):
+        """Create the epoch totals (`width` values; any length later: a model's own
+        train_step says how many logs it has on first use) and the checkpointer."""
+        import tensorflow as tf
+        self.epoch_totals = tf.Variable(np.zeros(width), dtype=tf.float64,
+                                        shape=tf.TensorShape([None]), trainable=False,
+                                        name="epoch_totals")
+        self._saved = dict(model=model, global_step=global_step)
+        self._make_checkpointer()
+
+    def _make_checkpointer(self):
+        options, model = self.options, self._saved["model"]
+        self.checkpointer = None
+        if options and (self.model_dir or options.restore not in ("latest", "none")):
+            directory = files.join(self.model_dir, "checkpoints") if self.model_dir else None
+            # `background`: the mode's rule (modes.py; foreground under multi-worker mirrored
+            # and parameter servers).
+            self.checkpointer = checkpoints.Checkpointer(
+                directory, options, is_chief=self.is_chief,
+                background=options.background and self.background, model=model,
+                optimizer=model.optimizer, global_step=self._saved["global_step"],
+                epoch_totals=self.epoch_totals, **self.counters)
+
+    def move(self, *, model_dir, outputs, options):
+        """Keep the state in another place from the next fit on (a `BackupAndRestore`'s
+        backup_dir, or none once it is deleted): it is restored from there if it holds some."""
+        self.wait()
+        self.model_dir, self.outputs, self.options = model_dir, outputs, options
+        self.restored = False
+        if self.epoch_totals is not None:
+            self._make_checkpointer()
+
+    def restore(self, driver, train_input, global_step, epochs=None):
+        """On the first fit, restore the latest checkpoint and move the driver's data to
+        where it stood; return where training stood (None: nothing restored). `epochs`:
+        the fit's, for the log line."""
+        if self.restored or self.checkpointer is None:
+            return None
+        self.restored = True
+        path = self.checkpointer.restore()
+        if path is None:
+            return None
+        info = {k: int(v.numpy()) for k, v in self.counters.items()}
+        info["totals"] = np.asarray(self.epoch_totals.numpy(), np.float64)
+        of = f" of {epochs}" if epochs else ""
+        if info["step_in_epoch"]:
+            where = f"{info['step_in_epoch']} steps into epoch {info['epoch'] + 1}{of}"
+        elif info["epoch"]:
+            where = f"after epoch {info['epoch']}{of}"
+        else:
+            where = "at the start of epoch 1"
+        logger.info("resumed from %s: step %d, %s", path, global_step(), where)
+        driver.resume(train_input, info["data_pass"], info["data_offset"])
+        return info
+
+    def set(self, driver, epoch, batch, totals):
+        for name, value in (("epoch", epoch), ("step_in_epoch", batch),
+                            ("data_pass", driver.passes), ("data_offset", driver.saved_offset)):
+            self.counters[name].assign(value)
+        self.epoch_totals.assign(totals)
+
+    def save(self, driver, epoch, batch, totals, step):
+        """Save training state at `step`; returns the checkpoint's path (None: not kept here)."""
+        if self.checkpointer is None:
+            return None
+        self.set(driver, epoch, batch, totals)
+        return self.checkpointer.save(step)
+
+    def wait(self):
+        """Block until a checkpoint written in the background is whole (its error raised)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+
+    @contextlib.contextmanager
+    def writes_settled(self):
+        """A `fit`'s training: when it ends, by any way, the last checkpoint is whole on disk
+        (a write that fails raises, unless an error is already on its way: then it is said)."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self.wait()
+            except Exception as e:  # noqa: BLE001 (the first error is the one raised)
+                logger.error("the last checkpoint could not be written either: %s", e)
+            raise
+        self.wait()
+
+    def latest_checkpoint(self):
+        """The newest checkpoint kept in model_dir (None: none)."""
+        ckpt = self.checkpointer
+        candidates = ckpt.candidates() if ckpt is not None and ckpt.directory else []
+        return candidates[0] if candidates else None
+
+    def export(self, model, *, model_source, partitioned, step):
+        """The chief exports to model_dir/export; other workers take part in a removed temp dir."""
+        if not (self.options and self.options.export and self.model_dir):
+            return None
+        if self.is_chief:
+            if partitioned:
+                # One machine serves it: the same model with whole variables.
+                model = models_lib.unpartitioned_copy(model, model_source)
+            paths = checkpoints.export(model, self.outputs.path("export"), step=step)
+            logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
+            return paths
+        if self.is_multi_worker:
+            with outputs_lib.scratch_dir() as scratch:
+                checkpoints.export(model, scratch)
+        return None
+
+    def export_missing(self, step):
+        """Whether the chief's export is missing or not of this step (a run killed or out of
+        disk while exporting): a rerun with nothing left to train writes it again."""
+        if not (self.options and self.options.export and self.outputs.enabled) \
+                or self.is_multi_worker or step == 0:
+            return False
+        return not checkpoints.export_is_current(self.outputs.path("export"), step)

@@ -1,0 +1,282 @@
+"""Speed choices kerastrain makes by itself; each is logged once, can be switched off, and
+changes neither the order of examples nor the numbers computed.
+
+- tf.data options on the pipelines kerastrain is given (`input_options`);
+- in-memory input read by index inside the compiled loop (`in_step_batches`,
+  `kerastrain.data.instep`);
+- `UNROLL` training steps per iteration of the compiled loop where that many are known
+  to be left: on such input, and on parameter-server workers (`unroll_steps`, `loops.Step`);
+- `steps_per_loop="auto"` sized from a measurement of the compiled call's fixed
+  cost (`LoopSizer`);
+- `jit_compile="auto"` (`resolve_jit_compile`), a rule, not a measurement.
+
+All-reduce for mirrored is chosen in `kerastrain.distribute.strategies` (`choose_cross_device_ops`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+
+from kerastrain._options import option
+
+logger = logging.getLogger("kerastrain")
+
+# Training steps per iteration of a compiled loop (`unroll_steps`, off by default). Measured
+# on the core MLP, 2 cores: NumPy input read in the loop, 2 -> 1.03x, 4 -> 1.05x, 8 -> 1.03x
+# the loop of one step per iteration; ps workers, 4 -> 1.07x. The price (bench/first_fit.py,
+# 2026-11-26): the first fit takes ~2 s longer on that MLP (the step traced and optimized 4
+# more times), repaid after ~150,000 of its steps; docs/performance.md.
+UNROLL = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningOptions:
+    """What kerastrain tunes by itself (each field's doc is in its declaration)."""
+
+    input_options: bool = option(
+        True, "tf.data options on every pipeline that leaves them unset: a private pool of "
+              "half the cores; autotuning off on hosts of up to 4 cores, else bounded; order kept")
+    in_step_batches: bool = option(
+        True, "one replica on one worker: NumPy arrays and from_tensor_slices(...).batch(b) "
+              "pipelines read by index inside the compiled loop, without a tf.data iterator; "
+              "same batches, same order")
+    unroll_steps: bool = option(
+        False, "4 training steps per iteration of the compiled loop where 4 are known to be "
+               "left (input read inside the loop; parameter-server workers), so one step's "
+               "last updates overlap the next step's first layers; same steps, same order. "
+               "Off by default: it gains ~5% of the step time but traces the step 4 more "
+               "times, which pays only on long runs of large steps")
+    measure_steps_per_loop: bool = option(
+        True, "steps_per_loop='auto' sized so a compiled call's fixed cost is ~1% of its time, "
+              "measured on the first loops (synchronous strategies); else 100")
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, bool):
+                raise ValueError(f"`{f.name}` (a tuning option) must be true or false. "
+                                 f"Received: {f.name}={value!r}")
+
+    @classmethod
+    def coerce(cls, value):
+        """True (the defaults), False/None (all off), a mapping of fields, or an instance."""
+        from kerastrain import _options
+        coerced = _options.coerce(cls, value, "tuning")
+        return coerced if coerced is not None else cls(
+            **{f.name: False for f in dataclasses.fields(cls)})
+
+
+# -- tf.data options ----------------------------------------------------------------
+
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity mask (`taskset`, cgroup cpusets), as
+    TensorFlow sizes its own pools, where `os.cpu_count()` counts the whole machine."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform (macOS)
+        return os.cpu_count() or 1
+
+
+def input_threads(cores=None) -> int:
+    """Threads of a pipeline's private pool: half the cores (the other half runs the model)."""
+    cores = cores or usable_cores()
+    return max(1, cores // 2)
+
+
+def _ram_bytes():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def tuned(dataset, cores=None, on_gpu=False):
+    """`dataset` with kerastrain's tf.data options where it leaves them unset; and a sentence.
+
+    On a host of up to 4 cores, tf.data's shared pool and its autotuning pre-empt the
+    threads running the model's matrix multiplications (measured on 2 cores: a
+    README-style pipeline at 0.82x a bare loop with tf.data's defaults, 0.94x with a
+    private 1-thread pool and autotuning off; docs/performance.md). Options the
+    pipeline sets itself are kept; none of these changes the order of elements.
+    """
+    import tensorflow as tf
+
+    cores = cores or usable_cores()
+    said = []
+    rebuilt = gathered(dataset)
+    if rebuilt is not None:
+        dataset = rebuilt
+        said.append("from_tensor_slices(...).batch(...) read as whole-batch slices")
+    current = dataset.options()
+    options = tf.data.Options()
+    if current.threading.private_threadpool_size is None:
+        options.threading.private_threadpool_size = input_threads(cores)
+        said.append(f"a private pool of {input_threads(cores)} thread(s)")
+    if current.autotune.enabled is None:
+        if cores <= 4:
+            options.autotune.enabled = False
+            said.append(f"autotuning off ({cores} cores)")
+        else:
+            if current.autotune.cpu_budget is None:
+                options.autotune.cpu_budget = input_threads(cores)
+            ram = _ram_bytes()
+            if ram and current.autotune.ram_budget is None:
+                options.autotune.ram_budget = ram // 4
+            said.append(f"autotuning within {input_threads(cores)} cores and a quarter of RAM")
+    if on_gpu and current.experimental_slack is None:
+        # Slack spreads the prefetch thread's wake-ups so that it competes less with the
+        # host threads that launch the device's kernels.
+        options.experimental_slack = True
+        said.append("prefetch slack")
+    if not said:
+        return dataset, "the pipeline's own tf.data options (it sets them)"
+    return dataset.with_options(options), "; ".join(said)
+
+
+def gathered(dataset):
+    """`from_tensor_slices(arrays).batch(b)` rebuilt to slice whole batches; or None.
+
+    The batches are the same tensors in the same order (batch i is rows
+    `[i*b, (i+1)*b)` of each component), but tf.data does per-batch instead of
+    per-example work, and a contiguous slice shares the arrays' buffer instead of
+    copying: on 2 cores, 0.07 -> 0.04 CPU-seconds per pass over 65,536 examples of
+    64 floats, which the model's threads get back.
+    """
+    import tensorflow as tf
+
+    from kerastrain import _compat
+    found = _compat.slices_then_batch(dataset)
+    if found is None:
+        return None
+    tensors, spec, batch_size, drop_remainder, prefetch, options = found
+    size, drop = tf.get_static_value(batch_size), tf.get_static_value(drop_remainder)
+    if size is None or drop is None:
+        return None
+    size, drop = int(size), bool(drop)
+    n = int(tensors[0].shape[0])
+
+    # Every batch is whole when the remainder is dropped or there is none: say so in the
+    # shapes, which lets TensorFlow fold the step's shape arithmetic (13 Shape ops of the
+    # core MLP's step) into constants.
+    whole = drop or n % size == 0
+
+    def batch(i):
+        start = i * size
+        parts = [t[start:tf.minimum(start + size, n)] for t in tensors]
+        if whole:
+            for part, t in zip(parts, tensors):
+                part.set_shape([size] + t.shape.as_list()[1:])
+        return tf.nest.pack_sequence_as(spec, parts)
+
+    rebuilt = tf.data.Dataset.range(n // size if drop else -(-n // size)).map(batch)
+    if prefetch is not None:
+        rebuilt = rebuilt.prefetch(prefetch)
+    return rebuilt.with_options(options)
+
+
+# -- steps_per_loop="auto" ------------------------------------------------------------
+
+class LoopSizer:
+    """Chooses `steps_per_loop` so the fixed cost of a loop is ~`overhead` of its time.
+
+    Measured once per Trainer, on its first training loops. Zero-step calls (after
+    one that traces) give the compiled call's fixed cost: dispatch, iterator
+    hand-over, returning totals. Two loops of `probe` steps follow (the first
+    creates the step's kernels, so only the second is timed) and give the cost of
+    a step; the time the driver waits between loops (the actions: logging,
+    callbacks) is added to the fixed cost. The answer is `fixed / (overhead * step)`
+    steps, at most `most`, and at most `seconds` of training per loop so progress,
+    logging and a stop request stay prompt. Loop sizes change no number a step
+    computes: the same batches reach the same optimizer updates in the same order.
+
+    Args:
+        fallback: the size used when the measurement is switched off or unusable.
+        clock: `() -> seconds` (tests pass a fake one).
+    """
+
+    def __init__(self, *, fallback=100, probe=16, overhead=0.01, most=1000, seconds=2.0,
+                 clock=time.perf_counter):
+        self.fallback, self.probe, self.overhead = fallback, probe, overhead
+        self.most, self.seconds, self.clock = most, seconds, clock
+        self.size = None       # decided size (None: still measuring)
+        self.fixed = None      # seconds per compiled call without steps
+        self.per_step = None   # seconds per step
+        self._probes = []      # seconds of the full probe loops seen so far
+
+    def calibrate(self, loop, iterator):
+        """Time zero-step calls of `loop(iterator, 0)`: the fixed cost. Reads no data."""
+        import tensorflow as tf
+        if self.fixed is not None:
+            return
+        zero = tf.constant(0, tf.int32)
+        int(loop(iterator, zero)[1])  # traces the loop: not timed
+        times = []
+        for _ in range(3):
+            start = self.clock()
+            int(loop(iterator, zero)[1])  # waits for the result, as the driver does
+            times.append(self.clock() - start)
+        self.fixed = sorted(times)[1]
+
+    def next_size(self) -> int:
+        if self.size is not None:
+            return self.size
+        return self.probe if self.fixed is not None else self.fallback
+
+    def observe(self, asked, ran, seconds):
+        """A loop asked for `asked` steps ran `ran` in `seconds`."""
+        if self.size is None and self.fixed is not None and asked == ran == self.probe:
+            self._probes.append(seconds)
+
+    def observe_gap(self, seconds):
+        """The driver waited `seconds` between the last loop and the next: the second
+        probe's gap decides."""
+        if self.size is not None or len(self._probes) < 2:
+            return
+        self.per_step = max(self._probes[1] - self.fixed, 0.0) / self.probe
+        self.size = self.decide(self.fixed + seconds, self.per_step)
+        logger.debug(
+            "steps_per_loop='auto': %d (measured per loop %.2f ms of call and %.2f ms between "
+            "loops, %.3f ms per step; switch off with tuning={'measure_steps_per_loop': "
+            "False} for a constant %d)", self.size, self.fixed * 1e3, seconds * 1e3,
+            self.per_step * 1e3, self.fallback)
+
+    def decide(self, fixed, per_step) -> int:
+        if per_step <= 0 or not math.isfinite(per_step) or not math.isfinite(fixed):
+            return self.fallback
+        wanted = math.ceil(fixed / (self.overhead * per_step))
+        return int(max(1, min(wanted, self.most, math.floor(self.seconds / per_step) or 1)))
+
+
+# -- jit_compile="auto" ---------------------------------------------------------------
+
+def resolve_jit_compile(requested, model, *, places_variables, has_gpu):
+    """The `jit_compile` a step uses, and why (a sentence for the log).
+
+    "auto" is Keras's own rule (`Trainer._resolve_auto_jit_compile`: XLA where a GPU or
+    TPU is present and every layer supports it) plus kerastrain's: not under a strategy
+    that places variables (a step then holds cross-device or remote-variable ops XLA
+    cannot compile). It is a rule, not a timing: XLA changes a step's numerics
+    slightly, so a choice made by a noisy measurement would make reruns differ
+    (on a shared 2-core CPU host XLA measured 0.6x to 1.3x the non-XLA loop).
+    """
+    if requested is None:  # the model's compile setting, as before
+        jit = bool(getattr(model, "jit_compile", False)) and not places_variables
+        return jit, "the model's compile setting"
+    if requested != "auto":
+        return bool(requested), "requested"
+    if places_variables:
+        return False, "auto: off under a strategy that places variables"
+    if not has_gpu:
+        return False, "auto: off on a host without GPUs (as Keras's rule)"
+    if not _supports_jit(model):
+        return False, "auto: off, a layer of the model does not support XLA"
+    return True, "auto: on, a GPU is present and every layer supports XLA (as Keras's rule)"
+
+
+def _supports_jit(model):
+    from kerastrain import _compat
+    return _compat.model_supports_jit(model)

@@ -1,0 +1,1 @@
+"""The compiled inner loops: many steps per `tf.function` call, accumulation, mixed precision."""
