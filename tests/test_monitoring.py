@@ -104,12 +104,13 @@ def test_real_tensorboard_server_serves_the_scalars(run):
         server.wait(timeout=30)
 
 
-def test_optional_outputs_when_enabled(tmp_path):
+def test_optional_outputs_when_enabled(tmp_path, caplog):
     trainer = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(N),
                          strategy="default", model_dir=tmp_path, verbose=0,
                          tensorboard={"histograms_every_epochs": 1, "write_graph": True,
                                       "write_config": True, "profile_steps": (2, 4)})
-    trainer.fit(epochs=2)
+    with caplog.at_level("INFO", logger="kerastrain"):
+        trainer.fit(epochs=2)
     from tensorboard.backend.event_processing import event_accumulator
     acc = event_accumulator.EventAccumulator(str(tmp_path / "logs" / "train"),
                                              size_guidance={"tensors": 0})
@@ -118,7 +119,22 @@ def test_optional_outputs_when_enabled(tmp_path):
     assert tags["graph"]
     assert "config" in tags["tensors"]
     assert any(re.search(r"dense(_\d+)?/kernel$", t) for t in tags["tensors"])
-    assert glob.glob(str(tmp_path / "logs/train/plugins/profile/*/*.xplane.pb"))
+    # The trace read back: the model's forward and backward ops ran while it recorded.
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    [trace] = glob.glob(str(tmp_path / "logs/train/plugins/profile/*/*.xplane.pb"))
+    space = xplane_pb2.XSpace()
+    with open(trace, "rb") as f:
+        space.ParseFromString(f.read())
+    [host] = [plane for plane in space.planes if plane.name == "/host:CPU"]
+    names = {host.event_metadata[e.metadata_id].name for line in host.lines for e in line.events}
+    assert any("dense" in n and "gradient_tape" not in n for n in names), sorted(names)[:20]
+    assert any("dense" in n and "gradient_tape" in n for n in names), sorted(names)[:20]
+    # One line says where it went and how to see it (the plugin is an optional extra).
+    import importlib.util
+    [said] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile:")]
+    assert said.startswith("profile: steps 2 to 4 traced into ") and "plugins/profile" in said
+    assert ("pip install 'kerastrain[profile]'" in said) == (
+        importlib.util.find_spec("tensorboard_plugin_profile") is None)
 
 
 def test_tensorboard_false_and_no_model_dir_write_nothing(tmp_path):
@@ -242,3 +258,48 @@ def test_the_graph_reaches_tensorboard_and_the_users_writers_together(tmp_path):
     acc = event_accumulator.EventAccumulator(str(tmp_path / "logs" / "train"))
     acc.Reload()
     assert acc.Tags()["graph"]
+
+
+def read_hparams(logdir):
+    """The HParams session a run wrote in `logdir` itself, read with TensorBoard's own reader
+    and its hparams plugin's parser: {name: value}."""
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.plugins.hparams import metadata
+    acc = event_accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    content = acc.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_START_INFO_TAG]
+    info = metadata.parse_session_start_info_plugin_data(content)
+    return {name: getattr(value, value.WhichOneof("kind")) for name, value in info.hparams.items()}
+
+
+def test_hparams_from_python_show_in_tensorboards_table_beside_the_runs_metrics(tmp_path):
+    import numpy as np
+    hparams = {"learning_rate": 0.01, "units": 8, "optimizer": "adam", "batchnorm": True,
+               "dropout": np.float32(0.5)}
+    trainer = kt.Trainer(helpers.build_model, helpers.arrays(), verbose=0,
+                         model_dir=str(tmp_path), tensorboard={"hparams": hparams})
+    trainer.fit(epochs=1, batch_size=16)
+    assert read_hparams(tmp_path / "logs") == {**hparams, "dropout": 0.5}
+    # The table's metric columns: the session's own runs hold the scalars.
+    assert "loss" in read_scalars(str(tmp_path / "logs" / "train"))
+    with pytest.raises(ValueError, match=r"`hparams` must map names to numbers, strings or "
+                                         r"booleans.*not allowed: \{'layers': \[8, 8\]\}"):
+        summaries.TensorBoardOptions(hparams={"units": 8, "layers": [8, 8]})
+    with pytest.raises(ValueError, match=r"Received: hparams=\[1, 2\]"):
+        summaries.TensorBoardOptions(hparams=[1, 2])
+
+
+def test_each_recipe_run_logs_its_values_flattened_so_set_variants_compare(tmp_path, capsys):
+    from kerastrain.cli import command as cli
+    recipe = os.path.join(helpers.REPO, "recipes", "quickstart.yaml")
+    for name, epochs in (("a", 1), ("b", 2)):
+        sets = [f"trainer.epochs={epochs}", "trainer.steps_per_epoch=2", "trainer.verbose=0",
+                f"trainer.model_dir={tmp_path / name}", "data.train.args.num_examples=256",
+                "data.validation.args.num_examples=64", "strategy=default"]
+        assert cli.main(["run", recipe, *[a for s in sets for a in ("--set", s)]]) == 0, \
+            capsys.readouterr()
+    a, b = read_hparams(tmp_path / "a" / "logs"), read_hparams(tmp_path / "b" / "logs")
+    assert (a["trainer.epochs"], b["trainer.epochs"]) == (1, 2)
+    assert a["strategy.name"] == "default" and a["trainer.model_dir"] == str(tmp_path / "a")
+    assert a["data.train.args.num_examples"] == 256
+    assert {k for k in a if a[k] != b[k]} == {"trainer.epochs", "trainer.model_dir"}

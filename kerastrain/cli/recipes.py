@@ -539,11 +539,45 @@ def build_trainer(recipe):
         model_dir=t.model_dir, seed=t.seed, steps_per_loop=t.steps_per_loop,
         optimizer=optimizer,
         loss=_keras_object(compile_config.loss, "loss"), metrics=metrics, verbose=t.verbose,
-        jit_compile=t.jit_compile, tensorboard=recipe.tensorboard,
+        jit_compile=t.jit_compile, tensorboard=_with_hparams(recipe.tensorboard, recipe),
         checkpoint=recipe.checkpoints, shard=recipe.data.shard, data_service=recipe.data.service,
         mixed_precision=t.mixed_precision, tuning=recipe.tuning, on_nonfinite=t.on_nonfinite,
         max_recoveries=t.max_recoveries, spike_factor=t.spike_factor,
         stall_timeout=t.stall_timeout)
+
+
+def hparams(recipe) -> dict:
+    """The recipe's values flattened for TensorBoard's HParams table: `trainer.epochs: 3`,
+    `strategy.name: mirrored`; a list as its JSON text; unset (null) values left out."""
+    import dataclasses
+    import json
+    from collections.abc import Mapping
+
+    from kerastrain._options import is_number
+    flat = {}
+
+    def walk(prefix, value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif isinstance(value, (str, bool)) or is_number(value):
+            flat[prefix] = value
+        elif value is not None:
+            flat[prefix] = json.dumps(value, default=str)
+    walk("", recipe)
+    return flat
+
+
+def _with_hparams(tensorboard, recipe):
+    """The recipe's `tensorboard:` options, with the recipe's values as its HParams unless it
+    names its own (`tensorboard: {hparams: {...}}`) or switches TensorBoard off."""
+    if tensorboard is False:
+        return False
+    options = dict(tensorboard) if isinstance(tensorboard, dict) else {}
+    options.setdefault("hparams", hparams(recipe))
+    return options
 
 
 def run(recipe, resolved_text=None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
+import numbers
 from typing import Mapping
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from kerastrain.loop import cadence
 from kerastrain.io import files
 
-from kerastrain._options import is_int, option
+from kerastrain._options import is_int, is_number, option
 
 logger = logging.getLogger("kerastrain")
 
@@ -37,6 +38,9 @@ class MetricWriter:
 
     def write_graph(self, graph) -> None:
         """A `tf.Graph` of the model's forward pass, once per fit (TensorBoard's Graphs tab)."""
+
+    def write_hparams(self, hparams: Mapping[str, bool | int | float | str]) -> None:
+        """The run's hyperparameters, once per fit (TensorBoard's HParams table)."""
 
     def flush(self) -> None:
         pass
@@ -66,6 +70,10 @@ class MultiWriter(MetricWriter):
     def write_graph(self, graph):
         for w in self.writers:
             w.write_graph(graph)
+
+    def write_hparams(self, hparams):
+        for w in self.writers:
+            w.write_hparams(hparams)
 
     def flush(self):
         for w in self.writers:
@@ -114,6 +122,18 @@ class TensorBoardWriter(MetricWriter):
     @property
     def train_dir(self):
         return files.join(self.logdir, "train")
+
+    def write_hparams(self, hparams):
+        """A session in `logdir` itself, TensorBoard's layout for the HParams table: each
+        `model_dir` is one row, its `train` and `validation` scalars the metric columns."""
+        import tensorflow as tf
+        from tensorboard.plugins.hparams import api as hp
+        if "" not in self._writers:
+            with files.disk_full_guard("TensorBoard events", self.logdir):
+                self._writers[""] = tf.summary.create_file_writer(self.logdir)
+        with self._writers[""].as_default():
+            hp.hparams(dict(hparams))
+        self._writers[""].flush()
 
     def _scalar_writer(self, run):
         """One compiled call per run, for any set of tags.
@@ -239,6 +259,9 @@ class TensorBoardOptions:
     write_graph: bool = option(False, "the model's forward graph, once")
     write_config: bool = option(False, "the trainer's resolved settings as text, once per fit")
     profile_steps: tuple | None = option(None, "[first, last] global steps to profile")
+    hparams: dict | None = option(
+        None, "values for TensorBoard's HParams table (names to numbers, strings or booleans); "
+              "`kerastrain run` gives the recipe's values, flattened (`trainer.epochs`)")
 
     def __post_init__(self):
         for name in ("log_every_steps", "histograms_every_epochs"):
@@ -253,6 +276,22 @@ class TensorBoardOptions:
                 raise ValueError("`profile_steps` must be a pair (first, last) of steps with "
                                  f"0 <= first < last. Received: profile_steps={p!r}")
             object.__setattr__(self, "profile_steps", tuple(p))
+        if self.hparams is not None:
+            bad = ({} if isinstance(self.hparams, Mapping) else None)
+            if bad is not None:
+                bad = {k: v for k, v in self.hparams.items() if not isinstance(k, str) or not (
+                    isinstance(v, (str, bool)) or is_number(v))}
+            if bad is None or bad:
+                raise ValueError(
+                    "`hparams` must map names to numbers, strings or booleans (TensorBoard's "
+                    f"HParams table holds nothing else). Received: hparams={self.hparams!r}"
+                    + (f"; not allowed: {bad!r}" if bad else "") + ". Give a list or None as "
+                    "a string (str(value)), or leave it out.")
+            # NumPy scalars as Python's: the settings YAML and TensorBoard take only those.
+            object.__setattr__(self, "hparams", {
+                k: v if isinstance(v, (str, bool, int, float)) else
+                int(v) if isinstance(v, numbers.Integral) else float(v)
+                for k, v in self.hparams.items()})
 
     @classmethod
     def coerce(cls, value):
@@ -334,6 +373,8 @@ class Monitor:
             self.writer.write_texts(step, texts)
         if graph is not None and self.options.write_graph:
             self.writer.write_graph(graph)
+        if self.options.hparams:
+            self.writer.write_hparams(self.options.hparams)
         self._profile(step)
 
     def steps_to_boundary(self, step):
@@ -349,9 +390,17 @@ class Monitor:
             tf.profiler.experimental.start(self.train_logdir)
             self._profiling = True
         elif action == "stop" and self._profiling:
+            import importlib.util
+
             import tensorflow as tf
             tf.profiler.experimental.stop()
             self._profiling = False
+            first, last = self.schedule.profile_steps
+            shown = ("TensorBoard's Profile tab shows it" if importlib.util.find_spec(
+                "tensorboard_plugin_profile") else "TensorBoard shows it in its Profile tab "
+                "once its plugin is installed: pip install 'kerastrain[profile]'")
+            logger.info("profile: steps %d to %d traced into %s; %s", first, last,
+                        files.join(self.train_logdir, "plugins", "profile"), shown)
 
     def _write_step(self, step, logs, timed=True):
         already = step == self._last_written_step
