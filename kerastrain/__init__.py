@@ -20,6 +20,8 @@ _EXPORTS = {
     "CheckpointOptions": "kerastrain.io.checkpoints",
     "DiskFull": "kerastrain.io.files",
     "LoggingWriter": "kerastrain.io.summaries",
+    "MLflowOptions": "kerastrain.io.tracking",
+    "MLflowWriter": "kerastrain.io.tracking",
     "MetricWriter": "kerastrain.io.summaries",
     "ModelDirInUse": "kerastrain.io.locks",
     "MultiWriter": "kerastrain.io.summaries",

@@ -399,6 +399,7 @@ class Trainer:
                 writers.insert(0, self._tb_writer)
             if writers:
                 self._writer = writers[0] if len(writers) == 1 else summaries.MultiWriter(writers)
+                self._writer.open(self.model_dir)
         return self._writer
 
     def _monitor(self, element_spec):
@@ -586,8 +587,10 @@ class Trainer:
         """Export after training, or when the export is missing or stale (a resumed run
         with nothing left to train keeps a current export); then a finished backup goes."""
         if trained or self._run.export_missing(self.global_step):
-            self._run.export(self._model, model_source=self._model_source, step=self.global_step,
-                             partitioned=self._step.partitioned)
+            paths = self._run.export(self._model, model_source=self._model_source,
+                                     step=self.global_step, partitioned=self._step.partitioned)
+            if paths and self._writer is not None:
+                self._writer.write_export(self._outputs.path("export"))
         self._backup_done()
 
     def _say_tuning(self, training, steps_per_loop):

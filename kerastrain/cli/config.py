@@ -310,8 +310,8 @@ class TrainerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """A validated recipe. `strategy` is `{"name": ..., **options}`; `checkpoints` and
-    `tensorboard` are option mappings, or False when switched off."""
+    """A validated recipe. `strategy` is `{"name": ..., **options}`; `checkpoints`,
+    `tensorboard` and `mlflow` are option mappings, True, or False when switched off."""
     model: ModelConfig
     data: DataConfig
     strategy: Mapping[str, Any]
@@ -319,6 +319,7 @@ class Recipe:
     checkpoints: Any = True
     tensorboard: Any = True
     tuning: Any = True
+    mlflow: Any = False
 
 
 # -- the schema, generated from the config objects ----------------------------------------
@@ -356,6 +357,7 @@ def schema() -> dict:
         "checkpoints": Key(None, doc="CheckpointOptions fields, or false"),
         "tensorboard": Key(None, doc="TensorBoardOptions fields, or false"),
         "tuning": Key(None, doc="TuningOptions fields, or false"),
+        "mlflow": Key(None, doc="MLflowOptions fields, or true; off unless given"),
     }
 
 
@@ -553,6 +555,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     """
     from kerastrain.io.checkpoints import CheckpointOptions
     from kerastrain.io.summaries import TensorBoardOptions
+    from kerastrain.io.tracking import MLflowOptions
     from kerastrain.loop.tuning import TuningOptions
 
     checker = _Checker(positions or {}, imports)
@@ -565,6 +568,8 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     checkpoints = _check_options(checker, "checkpoints", CheckpointOptions, tree.get("checkpoints"))
     tensorboard = _check_options(checker, "tensorboard", TensorBoardOptions, tree.get("tensorboard"))
     tuning = _check_options(checker, "tuning", TuningOptions, tree.get("tuning"))
+    mlflow = tree.get("mlflow") not in (None, False) and _check_options(
+        checker, "mlflow", MLflowOptions, tree.get("mlflow"))
     trainer = checked.get("trainer") or {}
     if trainer.get("spike_factor") is not None and trainer.get("on_nonfinite") != "recover":
         checker.add(("trainer", "spike_factor"), "acts only with trainer.on_nonfinite: recover; "
@@ -591,7 +596,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
         strategy=strategy,
         trainer=TrainerConfig(**(checked.get("trainer") or {
             k: spec.default for k, spec in sections["trainer"].section.items()})),
-        checkpoints=checkpoints, tensorboard=tensorboard, tuning=tuning)
+        checkpoints=checkpoints, tensorboard=tensorboard, tuning=tuning, mlflow=mlflow)
 
 
 def import_paths(recipe: Recipe) -> dict:
@@ -686,4 +691,9 @@ def template() -> str:
         head = _line(0, name, "", "or false" + ("" if name == "tuning" else
                                                " (needs trainer.model_dir)"))
         parts.append("\n".join([head] + _template_lines(cls)) + "\n")
+    from kerastrain.io.tracking import MLflowOptions
+    head = _line(0, "mlflow", "false", "or true, or these fields (pip install "
+                                      "'kerastrain[mlflow]')")
+    parts.append("\n".join([head] + ["# " + line for line in _template_lines(MLflowOptions)])
+                 + "\n")
     return "\n".join(parts)

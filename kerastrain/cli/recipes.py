@@ -543,7 +543,7 @@ def build_trainer(recipe):
         checkpoint=recipe.checkpoints, shard=recipe.data.shard, data_service=recipe.data.service,
         mixed_precision=t.mixed_precision, tuning=recipe.tuning, on_nonfinite=t.on_nonfinite,
         max_recoveries=t.max_recoveries, spike_factor=t.spike_factor,
-        stall_timeout=t.stall_timeout)
+        stall_timeout=t.stall_timeout, writers=_mlflow_writers(recipe))
 
 
 def hparams(recipe) -> dict:
@@ -568,6 +568,15 @@ def hparams(recipe) -> dict:
             flat[prefix] = json.dumps(value, default=str)
     walk("", recipe)
     return flat
+
+
+def _mlflow_writers(recipe):
+    """An MLflow writer when the recipe asks for one (`mlflow:`), logging its values."""
+    if not recipe.mlflow:
+        return None
+    from kerastrain.io.tracking import MLflowWriter
+    options = recipe.mlflow if isinstance(recipe.mlflow, dict) else {}
+    return [MLflowWriter(**options, params=hparams(recipe))]
 
 
 def _with_hparams(tensorboard, recipe):

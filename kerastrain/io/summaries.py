@@ -42,6 +42,13 @@ class MetricWriter:
     def write_hparams(self, hparams: Mapping[str, bool | int | float | str]) -> None:
         """The run's hyperparameters, once per fit (TensorBoard's HParams table)."""
 
+    def open(self, run_dir: str | None) -> None:
+        """Called once before the first write with the run's `model_dir` (None without
+        one), for writers that keep state with the run (MLflow's run id)."""
+
+    def write_export(self, directory: str) -> None:
+        """The chief's export (`model.keras`, `saved_model`) was written to `directory`."""
+
     def flush(self) -> None:
         pass
 
@@ -74,6 +81,14 @@ class MultiWriter(MetricWriter):
     def write_hparams(self, hparams):
         for w in self.writers:
             w.write_hparams(hparams)
+
+    def open(self, run_dir):
+        for w in self.writers:
+            w.open(run_dir)
+
+    def write_export(self, directory):
+        for w in self.writers:
+            w.write_export(directory)
 
     def flush(self):
         for w in self.writers:
