@@ -228,6 +228,41 @@ def _ids_by_file():
 
 
 @pytest.mark.multiprocess
+def test_batches_within_files_hold_one_files_records_and_every_record_once(record_dirs,
+                                                                            caplog):
+    """The faster files mode: a batch never mixes files, a file's last batch may be short,
+    and a pass still reads every record exactly once."""
+    pattern = os.path.join(record_dirs["eight"], "*.tfrecord")
+    bounds = np.linspace(0, N_FILES_EXAMPLES, 9).astype(int)   # write_tfrecords' runs
+
+    def file_of(i):
+        return int(np.searchsorted(bounds, i, side="right")) - 1
+
+    from kerastrain.data import inputs
+    inputs._SAID_WITHIN_FILES = False
+    with caplog.at_level("INFO", logger="kerastrain"):
+        ds = kt.data.files(pattern, examples.example_parser(helpers.FEATURES, 1, with_ids=True),
+                           batch_size=4, batch_within_files=True, shuffle_buffer=8,
+                           threads=None)
+        kt.data.files(pattern, batch_size=4, batch_within_files=True)
+    said = [r.getMessage() for r in caplog.records if "batch_within_files" in r.getMessage()]
+    assert len(said) == 1 and "each batch holds one file's records" in said[0] and \
+        "the order differs from run to run" in said[0], said
+    for _ in range(2):   # two passes, each whole
+        batches = [ids.numpy().tolist() for _, _, ids in ds]
+        assert sorted(i for b in batches for i in b) == list(range(N_FILES_EXAMPLES))
+        assert all(len({file_of(i) for i in b}) == 1 for b in batches), batches
+        short = [file_of(b[0]) for b in batches if len(b) < 4]
+        assert sorted(short) == sorted(set(short)) and len(short) == 8   # 10 or 11 a file
+    dropped = kt.data.files(pattern, examples.example_parser(helpers.FEATURES, 1),
+                            batch_size=4, batch_within_files=True, drop_remainder=True)
+    assert sum(int(x.shape[0]) for x, _ in dropped) == 8 * 8
+    with pytest.raises(ValueError, match=r"needs `batch_size`. Received: batch_size=None"):
+        kt.data.files(pattern, batch_within_files=True)
+    with pytest.raises(ValueError, match=r"Received: batch_within_files='yes'"):
+        kt.data.files(pattern, batch_size=4, batch_within_files="yes")
+
+
 def test_two_workers_shard_files_and_data_exactly_once(tmp_path, record_dirs):
     job = {"strategy": "multi_worker_mirrored", "scenarios": [
         {"name": "eight-auto", "dir": record_dirs["eight"], "shard": "auto"},
