@@ -153,7 +153,8 @@ def test_ints_and_numbers_are_checked_in_one_place():
 TENSORFLOW_FREE = ("kerastrain.cli.command", "kerastrain.cli.config", "kerastrain.cli.recipes",
                    "kerastrain.cli.launch", "kerastrain.cli.manifests", "kerastrain.loop.stalls",
                    "kerastrain.io.files", "kerastrain._options", "kerastrain.distribute.cluster",
-                   "kerastrain.distribute.network", "kerastrain.io.locks", "kerastrain.cli.hosts")
+                   "kerastrain.distribute.network", "kerastrain.io.locks", "kerastrain.cli.hosts",
+                   "kerastrain.cli.ray_cluster")
 
 
 def test_the_command_lines_modules_import_without_tensorflow():

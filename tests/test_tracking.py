@@ -90,8 +90,9 @@ def test_a_tracking_uri_elsewhere_gets_the_run_and_model_dir_keeps_only_its_id(t
     assert np.isfinite(steps_and_values(client, run.info.run_id, "epoch_loss")[0][1])
 
 
-def test_only_the_tracking_module_imports_mlflow_and_only_when_a_writer_opens():
-    """Without the extra, nothing imports MLflow: one module names it, inside functions."""
+def test_optional_extras_are_imported_by_one_module_each_and_only_when_used():
+    """Without an extra installed nothing imports it: MLflow only in io/tracking.py and Ray
+    only in cli/ray_cluster.py, each inside functions (never when the module loads)."""
     package = pathlib.Path(kt.__file__).parent
     importers = {}
     for path in package.rglob("*.py"):
@@ -99,11 +100,13 @@ def test_only_the_tracking_module_imports_mlflow_and_only_when_a_writer_opens():
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            if any(n.split(".")[0] == "mlflow" for n in names):
-                importers.setdefault(path.relative_to(package).as_posix(), []).append(
-                    node.col_offset)
-    assert set(importers) == {"io/tracking.py"}
-    assert all(offset > 0 for offset in importers["io/tracking.py"])   # never at module level
+            for extra in {n.split(".")[0] for n in names} & {"mlflow", "ray"}:
+                importers.setdefault(extra, {}).setdefault(
+                    path.relative_to(package).as_posix(), []).append(node.col_offset)
+    assert set(importers["mlflow"]) == {"io/tracking.py"}
+    assert set(importers["ray"]) == {"cli/ray_cluster.py"}
+    assert all(offset > 0 for found in importers.values() for offsets in found.values()
+               for offset in offsets)   # never at module level
 
 
 def test_a_recipe_with_mlflow_logs_its_values_as_params(tmp_path, capsys, caplog):

@@ -51,6 +51,7 @@ COMMAND_EXAMPLES = {
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --service-workers 2
   kerastrain launch recipes/parameter_server.yaml --workers 4 --ps 2 --dry-run   # TF_CONFIGs
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --network multihost --fault "freeze worker:1 at step 32 for 60s"   # rehearse
+  kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --ray   # each task a Ray actor (pip install 'kerastrain[ray]')
 """,
     "quickstart": """
   kerastrain quickstart                          # auto strategy on this machine
@@ -200,6 +201,11 @@ def _add_launch(sub):
              "every task a host of its own (address, host name, /tmp, working directory) on "
              "a private bridge, only model_dir shared. Default: the recipe's "
              "strategy.network, else private")
+    launch.add_argument(
+        "--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+        help="run each task in a Ray actor (pip install 'kerastrain[ray]'): alone, on a Ray "
+             "cluster started here in the private network namespace; with an ADDRESS ('auto', "
+             "host:port), on that running cluster (needs --network host)")
     launch.add_argument(
         "--fault", action="append", default=[], metavar="PLAN",
         help="a fault to rehearse (repeatable): 'freeze worker:1 at 20s for 60s' (SIGSTOP, "
@@ -401,6 +407,7 @@ def _launch_job(args, launch, interrupts):
     tree = _raw_tree(args)
     network = args.network or launch.recipe_network(tree)
     multihost = network == hosts_lib.MULTIHOST
+    _check_ray(args, network)
     if not args.dry_run:
         # First: the tasks inherit the namespace, and validating the recipe imports its
         # modules, whose threads would keep Linux from moving this process.
@@ -416,7 +423,14 @@ def _launch_job(args, launch, interrupts):
         launch.dry_run(tasks)
         return 0
     hosts = None
-    if multihost:  # only model_dir is shared storage, as on a cluster
+    if args.ray:   # the same tasks, each at a free port of the node its actor runs on
+        from kerastrain.cli import ray_cluster
+        hosts = ray_cluster.RayHosts([t.host for t in tasks],
+                                     address=None if args.ray == "local" else args.ray)
+        spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
+                                   hosts=hosts)
+        tasks = launch.tasks_for(spec, args.recipe, sets)
+    elif multihost:  # only model_dir is shared storage, as on a cluster
         if model_dir:
             os.makedirs(model_dir, exist_ok=True)
         hosts = hosts_lib.Hosts([t.host for t in tasks], shared=[model_dir] if model_dir else [])
@@ -429,6 +443,24 @@ def _launch_job(args, launch, interrupts):
     finally:
         if hosts is not None:
             hosts.close()
+
+
+def _check_ray(args, network):
+    """`--ray` runs the job's own tasks: what only a local launch can do is refused here."""
+    if not args.ray:
+        return
+    if args.service_workers:
+        raise ValueError("`--ray` does not start tf.data service workers yet. Received: "
+                         f"--service-workers {args.service_workers}. Drop it, or run the "
+                         "service yourself and set data.service.address.")
+    if network == "multihost":
+        raise ValueError("`--ray` and `--network multihost` are two places to run: choose one. "
+                         "Received: --network multihost")
+    if args.ray != "local" and network != "host":
+        raise ValueError(f"`--ray {args.ray}` joins a running Ray cluster over the network, "
+                         "which the private network namespace (the default) does not reach. "
+                         f"Received: --network {network}. Add --network host, or use --ray "
+                         "alone for a Ray cluster started here.")
 
 
 def _export(args):

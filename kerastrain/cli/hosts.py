@@ -108,6 +108,8 @@ class Hosts:
             f.write("127.0.0.1 localhost\n::1 localhost\n")
             f.write("".join(f"{address} {name}\n" for name, address in self.addresses.items()))
 
+    vanish_with_task = True   # a host's network namespace ends with its task
+
     def build(self) -> None:
         """The bridge, in the launcher's own network namespace (where it is root)."""
         _ip("link", "add", BRIDGE, "type", "bridge")

@@ -63,9 +63,10 @@ class Task:
 
 
 def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
-                 host: str = "127.0.0.1", multihost: bool = False) -> dict:
+                 host: str = "127.0.0.1", multihost: bool = False, hosts=None) -> dict:
     """A cluster of free loopback ports, or with `multihost` of host names, each with the
-    same port of its own address. Parameter-server clusters always get a chief."""
+    same port of its own address, or with `hosts` (Ray's) a free port on each task's node.
+    Parameter-server clusters always get a chief."""
     if not is_int(workers, 1):
         raise ValueError(f"`--workers` must be an int >= 1. Received: {workers!r}")
     if not is_int(ps, 0):
@@ -73,6 +74,8 @@ def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool
     def address(job, index):
         if multihost:
             return f"{hosts_lib.host_name(job, index)}:{hosts_lib.PORT}"
+        if hosts is not None:
+            return hosts.free_address(hosts_lib.host_name(job, index))
         return f"{host}:{free_port(host)}"
 
     counts = {"chief": int(bool(chief or ps)), "worker": workers, "ps": ps,
@@ -423,7 +426,8 @@ class Launcher:
     def start(self, task):
         env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1",
                    **{LAUNCHER_PID: str(os.getpid())})
-        if self.hosts is not None:
+        rehearsal = self.hosts is not None and self.hosts.vanish_with_task
+        if rehearsal:
             env[network_lib.REHEARSAL_HOST] = task.host
         # Its own session: a Ctrl-C in the terminal reaches the launcher only, which
         # then stops every task, and a task's children go with it.
@@ -432,7 +436,8 @@ class Launcher:
         with self._deferred():
             if self.hosts is not None:
                 task.process = self.hosts.popen(task.host, task.command, **how)
-                where = f" on host {task.host} ({self.hosts.addresses[task.host]})"
+                where = (f" on host {task.host}" if rehearsal else " in a Ray actor on") + \
+                    f" ({self.hosts.addresses[task.host]})"
             else:
                 task.process = subprocess.Popen(task.command, **how)
                 where = ""
@@ -471,7 +476,7 @@ class Launcher:
         for task in live:
             # A stopped (frozen) task cannot act on SIGTERM until it runs again, and then it
             # would save with peers that are gone: it gets SIGKILL at once.
-            frozen = _state(task.process.pid) in ("T", "t")
+            frozen = _process_state(task.process) in ("T", "t")
             _signal_group(task.process, signal.SIGKILL if frozen else signal.SIGTERM)
         deadline = time.monotonic() + KILL_AFTER_SECS
         for task in live:
@@ -574,7 +579,8 @@ class Launcher:
         server cannot tell from a partition and waits out: the launcher, which saw the chief
         succeed, stops the parameter-server job's servers itself (just after this).
         """
-        servers = ("worker", "ps") if self.hosts is not None and self.parameter_servers else ()
+        servers = ("worker", "ps") if self.hosts is not None and self.hosts.vanish_with_task \
+            and self.parameter_servers else ()
         deadline = time.monotonic() + GRACE_SECS
         while time.monotonic() < deadline:
             # The evaluator too: it evaluates the last checkpoint, then sees the chief gone.
@@ -636,6 +642,11 @@ def _state(pid):
         return None
 
 
+def _process_state(process):
+    """`_state` of a task's process, here or (a Ray task) on its node."""
+    return process.state() if hasattr(process, "state") else _state(process.pid)
+
+
 def _frozen_note(tasks):
     """Which tasks the kernel says are stopped (SIGSTOP, a paused VM) or in an uninterruptible
     wait, read before they are stopped: on a cluster a peer the launcher cannot see."""
@@ -643,7 +654,7 @@ def _frozen_note(tasks):
     for task in tasks:
         if task.process is None:
             continue
-        state = _state(task.process.pid)
+        state = _process_state(task.process)
         if state in ("T", "t", "D"):
             how = "stopped" if state in ("T", "t") else "in an uninterruptible wait"
             found.append(f"{task.name} ({how}, pid {task.process.pid})")
@@ -678,6 +689,9 @@ def _tf_log_level_set_by_user():
 
 
 def _signal_group(process, signum):
+    if hasattr(process, "signal_group"):   # a Ray task: its actor signals it on its node
+        process.signal_group(signum)
+        return
     try:
         os.killpg(process.pid, signum)
     except (ProcessLookupError, PermissionError):

@@ -327,18 +327,8 @@ def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, read
     import tensorflow as tf
 
     readers = {"tfrecord": tf.data.TFRecordDataset, "text": tf.data.TextLineDataset}
-    if reader not in readers:
-        raise ValueError(f"`reader` must be one of {sorted(readers)}. Received: reader={reader!r}")
-    if parallel_reads is not None and not is_int(parallel_reads, 1):
-        raise ValueError("`parallel_reads` must be None or a positive int. "
-                         f"Received: parallel_reads={parallel_reads!r}")
+    _check_files_options(readers, reader, parallel_reads, batch_within_files, batch_size)
     threads = _check_threads(threads)
-    if not isinstance(batch_within_files, bool):
-        raise ValueError("`batch_within_files` must be True or False. "
-                         f"Received: batch_within_files={batch_within_files!r}")
-    if batch_within_files and batch_size is None:
-        raise ValueError("`batch_within_files=True` makes each batch from one file's records, "
-                         "so it needs `batch_size`. Received: batch_size=None")
     patterns = [pattern] if isinstance(pattern, (str, bytes, os.PathLike)) else list(pattern)
     names = sorted({name for p in patterns for name in tf.io.gfile.glob(os.fspath(p))})
     if not names:
@@ -368,6 +358,20 @@ def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, read
         else:
             ds = ds.map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return _threaded(ds, threads)
+
+
+def _check_files_options(readers, reader, parallel_reads, batch_within_files, batch_size):
+    if reader not in readers:
+        raise ValueError(f"`reader` must be one of {sorted(readers)}. Received: reader={reader!r}")
+    if parallel_reads is not None and not is_int(parallel_reads, 1):
+        raise ValueError("`parallel_reads` must be None or a positive int. "
+                         f"Received: parallel_reads={parallel_reads!r}")
+    if not isinstance(batch_within_files, bool):
+        raise ValueError("`batch_within_files` must be True or False. "
+                         f"Received: batch_within_files={batch_within_files!r}")
+    if batch_within_files and batch_size is None:
+        raise ValueError("`batch_within_files=True` makes each batch from one file's records, "
+                         "so it needs `batch_size`. Received: batch_size=None")
 
 
 def _batched_within_files(names, num_files, make_reader, compression, parse_fn, batch_size,
