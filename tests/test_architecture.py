@@ -200,3 +200,22 @@ def test_the_trainer_asks_its_mode_instead_of_testing_the_strategy():
              if re.search(r"\bis_(parameter_server|multi_worker)\b", line)]
     assert tests == ["is_chief=self.is_chief, is_multi_worker=self._built.is_multi_worker)"], \
         tests
+
+
+def test_optional_extras_are_imported_by_one_module_each_and_only_when_used():
+    """Without an extra installed nothing imports it: MLflow only in io/tracking.py and Ray
+    only in cli/ray_cluster.py, each inside functions (never when the module loads)."""
+    package = PACKAGE
+    importers = {}
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for extra in {n.split(".")[0] for n in names} & {"mlflow", "ray"}:
+                importers.setdefault(extra, {}).setdefault(
+                    path.relative_to(package).as_posix(), []).append(node.col_offset)
+    assert set(importers["mlflow"]) == {"io/tracking.py"}
+    assert set(importers["ray"]) == {"cli/ray_cluster.py"}
+    assert all(offset > 0 for found in importers.values() for offsets in found.values()
+               for offset in offsets)   # never at module level

@@ -15,6 +15,8 @@ import helpers
 from test_clusters import PARITY_RECIPE, PS_RECIPE, Launch, _alive, _sets
 
 pytestmark = pytest.mark.multiprocess
+pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[test]' installs "
+                                  "it (as CI does)")
 
 
 def test_multi_worker_mirrored_on_ray_actors_trains_exactly_as_one_device(tmp_path):

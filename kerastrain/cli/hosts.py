@@ -94,6 +94,8 @@ class Hosts:
         shared: absolute paths every host sees as one (model_dir).
     """
 
+    vanish_with_task = True   # a host's network namespace ends with its task
+
     def __init__(self, names, shared=()):
         if len(names) > 250:
             raise ValueError(f"A multihost rehearsal has at most 250 hosts. Received: "
@@ -107,8 +109,6 @@ class Hosts:
         with open(os.path.join(self.stage, "hosts"), "w") as f:
             f.write("127.0.0.1 localhost\n::1 localhost\n")
             f.write("".join(f"{address} {name}\n" for name, address in self.addresses.items()))
-
-    vanish_with_task = True   # a host's network namespace ends with its task
 
     def build(self) -> None:
         """The bridge, in the launcher's own network namespace (where it is root)."""
