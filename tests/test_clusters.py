@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 
 import numpy as np
@@ -457,3 +458,20 @@ def test_a_frozen_then_a_killed_multi_worker_task_each_restart_the_job_which_res
     assert re.search(r"\[worker:0\] kerastrain: resumed from .*ckpt-(8\d|9\d|1\d\d)", killed)
     assert "step 128," in run.wait_for(r"\[worker:0\] kerastrain: done:").string
     assert not [p for p in run.pids() if _alive(p)]
+
+
+def test_a_launched_script_runs_on_the_training_tasks_and_ps_workers_serve(tmp_path):
+    """`kerastrain launch train.py`: the script on every multi-worker task; under ps on the
+    chief, the coordinator, while workers and ps tasks serve (their TF_CONFIG says which)."""
+    from kerastrain.cli import launch
+    script = str(tmp_path / "train.py")
+    runs = [sys.executable, "-m", "kerastrain.cli.script", script]
+    serves = [sys.executable, "-m", "kerastrain.cli.script", "--serve"]
+    mw = launch.tasks_for(launch.cluster_spec(2), script)
+    assert [(t.name, t.command) for t in mw] == [("worker:0", runs), ("worker:1", runs)]
+    ps = launch.tasks_for(launch.cluster_spec(2, ps=1), script)
+    assert [(t.name, t.command) for t in ps] == [
+        ("chief:0", runs), ("worker:0", serves), ("worker:1", serves), ("ps:0", serves)]
+    assert [json.loads(t.tf_config)["task"] for t in ps][1] == {"type": "worker", "index": 0}
+    from kerastrain.cli import script as script_lib
+    assert script_lib.main([]) == 2   # usage, nothing run

@@ -12,29 +12,42 @@ import numpy as np
 import pytest
 
 import helpers
-from test_clusters import PARITY_RECIPE, PS_RECIPE, Launch, _alive, _sets
+from test_clusters import PS_RECIPE, Launch, _alive, _sets
 
 pytestmark = pytest.mark.multiprocess
 pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[test]' installs "
                                   "it (as CI does)")
 
 
-def test_multi_worker_mirrored_on_ray_actors_trains_exactly_as_one_device(tmp_path):
+SCRIPT = """\
+import helpers
+import kerastrain as kt
+
+trainer = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(96), seed=0,
+                     strategy="multi_worker_mirrored", model_dir=MODEL_DIR, verbose=2,
+                     tensorboard=False)
+trainer.fit(epochs=2)
+"""
+
+
+def test_a_users_trainer_script_on_ray_actors_trains_exactly_as_one_device(tmp_path):
+    """`kerastrain launch train.py --workers 2 --ray`: the user's own script, a Trainer under
+    multi-worker mirrored, on two actors; the chief's export equals one device's training
+    (as a local launch's is tested to)."""
     import keras
 
     import kerastrain as kt
-    recipe = tmp_path / "parity.yaml"
-    recipe.write_text(PARITY_RECIPE.replace("MODEL_DIR", str(tmp_path / "run")))
-    run = Launch([str(recipe), "--workers", "2", "--evaluator", "--ray"])
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("MODEL_DIR", repr(str(tmp_path / "run"))))
+    run = Launch([str(script), "--workers", "2", "--ray"])
     assert run.finish(timeout=300) == 0, run.text[-6000:]
     # One actor per task, in the launcher's private namespace; output prefixed as launch does.
-    for task in ("worker:0", "worker:1", "evaluator:0"):
+    for task in ("worker:0", "worker:1"):
         assert re.search(rf"\[launch\] started {task} \(pid \d+\) in a Ray actor on "
                          r"\(127\.0\.0\.1\)", run.text), run.text[-4000:]
     assert "[launch] network: every task runs in one private network namespace" in run.text
     assert "[worker:1] kerastrain: strategy: multi_worker_mirrored (2 workers from TF_CONFIG, " \
         "this is worker:1)" in run.text
-    assert re.search(r"\[evaluator:0\] kerastrain: evaluator: step 12: loss", run.text)
     # Ray's start-up lines about a cluster it cannot see from here are held back.
     assert "Failed to determine local IP" not in run.text
     assert "Token authentication is enabled" not in run.text
@@ -51,16 +64,19 @@ def test_multi_worker_mirrored_on_ray_actors_trains_exactly_as_one_device(tmp_pa
 def test_parameter_servers_on_ray_actors_restart_a_killed_worker_and_finish(tmp_path):
     """The fault plan kills worker:1 through its actor once a checkpoint of step 12 exists:
     the launcher restarts it in the same actor, at the same address, and the job ends at
-    its exact step."""
-    run = Launch([PS_RECIPE, "--workers", "2", "--ps", "1", "--ray",
+    its exact step; a side-car evaluator runs in an actor of its own."""
+    run = Launch([PS_RECIPE, "--workers", "2", "--ps", "1", "--evaluator", "--ray",
                   "--fault", "kill worker:1 at step 12", *_sets([
                       "trainer.epochs=2", "data.train.args.num_examples=6144",
                       "data.validation.args.num_examples=256", "trainer.steps_per_loop=2",
                       "trainer.verbose=2", "checkpoints.every_steps=12",
                       "tensorboard.log_every_steps=0", f"trainer.model_dir={tmp_path}"])])
     assert run.finish(timeout=300) == 0, run.text[-6000:]
-    for task in ("chief:0", "worker:0", "worker:1", "ps:0"):
+    for task in ("chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"):
         assert f"[launch] started {task} (pid" in run.text
+    # The side-car evaluator in its actor evaluated the final checkpoint, then stopped.
+    assert re.search(r"\[evaluator:0\] kerastrain: evaluator: step 48: loss", run.text), \
+        run.text[-4000:]
     assert "[launch] fault: killed worker:1 (kill worker:1 at step 12)" in run.text
     assert "[launch] worker:1 exited with signal SIGKILL; restarting it (1/3)" in run.text, \
         run.text[-6000:]
@@ -71,16 +87,21 @@ def test_parameter_servers_on_ray_actors_restart_a_killed_worker_and_finish(tmp_
     assert not [p for p in run.pids() if _alive(p)]
 
 
-def test_ray_options_that_cannot_work_are_refused_before_anything_starts():
+def test_ray_options_that_cannot_work_are_refused_before_anything_starts(tmp_path):
     cases = {
         ("--ray", "auto"): r"`--ray auto` joins a running Ray cluster over the network.*"
                            r"Received: --network private. Add --network host",
         ("--ray", "--service-workers", "1"): r"does not start tf.data service workers yet. "
                                              r"Received: --service-workers 1",
         ("--ray", "--network", "multihost"): r"two places to run: choose one",
+        ("--set", "trainer.epochs=1"): r"A launched script sets up its own Trainer.*"
+                                        r"Received: --set with .*train\.py",
     }
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never run')\n")
     for extra, message in cases.items():
-        proc = helpers.run_python(["-m", "kerastrain.cli", "launch", PS_RECIPE, "--workers", "1",
+        target = str(script) if extra[0] == "--set" else PS_RECIPE
+        proc = helpers.run_python(["-m", "kerastrain.cli", "launch", target, "--workers", "1",
                                    "--ps", "1", *extra], timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert re.search(message, proc.stderr), proc.stderr

@@ -52,6 +52,7 @@ COMMAND_EXAMPLES = {
   kerastrain launch recipes/parameter_server.yaml --workers 4 --ps 2 --dry-run   # TF_CONFIGs
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --network multihost --fault "freeze worker:1 at step 32 for 60s"   # rehearse
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --ray   # each task a Ray actor (pip install 'kerastrain[ray]')
+  kerastrain launch train.py --workers 2 --ray   # your script's Trainer on each task
 """,
     "quickstart": """
   kerastrain quickstart                          # auto strategy on this machine
@@ -176,7 +177,9 @@ def _add_launch(sub):
         "(see --network), one process per task running "
         "`kerastrain run RECIPE` with its TF_CONFIG, output prefixed by task. Parameter-server "
         "workers that die are restarted; other failures restart the whole job while "
-        "--max-restarts allows. Ctrl-C stops every task. The exit code is the chief's.")
+        "--max-restarts allows. Ctrl-C stops every task. The exit code is the chief's. "
+        "RECIPE may be a Python script (train.py) whose Trainer reads TF_CONFIG: it runs on "
+        "every training task (under ps on the chief; workers and ps tasks serve).")
     launch.add_argument("--workers", type=int, required=True, help="worker tasks")
     launch.add_argument("--ps", type=int, default=0,
                         help="parameter-server tasks (adds a chief: the coordinator)")
@@ -404,7 +407,10 @@ def _launch_job(args, launch, interrupts):
     from kerastrain.cli import hosts as hosts_lib
     from kerastrain.cli import recipes
 
-    tree = _raw_tree(args)
+    script = launch.is_script(args.recipe)
+    if script:
+        _check_script(args)
+    tree = {} if script else _raw_tree(args)
     network = args.network or launch.recipe_network(tree)
     multihost = network == hosts_lib.MULTIHOST
     _check_ray(args, network)
@@ -413,7 +419,7 @@ def _launch_job(args, launch, interrupts):
         # modules, whose threads would keep Linux from moving this process.
         launch.isolate(network, tree)
     # Every task would fail the same way: say it once.
-    model_dir = recipes.load(args.recipe, args.set)[0].trainer.model_dir
+    model_dir = None if script else recipes.load(args.recipe, args.set)[0].trainer.model_dir
     spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
                                multihost=multihost)
     service_tasks, sets = launch.service_tasks(args.service_workers, args.set, multihost)
@@ -443,6 +449,21 @@ def _launch_job(args, launch, interrupts):
     finally:
         if hosts is not None:
             hosts.close()
+
+
+def _check_script(args):
+    """`kerastrain launch train.py`: what only a recipe gives the launcher is refused."""
+    if not os.path.isfile(args.recipe):
+        raise ValueError(f"No such script. Received: {args.recipe!r}")
+    given = [flag for flag, value in (("--set", args.set), ("--evaluator", args.evaluator),
+                                      ("--service-workers", args.service_workers)) if value]
+    given += ["--fault '... at step N'" for text in args.fault if " at step " in text]
+    if given:
+        raise ValueError(
+            "A launched script sets up its own Trainer: recipe keys, the side-car evaluator, "
+            "tf.data service workers and faults at a checkpoint's step need a recipe (the "
+            f"launcher reads its model_dir). Received: {', '.join(given)} with "
+            f"{args.recipe}. Drop them, or write the script's settings as a recipe.")
 
 
 def _check_ray(args, network):

@@ -84,10 +84,22 @@ def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool
             for job, count in counts.items() if count}
 
 
+def is_script(recipe: str) -> bool:
+    """`kerastrain launch train.py`: a Python script of the user's instead of a recipe."""
+    return recipe.endswith(".py")
+
+
 def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
-    command = [sys.executable, "-m", "kerastrain.cli", "run", recipe]
-    for item in sets:
-        command += ["--set", item]
+    """Every task runs the recipe (`kerastrain run` finds its role in TF_CONFIG), or the
+    script, whose `Trainer` reads TF_CONFIG; under ps a script's workers and ps tasks serve."""
+    if is_script(recipe):
+        command = [sys.executable, "-m", "kerastrain.cli.script", os.path.abspath(recipe)]
+        server = [sys.executable, "-m", "kerastrain.cli.script", "--serve"]
+    else:
+        command = [sys.executable, "-m", "kerastrain.cli", "run", recipe]
+        for item in sets:
+            command += ["--set", item]
+        server = command
     training = {k: v for k, v in spec.items() if k != "evaluator"}
     tasks = []
     for job in ("chief", "worker", "ps", "evaluator"):
@@ -96,7 +108,8 @@ def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
             # it in the cluster spec waits for it forever (tensorflow#46169).
             config = {"cluster": spec if job == "evaluator" else training,
                       "task": {"type": job, "index": index}}
-            tasks.append(Task(job, index, json.dumps(config), command))
+            serves = "ps" in spec and job in ("worker", "ps")
+            tasks.append(Task(job, index, json.dumps(config), server if serves else command))
     return tasks
 
 
