@@ -110,6 +110,9 @@ def test_every_example_once_per_pass_for_any_loop_and_epoch_length(tmp_path):
     assert not problems, "\n".join(problems)
     assert [r["global_step"] for r in results] == [
         c["steps_per_epoch"] * c["epochs"] for c in cases]
+    # Loops of any length (cut at log steps: 100, 200) share at most two traces each.
+    assert max(r["traces"] for r in results) <= 2, [(r["case"], r["traces"]) for r in results]
+    assert max(r["traces"] for r in results) == 2   # some loop was cut: the check bites
     # The one-line account says what holds, per form.
     assert "training data: every worker reads the whole data, in one device's order, and " \
         "trains the positions the coordinator gives each loop: every batch once per pass" in log
