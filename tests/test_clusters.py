@@ -385,11 +385,22 @@ tensorboard: false
 """
 
 
-@pytest.mark.multiprocess
-def test_launched_multi_worker_mirrored_matches_one_device(tmp_path):
+def assert_export_matches_one_device(model_dir):
+    """The job's export holds the weights 2 epochs of `PARITY_RECIPE`'s model and data give on
+    one device (same global batches), to 1e-5."""
     import keras
 
     import kerastrain as kt
+    reference = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(96),
+                           strategy="one_device", seed=0, verbose=0)
+    reference.fit(epochs=2)
+    exported = keras.saving.load_model(model_dir / "export" / "model.keras")
+    for got, want in zip(exported.get_weights(), reference.model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_launched_multi_worker_mirrored_matches_one_device(tmp_path):
     recipe = tmp_path / "parity.yaml"
     recipe.write_text(PARITY_RECIPE.replace("MODEL_DIR", str(tmp_path / "run")))
     run = Launch([str(recipe), "--workers", "2", "--evaluator"])
@@ -400,12 +411,7 @@ def test_launched_multi_worker_mirrored_matches_one_device(tmp_path):
                      r"accuracy", run.text), run.text[-4000:]
     assert "[evaluator:0] kerastrain: evaluator: the chief has finished" in run.text
     assert list((tmp_path / "run" / "logs" / "evaluator").glob("events.out.tfevents.*"))
-    reference = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(96),
-                           strategy="one_device", seed=0, verbose=0)
-    reference.fit(epochs=2)
-    exported = keras.saving.load_model(tmp_path / "run" / "export" / "model.keras")
-    for got, want in zip(exported.get_weights(), reference.model.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert_export_matches_one_device(tmp_path / "run")
     assert not [p for p in run.pids() if _alive(p)]
 
 

@@ -8,11 +8,10 @@ device's weights exactly, for multi-worker mirrored) and its fault handling.
 
 import re
 
-import numpy as np
 import pytest
 
 import helpers
-from test_clusters import PS_RECIPE, Launch, _alive, _sets
+from test_clusters import PS_RECIPE, Launch, _alive, _sets, assert_export_matches_one_device
 
 pytestmark = pytest.mark.multiprocess
 pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[test]' installs "
@@ -34,9 +33,6 @@ def test_a_users_trainer_script_on_ray_actors_trains_exactly_as_one_device(tmp_p
     """`kerastrain launch train.py --workers 2 --ray`: the user's own script, a Trainer under
     multi-worker mirrored, on two actors; the chief's export equals one device's training
     (as a local launch's is tested to)."""
-    import keras
-
-    import kerastrain as kt
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.replace("MODEL_DIR", repr(str(tmp_path / "run"))))
     run = Launch([str(script), "--workers", "2", "--ray"])
@@ -51,12 +47,7 @@ def test_a_users_trainer_script_on_ray_actors_trains_exactly_as_one_device(tmp_p
     # Ray's start-up lines about a cluster it cannot see from here are held back.
     assert "Failed to determine local IP" not in run.text
     assert "Token authentication is enabled" not in run.text
-    reference = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(96),
-                           strategy="one_device", seed=0, verbose=0)
-    reference.fit(epochs=2)
-    exported = keras.saving.load_model(tmp_path / "run" / "export" / "model.keras")
-    for got, want in zip(exported.get_weights(), reference.model.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert_export_matches_one_device(tmp_path / "run")
     assert "[launch] job finished: worker:0 exited with 0" in run.text
     assert not [p for p in run.pids() if _alive(p)]
 
