@@ -420,8 +420,10 @@ def _launch_job(args, launch, interrupts):
         launch.isolate(network, tree)
     # Every task would fail the same way: say it once.
     model_dir = None if script else recipes.load(args.recipe, args.set)[0].trainer.model_dir
+    # Under --ray the addresses come from the actors (below): host names stand in until then,
+    # reserving no port here.
     spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
-                               multihost=multihost)
+                               multihost=multihost or bool(args.ray))
     service_tasks, sets = launch.service_tasks(args.service_workers, args.set, multihost)
     tasks = service_tasks + launch.tasks_for(spec, args.recipe, sets)
     faults = [launch.parse_fault(text, tasks, multihost) for text in args.fault]
