@@ -55,6 +55,22 @@ def test_each_task_is_a_host_of_its_own_and_a_chief_only_file_is_missing_elsewhe
     assert "[launch] job finished: chief:0 exited with 0" in done.stdout
 
 
+def test_a_restarted_host_replaces_its_lingering_namespace_on_the_bridge():
+    """A killed task's namespace outlives it while its goodbye to a cut-off peer goes
+    unanswered, still holding its host's address on the bridge: a restarted job's workers
+    reached the dead ps:0 there ("Connection refused", CI 2026-11-26). The restarted host's
+    link replaces the old one, with the same hardware address, as a rebooted machine."""
+    probe = os.path.join(helpers.REPO, "tests", "_hosts_restart_probe.py")
+    done = subprocess.run([sys.executable, probe], capture_output=True, text=True, timeout=120,
+                          env=helpers.child_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["links_before_restart"] == 2, seen    # b's, and a's old one, lingering
+    assert len(seen["links_after_restart"]) == 2, seen
+    assert seen["mac_after"] == seen["mac_before"] == "02:6b:74:00:00:02", seen
+    assert seen["b_connecting_again"] == "connected", seen
+
+
 @pytest.mark.multiprocess
 def test_a_ps_job_on_hosts_survives_a_frozen_worker_a_partition_and_a_killed_ps(tmp_path):
     """One job, three faults, each once a checkpoint of its step exists. worker:1 frozen: the

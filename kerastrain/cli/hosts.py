@@ -142,9 +142,24 @@ class Hosts:
         return process
 
     def _plug(self, name, pid) -> None:
+        """Join host `name`'s new namespace to the bridge, as the same machine rebooted: its
+        address and its hardware address as before, the link of its previous task removed
+        first. A namespace outlives its last process until the kernel cleans it up (seconds
+        on a loaded machine); while it did, the old link still answered for the host's
+        address, and a restarted job's chief reached the dead ps:0 there ("Connection
+        refused", the job lost). Peers that cached the old hardware address reach the new
+        task at once."""
+        previous = self._links.pop(name, None)
+        if previous is not None:
+            try:
+                _ip("link", "del", previous)   # both ends of the pair go, at once
+            except Refused:
+                pass   # the kernel had already removed it with its namespace
         self._made += 1
         outer = f"kt{self._made}"
-        _ip("link", "add", outer, "type", "veth", "peer", "name", "eth0", "netns", str(pid))
+        last = int(self.addresses[name].rsplit(".", 1)[1])
+        _ip("link", "add", outer, "type", "veth", "peer", "name", "eth0",
+            "address", f"02:6b:74:00:00:{last:02x}", "netns", str(pid))
         _ip("link", "set", outer, "master", BRIDGE)
         if name not in self._down:
             _ip("link", "set", outer, "up")
