@@ -30,6 +30,7 @@ import warnings
 import numpy as np
 
 from kerastrain import _compat, _logging
+from kerastrain._tracing import unconverted
 from kerastrain.data import instep
 from kerastrain.data import sharding
 from kerastrain.loop import tuning
@@ -213,9 +214,10 @@ class NumpyData:
         if not self.shuffle:
             return tf.data.Dataset.range(n).batch(size)
 
+        @unconverted
         def one_pass(order):
             return tf.data.Dataset.range(batches).map(
-                lambda k: order[k * size:tf.minimum((k + 1) * size, n)])
+                unconverted(lambda k: order[k * size:tf.minimum((k + 1) * size, n)]))
         return self.orders().flat_map(one_pass).apply(
             tf.data.experimental.assert_cardinality(batches))
 
@@ -223,14 +225,14 @@ class NumpyData:
         """A dataset whose every iteration yields the next pass's permutation of the
         examples (`stateless_shuffle` keyed by a draw from `seed`): the order of
         `indices` (and of `kerastrain.data.instep`, which reads the batches in the loop)."""
-        return self._pass_keys().map(self._permutation)
+        return self._pass_keys().map(unconverted(self._permutation))
 
     def order_drawer(self):
         """`() -> the next pass's permutation`: the orders `orders()` yields, pass after
         pass, with the permutation computed by a compiled function instead of inside a
         tf.data iterator made per pass (1.3 against 4.5 ms of CPU per pass of 65,536)."""
         import tensorflow as tf
-        keys, permutation = self._pass_keys(), tf.function(self._permutation)
+        keys, permutation = self._pass_keys(), tf.function(self._permutation, autograph=False)
         return lambda: permutation(next(iter(keys)))
 
     def _pass_keys(self):
@@ -271,6 +273,7 @@ class NumpyData:
         size = self.batch_size if whole_batches and self.num_examples % self.batch_size == 0 \
             else None
 
+        @unconverted
         def gather(idx):
             if size:
                 idx.set_shape([size])

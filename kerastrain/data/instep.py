@@ -100,19 +100,6 @@ def source(numpy, probe, element_spec, devices, role):
     return make
 
 
-class _Next:
-    """What `get_next_as_optional` returns: has_value() and get_value(), as a tf Optional."""
-
-    def __init__(self, has, value):
-        self._has, self._value = has, value
-
-    def has_value(self):
-        return self._has
-
-    def get_value(self):
-        return self._value
-
-
 class InStepBatches:
     """The passes of an in-memory input, read one batch per call inside compiled loops.
 
@@ -186,12 +173,51 @@ _DRAWS = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kerastrain
 _STRUCTURES = {}  # repr(element_spec) -> element_spec: what an iterator packs its parts as
 
 
+def _batch_at(iterator, position):
+    """The batch at `position` (batches of `size`) of an `InStepIterator`'s pass."""
+    import tensorflow as tf
+    n, size = iterator.tensors[0].shape[0], iterator.size
+    start = position * size
+    end = tf.minimum(start + size, n)
+    if not iterator.shuffled:
+        parts = [t[start:end] for t in iterator.tensors]
+    else:
+        index = iterator.order[start:end]
+        parts = [tf.gather(t, index) for t in iterator.tensors]
+    spec = iterator.element_spec
+    for part, part_spec in zip(parts, tf.nest.flatten(spec)):
+        part.set_shape(part_spec.shape)
+    return tf.nest.pack_sequence_as(spec, parts)
+
+
+@functools.cache
+def _next_type():
+    """What `get_next_as_optional` returns: has_value() and get_value(), as a tf Optional."""
+    from kerastrain._tracing import unconverted
+
+    class Next:
+        def __init__(self, has, value):
+            self._has, self._value = has, value
+
+        @unconverted
+        def has_value(self):
+            return self._has
+
+        @unconverted
+        def get_value(self):
+            return self._value
+    return Next
+
+
 @functools.cache
 def _iterator_type():
     """The iterator's class, made on first use (defining it needs TensorFlow)."""
     import typing
 
     import tensorflow as tf
+
+    from kerastrain._tracing import unconverted
+    Next = _next_type()
 
     class InStepIterator(tf.experimental.ExtensionType):
         """The reading position in a pass of in-memory tensors (a value, traced by type).
@@ -222,10 +248,12 @@ def _iterator_type():
                 raise StopIteration
             return optional.get_value()
 
+        @unconverted
         def batches_left(self):
             """Inside a compiled loop: the batches of the pass not yet read (int32)."""
             return tf.cast(self._batches() - self._position(), tf.int32)
 
+        @unconverted
         def next_batch(self):
             """Inside a compiled loop that knows `batches_left() > 0`: the next batch."""
             batch = self._batch_at(self._position())
@@ -233,6 +261,7 @@ def _iterator_type():
                                            value=tf.constant(1, tf.int64))
             return batch
 
+        @unconverted
         def get_next_as_optional(self):
             """Inside a compiled loop: the next batch of the pass, or none at its end."""
             position = self._position()
@@ -241,7 +270,7 @@ def _iterator_type():
             batch = self._batch_at(tf.where(has, position, 0))
             tf.raw_ops.AssignAddVariableOp(resource=self.position,
                                            value=tf.cast(has, tf.int64))
-            return _Next(has, batch)
+            return Next(has, batch)
 
         def _position(self):
             return tf.raw_ops.ReadVariableOp(resource=self.position, dtype=tf.int64)
@@ -251,17 +280,6 @@ def _iterator_type():
             return n // size if self.drop_remainder else -(-n // size)
 
         def _batch_at(self, position):
-            n, size = self.tensors[0].shape[0], self.size
-            start = position * size
-            end = tf.minimum(start + size, n)
-            if not self.shuffled:
-                parts = [t[start:end] for t in self.tensors]
-            else:
-                index = self.order[start:end]
-                parts = [tf.gather(t, index) for t in self.tensors]
-            spec = self.element_spec
-            for part, part_spec in zip(parts, tf.nest.flatten(spec)):
-                part.set_shape(part_spec.shape)
-            return tf.nest.pack_sequence_as(spec, parts)
+            return _batch_at(self, position)
 
     return InStepIterator

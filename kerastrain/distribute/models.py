@@ -333,7 +333,7 @@ def build_step_optimizers(model, built, element_spec):
             stack.enter_context(_compat.instance_override(optimizer, "apply", recorder(name)))
         strategy = built.strategy
 
-        @tf.function
+        @tf.function(autograph=False)  # as Keras traces a train_step: unconverted
         def dry_run(data):
             strategy.run(model.train_step, args=(data,))
         try:

@@ -125,7 +125,7 @@ class Predictor:
                     return tf.nest.map_structure(
                         lambda v: tf.concat(strategy.experimental_local_results(v), axis=0),
                         outputs)
-            self._step = tf.function(one, reduce_retracing=True)
+            self._step = tf.function(one, reduce_retracing=True, autograph=False)
         return self._step
 
     def run(self, batches, steps, callback_list):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 
 from kerastrain import _compat
+from kerastrain._tracing import unconverted
 
 
 def tf_cast(value, dtype):
@@ -136,6 +137,10 @@ class Accumulator:
         """`fn(iterator, num_steps) -> (totals, steps)` that stops where the data ends."""
         import tensorflow as tf
         k = self.steps
+        go_on, after, accumulate = unconverted(go_on), unconverted(after), unconverted(
+            self.step.accumulate)
+        first, add, update = unconverted(self._first), unconverted(self._add), unconverted(
+            self._update)
 
         @tf.function
         def loop(iterator, num_steps):
@@ -145,17 +150,16 @@ class Accumulator:
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
-                sums, totals_add, examples = self._first(optional.get_value())
-                totals = self.step.accumulate(totals, totals_add)
+                sums, totals_add, examples = first(optional.get_value())
+                totals = accumulate(totals, totals_add)
                 batches = tf.constant(1, tf.int32)
                 while batches < k:
                     optional = iterator.get_next_as_optional()
                     if not optional.has_value():
                         break
-                    sums, totals, examples = self._add(sums, optional.get_value(), totals,
-                                                       examples)
+                    sums, totals, examples = add(sums, optional.get_value(), totals, examples)
                     batches += 1
-                self._update(sums, examples)
+                update(sums, examples)
                 steps += 1
             after(steps)
             return totals, steps
@@ -189,23 +193,32 @@ class Accumulator:
                 if on:
                     held.assign_add(next(sums))
 
+        @unconverted
+        def read_one(batch, totals):
+            sums, packed = strategy.run(self._run_micro, args=(batch,))
+            part = self.step.reduce(packed)
+            strategy.run(hold, args=(sums,))
+            self._held_examples.assign_add(tf.cast(part[1], tf.float32))
+            self._held_batches.assign_add(1)
+            return self.step.accumulate(totals, part), self._held_batches.read_value()
+
+        @unconverted
+        def flush():
+            self._update(None, tf.cast(self._held_examples.read_value(), tf.float32))
+            self.reset()
+
+        after = unconverted(after)
+
         @tf.function
         def loop(iterator):
             totals = tf.zeros([self.step.width], tf.float32)
             steps, batches = tf.constant(0, tf.int32), tf.constant(0, tf.int32)
             optional = iterator.get_next_as_optional()
             if optional.has_value():
-                sums, packed = strategy.run(self._run_micro, args=(optional.get_value(),))
-                part = self.step.reduce(packed)
-                totals = self.step.accumulate(totals, part)
-                strategy.run(hold, args=(sums,))
-                self._held_examples.assign_add(tf.cast(part[1], tf.float32))
-                self._held_batches.assign_add(1)
-                batches = self._held_batches.read_value()
+                totals, batches = read_one(optional.get_value(), totals)
             held = self._held_batches.read_value()
             if held >= k or (batches == 0 and held > 0):
-                self._update(None, tf.cast(self._held_examples.read_value(), totals.dtype))
-                self.reset()
+                flush()
                 steps = tf.constant(1, tf.int32)
             after(steps)
             return totals, steps, batches
@@ -224,16 +237,19 @@ class Accumulator:
         `read(state) -> (batch, state)` (the data repeats). Returns (totals, state)."""
         import tensorflow as tf
         k = self.steps
+        read, accumulate = unconverted(read), unconverted(self.step.accumulate)
+        first, add, update = unconverted(self._first), unconverted(self._add), unconverted(
+            self._update)
         totals = tf.zeros([self.step.width], tf.float32)
         for _ in tf.range(num_steps):
             batch, state = read(state)
-            sums, part, examples = self._first(batch)
-            totals = self.step.accumulate(totals, part)
+            sums, part, examples = first(batch)
+            totals = accumulate(totals, part)
             for _ in tf.range(k - 1):
                 batch, state = read(state)
-                sums, totals, examples = self._add(sums, batch, totals, examples)
+                sums, totals, examples = add(sums, batch, totals, examples)
             # Keras's counter loses increments under asynchronous training: the
             # batches before this group come from the exact step.
-            self._update(sums, examples, before=step_counter.read_value() * k)
+            update(sums, examples, before=step_counter.read_value() * k)
             step_counter.assign_add(1)
         return totals, state

@@ -22,6 +22,7 @@ import numpy as np
 from kerastrain import _compat
 from kerastrain.distribute.ps import worker_steps
 from kerastrain.data import inputs as data_lib
+from kerastrain._tracing import unconverted
 
 logger = logging.getLogger("kerastrain")
 
@@ -84,7 +85,7 @@ class MetricState:
             return {}
         if self._results is None:
             # Compiled once: eager metric results cost ~1 ms per logged step.
-            self._results = tf.function(self._metric_results)
+            self._results = tf.function(self._metric_results, autograph=False)
         totals = np.asarray(totals, np.float64)
         logs, offset = {}, 2
         for (_, variables), part in zip(self.parts, self._results(tf.constant(totals))):
@@ -356,16 +357,17 @@ class Step:
         if self._accumulator is not None:
             return self._accumulator.ps_steps(self.global_step, read, state, num_steps)
         totals = tf.zeros([width or self.width], tf.float32)
+        read, worker_step = unconverted(read), unconverted(self._worker_step)
         if self.unroll > 1:  # exactly `num_steps` run: `unroll` per iteration, then the rest
             self._say_unrolled()
             for _ in tf.range(num_steps // self.unroll):
                 for _ in range(self.unroll):
                     batch, state = read(state)
-                    totals = self._worker_step(totals, batch)
+                    totals = worker_step(totals, batch)
             num_steps = num_steps % self.unroll
         for _ in tf.range(num_steps):
             batch, state = read(state)
-            totals = self._worker_step(totals, batch)
+            totals = worker_step(totals, batch)
         return totals, state
 
     def _worker_step(self, totals, batch):
@@ -391,6 +393,7 @@ class Step:
 
     def _build_pass_loop(self):
         import tensorflow as tf
+        worker_step = unconverted(self._worker_step)
 
         @tf.function
         def loop(iterator, worker, num_steps):
@@ -400,7 +403,7 @@ class Step:
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
-                totals = self._worker_step(totals, optional.get_value())
+                totals = worker_step(totals, optional.get_value())
                 steps += 1
             return totals, steps, next(worker)
         return loop
@@ -433,7 +436,9 @@ class Step:
         seen between iterations.
         """
         import tensorflow as tf
-        go_on = self._go_on(stop_flag)
+        go_on = unconverted(self._go_on(stop_flag))
+        run_one, accumulate = unconverted(run_one), unconverted(self.accumulate)
+        after = after and unconverted(after)
 
         @tf.function
         def loop(iterator, num_steps):
@@ -444,13 +449,13 @@ class Step:
                 ahead = tf.minimum(num_steps, iterator.batches_left())
                 while go_on(steps + (unroll - 1), ahead):
                     for _ in range(unroll):
-                        totals = self.accumulate(totals, run_one(iterator.next_batch()))
+                        totals = accumulate(totals, run_one(iterator.next_batch()))
                     steps += unroll
             while go_on(steps, num_steps):
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
                     break
-                totals = self.accumulate(totals, run_one(optional.get_value()))
+                totals = accumulate(totals, run_one(optional.get_value()))
                 steps += 1
             if after is not None:
                 after(steps)
@@ -507,19 +512,22 @@ class Step:
         next batch is read only while `steps < num_steps`, so none is lost between calls.
         """
         import tensorflow as tf
+        run_one, accumulate = unconverted(run_one), unconverted(self.accumulate)
+
+        @unconverted
+        def next_or_empty(iterator, steps, num_steps):
+            return tf.cond(steps < num_steps, iterator.get_next_as_optional,
+                           lambda: tf.experimental.Optional.empty(iterator.element_spec))
 
         @tf.function
         def loop(iterator, num_steps):
-            def next_or_empty(steps):
-                return tf.cond(steps < num_steps, iterator.get_next_as_optional,
-                               lambda: tf.experimental.Optional.empty(iterator.element_spec))
             totals = tf.zeros([self.width], tf.float32)
             steps = tf.constant(0, tf.int32)
-            optional = next_or_empty(steps)
+            optional = next_or_empty(iterator, steps, num_steps)
             while optional.has_value():
-                totals = self.accumulate(totals, run_one(optional.get_value()))
+                totals = accumulate(totals, run_one(optional.get_value()))
                 steps += 1
-                optional = next_or_empty(steps)
+                optional = next_or_empty(iterator, steps, num_steps)
             return totals, steps
         return loop
 
@@ -706,7 +714,7 @@ class ModelStep(Step):
         self._tracing = kind
         fn = self._run_train if kind == "train" else (
             lambda data: self._run_eval(data, local=local))
-        tf.function(fn).get_concrete_function(element_spec)
+        tf.function(fn, autograph=False).get_concrete_function(element_spec)
 
     def _keyed(self, kind, make, local=False):
         """A loop that first learns its width from the iterator's element spec."""
@@ -721,7 +729,8 @@ class ModelStep(Step):
             return compiled["loop"](iterator, *args)
         if self.built.is_parameter_server and not local:
             import tensorflow as tf
-            return tf.function(loop)  # the coordinator schedules only tf.functions
+            # The coordinator schedules only tf.functions.
+            return tf.function(loop, autograph=False)
         return loop
 
     def _build_train_loop(self):

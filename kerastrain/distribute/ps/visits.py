@@ -29,6 +29,8 @@ import gc
 
 import numpy as np
 
+from kerastrain._tracing import unconverted
+
 
 def worker_indices(built):
     """Per-worker iterators, each yielding its worker's own index (int32) forever: what a
@@ -191,6 +193,8 @@ class Reader:
         if (step, fresh) in self._loops:
             return self._loops[step, fresh]
         width = step.width  # what the loop returns (a model's own step: its logs, known now)
+        start, end, fresh_iterators = (unconverted(self.start), unconverted(self.end),
+                                       unconverted(self.fresh_iterators))
 
         def steps_of(iterators, record, pipelines, positions, num_steps):
             def read(state):
@@ -209,18 +213,18 @@ class Reader:
             @function
             def loop(pipelines, positions, firsts):
                 steps = tf.size(positions) // step.accumulation
-                totals, _ = steps_of(self.fresh_iterators(firsts), firsts, pipelines, positions,
+                totals, _ = steps_of(fresh_iterators(firsts), firsts, pipelines, positions,
                                      steps)
                 return totals, steps, tf.constant(0, tf.int32)
         else:
             @function
             def loop(iterators, worker, pipelines, positions, firsts):
                 worker = next(worker)
-                record = self.start(worker)
+                record = start(worker)
                 behind = tf.reduce_any((firsts >= 0) & (firsts < record))
                 steps = tf.where(behind, 0, tf.size(positions) // step.accumulation)
                 totals, record = steps_of(iterators, record, pipelines, positions, steps)
-                self.end(worker, record)
+                end(worker, record)
                 return totals, steps, tf.cast(behind, tf.int32)
         self._loops[step, fresh] = loop
         return loop
