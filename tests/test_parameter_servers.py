@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -139,7 +140,7 @@ def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_a_script_that_trains_mirrored_then_ps_prints_no_function_removal_errors():
+def test_a_script_that_trains_mirrored_then_ps_then_mirrored_again_prints_no_errors():
     # Functions traced before the process connected to the cluster were removed "remotely"
     # when deleted, from tasks that never had them: one error line each (about 40).
     proc = helpers.run_python("""
@@ -160,7 +161,23 @@ ps = kt.Trainer(helpers.build_model, strategy={"name": "ps", "num_workers": 2, "
 ps.fit((x, y), batch_size=16, epochs=1)
 del one   # dropped once connected (a notebook's `trainer = ...` again): removed locally
 import gc; gc.collect()
+# Connected to the cluster, TensorFlow lists its tasks' devices too: mirrored again on this
+# process's own two, training as one device does.
+import numpy as np
+runs = {}
+for name in ("mirrored", "one_device"):
+    import keras; keras.utils.set_random_seed(3)
+    strategy = {"name": "mirrored", "cpu_devices": 2} if name == "mirrored" else name
+    t = kt.Trainer(helpers.build_model, strategy=strategy, verbose=0)
+    runs[name] = (t.fit((x, y), batch_size=16, epochs=2, shuffle=False).history["loss"],
+                  t.model.get_weights(), list(t.strategy.extended.worker_devices))
+print("mirrored devices:", runs["mirrored"][2])
+np.testing.assert_allclose(runs["mirrored"][0], runs["one_device"][0], rtol=1e-5)
+for a, b in zip(runs["mirrored"][1], runs["one_device"][1]):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 print("trained")
 """)
     assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-3000:]
     assert "Failed to remove function" not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(r"mirrored devices: \['/job:chief/replica:0/task:0/device:CPU:0', "
+                     r"'/job:chief/replica:0/task:0/device:CPU:1'\]", proc.stdout), proc.stdout

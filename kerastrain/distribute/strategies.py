@@ -244,7 +244,7 @@ def configure_cpu_devices(n: int) -> None:
         return
     except RuntimeError:
         pass  # Already initialised: fine if the layout is the one asked for.
-    current = len(tf.config.list_logical_devices("CPU"))
+    current = len(_this_process([d.name for d in tf.config.list_logical_devices("CPU")]))
     if current != n:
         raise RuntimeError(
             f"`cpu_devices={n}` must be set before TensorFlow initialises its devices, but "
@@ -253,19 +253,37 @@ def configure_cpu_devices(n: int) -> None:
             f"operation, or start a new Python process. Received: cpu_devices={n}")
 
 
+def _this_process(names):
+    """Of TensorFlow's logical device names, this process's own.
+
+    Once this process started or joined a parameter-server cluster (an in-process local
+    cluster included), TensorFlow lists every task's devices as logical devices
+    (`/job:worker/replica:0/task:1/device:CPU:0`...), and a MirroredStrategy over them
+    failed: "In-graph multi-worker training with MirroredStrategy is not supported in
+    eager mode". Without a cluster every name has one prefix and nothing runs here.
+    """
+    if len({name.rsplit("/device:", 1)[0] for name in names}) <= 1:
+        return names
+    import tensorflow as tf
+    own = tf.constant(0).device.rsplit("/device:", 1)[0]   # where eager ops run: this task
+    return [name for name in names if name.startswith(own + "/")]
+
+
 def gpus():
     """This process's logical GPU devices."""
     import tensorflow as tf
-    return tf.config.list_logical_devices("GPU")
+    found = tf.config.list_logical_devices("GPU")
+    own = set(_this_process([d.name for d in found]))
+    return [d for d in found if d.name in own]
 
 
 def _local_devices():
-    """All GPUs, else every logical CPU device."""
+    """All GPUs, else every logical CPU device (this process's own)."""
     import tensorflow as tf
     found = gpus()
     if found:
         return [d.name for d in found]
-    return [d.name for d in tf.config.list_logical_devices("CPU")]
+    return _this_process([d.name for d in tf.config.list_logical_devices("CPU")])
 
 
 # ---------------------------------------------------------------------------
