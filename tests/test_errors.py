@@ -107,6 +107,22 @@ def test_model_not_compiled_and_no_loss():
     assert trainer.fit(epochs=1).history["loss"][0] > 0
 
 
+def test_a_model_compiled_to_run_eagerly_is_refused_saying_why_and_what_to_do():
+    """`compile(run_eagerly=True)` is for debugging a step eagerly (`.numpy()`, pdb, values
+    printed in `call`); kerastrain's loops are compiled, so it would quietly not honour it."""
+    def eager(**compile_kwargs):
+        model = keras.Sequential([keras.Input((helpers.FEATURES,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", run_eagerly=True, **compile_kwargs)
+        return model
+
+    message = (r"compiled with `run_eagerly=True`.*kerastrain runs compiled loops only.*"
+               r"`model.fit` on one device.*Received: run_eagerly=True for model 'sequential")
+    with pytest.raises(ValueError, match=message):
+        kt.Trainer(eager, dataset_fn, strategy="default")
+    with pytest.raises(ValueError, match=message):   # a model instance, recompiled by loss=
+        kt.Trainer(eager(), dataset_fn, strategy="default", loss="mae")
+
+
 def test_cpu_devices_after_tensorflow_initialised():
     import tensorflow as tf
     tf.constant(1.0)  # conftest made 2 logical CPUs; TensorFlow is now running

@@ -224,6 +224,15 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
             "what to minimise. Call `model.compile(optimizer=..., loss=...)` in your model "
             "function, or pass `Trainer(..., optimizer='adam', loss='mse')`. "
             f"Received: model {instance.name!r} with compiled={getattr(instance, 'compiled', False)}")
+    if getattr(instance, "run_eagerly", False):
+        # Keras then runs each step eagerly, for debugging (`.numpy()`, pdb, prints of values
+        # in `call`); kerastrain's loops are compiled, where those fail or print symbols.
+        raise ValueError(
+            "The model is compiled with `run_eagerly=True`, which asks Keras to run every step "
+            "eagerly, for debugging; kerastrain runs compiled loops only (many steps per "
+            "tf.function call). Debug the model with `model.fit` on one device, then compile "
+            "it without `run_eagerly` for kerastrain. Received: run_eagerly=True for model "
+            f"{instance.name!r}")
     if instance.optimizer is not None and own_step:
         _check_accumulation(instance.optimizer, built.name)
     return instance
