@@ -6,7 +6,7 @@ exactly `from_tensor_slices(arrays).batch(b)` (contiguous slices, as the README'
 `dataset_fn` writes it). kerastrain then reads their batches in the compiled loop
 itself, by index: a step slices (or gathers) batch i from the tensors, with no
 tf.data iterator and no input thread. On 2 cores that thread's wake-ups competed
-with the model's matrix multiplications (docs/performance.md). The batches and
+with the model's matrix multiplications (docs/performance_history.md). The batches and
 their order are those of the pipelines they replace (tested).
 
 `source` decides (and logs) whether an input is read so; `InStepBatches` is the

@@ -29,7 +29,7 @@ logger = logging.getLogger("kerastrain")
 # on the core MLP, 2 cores: NumPy input read in the loop, 2 -> 1.03x, 4 -> 1.05x, 8 -> 1.03x
 # the loop of one step per iteration; ps workers, 4 -> 1.07x. The price (bench/first_fit.py,
 # 2026-11-26): the first fit takes ~2 s longer on that MLP (the step traced and optimized 4
-# more times), repaid after ~150,000 of its steps; docs/performance.md.
+# more times), repaid after ~150,000 of its steps; docs/performance_history.md.
 UNROLL = 4
 
 
@@ -100,7 +100,7 @@ def tuned(dataset, cores=None, on_gpu=False):
     On a host of up to 4 cores, tf.data's shared pool and its autotuning pre-empt the
     threads running the model's matrix multiplications (measured on 2 cores: a
     README-style pipeline at 0.82x a bare loop with tf.data's defaults, 0.94x with a
-    private 1-thread pool and autotuning off; docs/performance.md). Options the
+    private 1-thread pool and autotuning off; docs/performance_history.md). Options the
     pipeline sets itself are kept; none of these changes the order of elements.
     """
     import tensorflow as tf
