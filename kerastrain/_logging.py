@@ -75,8 +75,8 @@ def start_tensorflow_quietly():
 
 
 def _devices_line(gpus, cuda_failed):
-    from kerastrain.loop import tuning
-    cores = tuning.usable_cores()
+    from kerastrain.data import pipelines
+    cores = pipelines.usable_cores()
     if gpus:
         line = f"devices: {len(gpus)} GPU(s) ({', '.join(g.name for g in gpus)}) and the CPU"
     else:

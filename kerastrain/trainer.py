@@ -19,8 +19,8 @@ from kerastrain.loop import driver as driver_lib
 from kerastrain.io import files
 from kerastrain.data import fit_args
 from kerastrain.step import loops as loops_lib
-from kerastrain.distribute import models as models_lib
-from kerastrain.distribute import modes
+from kerastrain.step import models as models_lib
+from kerastrain.loop import modes
 from kerastrain.io import outputs as outputs_lib
 from kerastrain.step import precision
 from kerastrain.loop import predicting

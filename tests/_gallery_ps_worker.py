@@ -36,7 +36,7 @@ def make_trainer(example, ps):
     where a Trainer option changes the build or Keras cannot clone the instance (said in the
     error, which the report keeps): (trainer, the instance or None)."""
     import kerastrain as kt
-    from kerastrain.distribute import models
+    from kerastrain.step import models
     if not example.trainer_kwargs:
         user_model = example.build()
         try:

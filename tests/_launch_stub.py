@@ -19,8 +19,8 @@ from kerastrain.cli import launch
 mode, marker_dir = sys.argv[1], sys.argv[2]
 TASK = """
 import os, sys, time
-from kerastrain.cli import launch
-launch.die_with_launcher()  # as `kerastrain run` does first thing
+from kerastrain._lifetime import die_with_launcher
+die_with_launcher()  # as `kerastrain run` does first thing
 print("up", flush=True)
 if sys.argv[1] == "fail-once" and not os.path.exists(sys.argv[2]):
     open(sys.argv[2], "w").close()

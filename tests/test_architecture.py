@@ -68,6 +68,26 @@ def test_the_import_graph_has_no_circle():
     assert not circles, circles
 
 
+# From the bottom up: each subpackage imports only those below it (top-level modules, such as
+# the trainer, _compat and _options, sit outside the layers).
+LAYERS = ("distribute", "data", "step", "io", "loop", "cli")
+
+
+def test_subpackages_import_only_the_layers_below_them():
+    upward = []
+    for path, tree in modules():
+        name = module_name(path).split(".")
+        if len(name) < 3 and not (PACKAGE / name[-1]).is_dir():
+            continue   # a top-level module
+        layer = name[1]
+        for imported in imported_kerastrain_modules(tree):
+            target = imported.split(".")[1]
+            if target in LAYERS and target != layer and \
+                    LAYERS.index(target) > LAYERS.index(layer):
+                upward.append(f"{module_name(path)} -> {imported}")
+    assert not upward, upward
+
+
 def function_lengths():
     for path, tree in modules():
         for node in ast.walk(tree):
@@ -193,7 +213,7 @@ def test_a_recipe_option_and_its_python_argument_have_one_default():
 
 
 def test_the_trainer_asks_its_mode_instead_of_testing_the_strategy():
-    """What differs between kinds of strategy lives in `kerastrain.distribute.modes`; the
+    """What differs between kinds of strategy lives in `kerastrain.loop.modes`; the
     Trainer only hands the strategy's kind on to the run state."""
     lines = (PACKAGE / "trainer.py").read_text().splitlines()
     tests = [line.strip() for line in lines

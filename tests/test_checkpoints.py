@@ -307,7 +307,7 @@ def test_every_secs_and_every_steps_cadence():
 
 def test_one_cadence_rule_in_steps_seconds_and_epochs():
     from kerastrain.loop import actions
-    from kerastrain.loop import cadence
+    from kerastrain.io import cadence
     from kerastrain.io import summaries
     now = [0.0]
     every = cadence.Every(steps=4, secs=10, clock=lambda: now[0])

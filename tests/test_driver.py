@@ -225,7 +225,7 @@ def test_an_epoch_of_unknown_length_under_parameter_servers(caplog):
     import pytest
 
     from kerastrain.data import inputs as data
-    from kerastrain.distribute import modes
+    from kerastrain.loop import modes
     built = types.SimpleNamespace(num_workers=2, is_parameter_server=True, is_multi_worker=False)
     ps = modes.for_strategy(built)
     with caplog.at_level("INFO", logger="kerastrain"):

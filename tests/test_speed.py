@@ -9,6 +9,7 @@ from helpers import FEATURES, arrays, build_model
 import kerastrain as kt
 from kerastrain.cli import config
 from kerastrain.distribute import strategies
+from kerastrain.data import pipelines
 from kerastrain.loop import tuning
 
 
@@ -91,7 +92,7 @@ def test_gathered_pipeline_yields_the_same_batches():
     for drop in (False, True):
         ds = tf.data.Dataset.from_tensor_slices((x, {"id": ids})).batch(
             8, drop_remainder=drop).prefetch(2)
-        rebuilt = tuning.gathered(ds)
+        rebuilt = pipelines.gathered(ds)
         assert rebuilt.element_spec == ds.element_spec
         got, want = list(rebuilt), list(ds)
         assert len(got) == len(want) == (6 if drop else 7)
@@ -99,11 +100,11 @@ def test_gathered_pipeline_yields_the_same_batches():
             for u, v in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
                 np.testing.assert_array_equal(u, v)
     # No remainder: every batch is whole, and the shapes say so.
-    whole = tuning.gathered(tf.data.Dataset.from_tensor_slices(x[:48]).batch(8))
+    whole = pipelines.gathered(tf.data.Dataset.from_tensor_slices(x[:48]).batch(8))
     assert whole.element_spec.shape.as_list() == [8, 3] and len(list(whole)) == 6
     # Anything but slices -> batch -> prefetch is left alone (a shuffle's order, a map's work).
-    assert tuning.gathered(tf.data.Dataset.from_tensor_slices(x).shuffle(5).batch(8)) is None
-    assert tuning.gathered(tf.data.Dataset.from_tensor_slices(x).map(tf.abs).batch(8)) is None
+    assert pipelines.gathered(tf.data.Dataset.from_tensor_slices(x).shuffle(5).batch(8)) is None
+    assert pipelines.gathered(tf.data.Dataset.from_tensor_slices(x).map(tf.abs).batch(8)) is None
 
 
 def _batches(reader_or_dataset):
@@ -185,11 +186,11 @@ def test_tuned_keeps_options_the_pipeline_sets():
     options.threading.private_threadpool_size = 3
     options.autotune.enabled = True
     ds = tf.data.Dataset.range(10).batch(2).with_options(options)
-    tuned, sentence = tuning.tuned(ds, cores=2)
+    tuned, sentence = pipelines.tuned(ds, cores=2)
     assert tuned.options().threading.private_threadpool_size == 3
     assert tuned.options().autotune.enabled is True
     assert "own tf.data options" in sentence
-    tuned, sentence = tuning.tuned(tf.data.Dataset.range(10).batch(2), cores=16)
+    tuned, sentence = pipelines.tuned(tf.data.Dataset.range(10).batch(2), cores=16)
     assert tuned.options().threading.private_threadpool_size == 8
     assert tuned.options().autotune.cpu_budget == 8
     assert tuned.options().autotune.enabled is None
@@ -205,12 +206,12 @@ def test_cores_are_the_ones_this_process_may_run_on():
 
     def pinned():  # on Linux, affinity is per thread: this thread only
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        seen["cores"], seen["threads"] = tuning.usable_cores(), tuning.input_threads()
+        seen["cores"], seen["threads"] = pipelines.usable_cores(), pipelines.input_threads()
     thread = threading.Thread(target=pinned)
     thread.start()
     thread.join()
     assert seen == {"cores": 1, "threads": 1}
-    assert tuning.usable_cores() == len(os.sched_getaffinity(0))
+    assert pipelines.usable_cores() == len(os.sched_getaffinity(0))
 
 
 def test_loop_sizer_rule_and_probes():

@@ -506,9 +506,9 @@ def _export(args):
 
 
 def main(argv=None) -> int:
-    from kerastrain.cli import launch
+    from kerastrain._lifetime import die_with_launcher
     from kerastrain.loop import stalls
-    launch.die_with_launcher()  # a task of `kerastrain launch` ends with it (SIGKILL included)
+    die_with_launcher()  # a task of `kerastrain launch` ends with it (SIGKILL included)
     stalls.start_heartbeat(os.environ.get("KERASTRAIN_HEARTBEAT"))  # an exported job's probe
     args = _parser().parse_args(argv)
     if args.version:

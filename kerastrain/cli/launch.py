@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 
+from kerastrain._lifetime import LAUNCHER_PID
 from kerastrain.cli import hosts as hosts_lib
 from kerastrain.loop import stalls
 from kerastrain.distribute import network as network_lib
@@ -34,7 +35,6 @@ from kerastrain.distribute.cluster import free_port, ports
 from kerastrain._options import is_int
 
 # Set in each task's environment: the launcher's pid, so the task can end with it.
-LAUNCHER_PID = "KERASTRAIN_LAUNCHER_PID"
 WORKER_RESTARTS = 3        # per parameter-server worker and job attempt
 GRACE_SECS = 20.0          # for the other tasks to stop by themselves once the chief is done
 KILL_AFTER_SECS = 5.0      # SIGTERM, then SIGKILL
@@ -672,28 +672,6 @@ def _frozen_note(tasks):
             how = "stopped" if state in ("T", "t") else "in an uninterruptible wait"
             found.append(f"{task.name} ({how}, pid {task.process.pid})")
     return "; frozen here: " + ", ".join(found) if found else ""
-
-
-def die_with_launcher():
-    """In a task `kerastrain launch` started: end when the launcher ends, however it ends.
-
-    A launcher killed with SIGKILL (an OOM killer, a CI timeout) cannot stop its tasks, and
-    each runs in a session of its own: a hung one would live on, holding memory and ports.
-    Linux sends a process a signal of its choice when its parent dies (PR_SET_PDEATHSIG):
-    SIGKILL, since a hung task ignores SIGTERM. Checkpoints are written whole, so at most the
-    steps since the last one are lost, as with any kill. Nothing happens outside Linux or
-    outside a launched task.
-    """
-    launcher = os.environ.get(LAUNCHER_PID)
-    if not launcher or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import ctypes.util
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL))
-    if os.getppid() != int(launcher):  # it died before the request above: too late to be told
-        os._exit(137)
 
 
 def _tf_log_level_set_by_user():

@@ -81,10 +81,10 @@ class _TaskActor:
         return free_port(host)
 
     def start(self, command, env, unset, cwd):
-        from kerastrain.cli import launch
-        # The task ends with this actor (`launch.die_with_launcher`), which ends with the job.
+        from kerastrain._lifetime import LAUNCHER_PID
+        # The task ends with this actor (`_lifetime.die_with_launcher`), which ends with the job.
         full = {**{k: v for k, v in os.environ.items() if k not in unset}, **env,
-                launch.LAUNCHER_PID: str(os.getpid())}
+                LAUNCHER_PID: str(os.getpid())}
         command = [sys.executable, *command[1:]]   # this node's Python, where it may differ
         self.lines = []
         self.process = subprocess.Popen(

@@ -22,8 +22,8 @@ def main(argv=None) -> int:
     if len(argv) != 1:
         print(USAGE, file=sys.stderr)
         return 2
-    from kerastrain.cli import launch
-    launch.die_with_launcher()
+    from kerastrain._lifetime import die_with_launcher
+    die_with_launcher()
     if argv[0] == "--serve":
         from kerastrain.distribute import cluster
         return cluster.main()

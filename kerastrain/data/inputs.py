@@ -32,8 +32,8 @@ import numpy as np
 from kerastrain import _compat, _logging
 from kerastrain._tracing import unconverted
 from kerastrain.data import instep
+from kerastrain.data import pipelines as pipeline_lib
 from kerastrain.data import sharding
-from kerastrain.loop import tuning
 from kerastrain.distribute.ps import visits
 from kerastrain.data import service as service_lib
 from kerastrain._options import is_int
@@ -414,7 +414,7 @@ _SAID_WITHIN_FILES = False
 
 def _check_threads(threads):
     if threads == "auto":
-        return 1 if tuning.usable_cores() <= 4 else None
+        return 1 if pipeline_lib.usable_cores() <= 4 else None
     if threads is not None and not is_int(threads, 1):
         raise ValueError("`threads` must be 'auto', None or a positive int. "
                          f"Received: threads={threads!r}")
@@ -474,7 +474,7 @@ class DistributedInput:
         self._built = built
         self._argument = argument
         self._role = role
-        self._input_options = input_options  # `tuning.tuned` on what synchronous loops read
+        self._input_options = input_options  # `pipeline_lib.tuned` on what synchronous loops read
         for_training = role == "training" and shuffle  # NumPy training data is reshuffled
         strategy = built.strategy
         ps = built.is_parameter_server
@@ -659,10 +659,10 @@ class DistributedInput:
         return self._distributed
 
     def _tuned(self, dataset):
-        """`dataset` with kerastrain's tf.data options (`tuning.tuned`), logged once."""
+        """`dataset` with kerastrain's tf.data options (`pipeline_lib.tuned`), logged once."""
         if not self._input_options:
             return dataset
-        dataset, sentence = tuning.tuned(dataset, on_gpu=self._built.on_gpu)
+        dataset, sentence = pipeline_lib.tuned(dataset, on_gpu=self._built.on_gpu)
         if not getattr(self, "_tuning_logged", False):
             self._tuning_logged = True
             _logging.tuning(f"{self._role} data: tf.data options tuned",

@@ -451,8 +451,8 @@ def serve(role, *, port=0, dispatcher=None, host="127.0.0.1"):
 def main(argv=None):
     import argparse
 
-    from kerastrain.cli import launch
-    launch.die_with_launcher()  # started by `kerastrain launch --service-workers`
+    from kerastrain._lifetime import die_with_launcher
+    die_with_launcher()  # started by `kerastrain launch --service-workers`
     parser = argparse.ArgumentParser(prog="python -m kerastrain.data.service",
                                      description="Run a tf.data service dispatcher or worker.")
     parser.add_argument("role", choices=("dispatcher", "worker"))

@@ -196,15 +196,26 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
     return built
 
 
+def on_one_device(model, device) -> bool:
+    """Whether every variable of `model` lives on `device` (type and index)."""
+    import tensorflow as tf
+    there = tf.DeviceSpec.from_string(device)
+    for v in model.variables:
+        here = tf.DeviceSpec.from_string(getattr(v, "value", v).device or "")
+        if (here.device_type, here.device_index or 0) != (there.device_type,
+                                                          there.device_index or 0):
+            return False
+    return True
+
+
 def default_for_instance(built, model):
     """Under `one_device`, the default strategy for a model instance Keras cannot clone into
     its scope (a subclassed model) whose variables already live on its device: training on
     one device is the same, and the instance trains as it is. None for any other case."""
-    from kerastrain.distribute import models
     if built.name != "one_device":
         return None
     device = built.strategy.extended.worker_devices[0]
-    if not models.on_one_device(model, device):
+    if not on_one_device(model, device):
         return None
     fallback = _REGISTRY["default"].build()
     fallback.reason = (

@@ -10,7 +10,7 @@ import re
 import time
 import uuid
 
-from kerastrain.loop import cadence
+from kerastrain.io import cadence
 from kerastrain.io import files
 from kerastrain.io import locks
 from kerastrain.io import outputs

@@ -10,7 +10,7 @@ from typing import Mapping
 
 import numpy as np
 
-from kerastrain.loop import cadence
+from kerastrain.io import cadence
 from kerastrain.io import files
 
 from kerastrain._options import is_int, is_number, option

@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 
-from kerastrain.loop import cadence
+from kerastrain.io import cadence
 from kerastrain.loop import preemption
 
 logger = logging.getLogger("kerastrain")

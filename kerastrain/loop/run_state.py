@@ -18,7 +18,7 @@ import numpy as np
 
 from kerastrain.io import checkpoints
 from kerastrain.io import files
-from kerastrain.distribute import models as models_lib
+from kerastrain.step import models as models_lib
 from kerastrain.io import outputs as outputs_lib
 
 logger = logging.getLogger("kerastrain")

@@ -18,18 +18,6 @@ class NotClonable(ValueError):
     """A model instance made outside the strategy's scope that Keras cannot clone into it."""
 
 
-def on_one_device(model, device) -> bool:
-    """Whether every variable of `model` lives on `device` (type and index)."""
-    import tensorflow as tf
-    there = tf.DeviceSpec.from_string(device)
-    for v in model.variables:
-        here = tf.DeviceSpec.from_string(getattr(v, "value", v).device or "")
-        if (here.device_type, here.device_index or 0) != (there.device_type,
-                                                          there.device_index or 0):
-            return False
-    return True
-
-
 def _created_in_scope(strategy, variable) -> bool:
     return strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))
 
