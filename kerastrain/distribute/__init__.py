@@ -1,1 +1,1 @@
-"""Strategies built by name, the clusters and network they run over, the model placed in their scope."""
+"""Strategies built by name, the devices they use, the clusters and network they run over."""

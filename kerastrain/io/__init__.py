@@ -1,1 +1,2 @@
-"""What a run writes and who keeps it: outputs (the chief rule), checkpoints, summaries, files, locks."""
+"""What a run writes, when, and who keeps it: outputs (the chief rule), cadence, checkpoints,
+summaries, files, locks."""

@@ -1,1 +1,2 @@
-"""The outer loop: epochs driven on this task or on ps workers, cadence, actions, callbacks, faults."""
+"""The outer loop: one mode per kind of strategy, epochs driven on this task or on ps workers,
+actions, callbacks, faults."""
