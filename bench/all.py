@@ -19,7 +19,12 @@ Sections:
   precision mixed_bfloat16 vs float32, kerastrain on the README pipeline (no target: on CPUs
             without bfloat16 instructions its matrix multiplications are emulated)
 
-    python bench/all.py [--quick] [--only readme,numpy] [--json out.json]
+`--real-models` also runs the real-model benchmarks after the table, each printing its own:
+bench/real_models.py (keras.io convnet, Transformer and recommender against `fit` defaults,
+the best `fit` and a bare loop, on one_device, mirrored and ps) and bench/multi_worker.py (two
+local workers under multi-worker mirrored).
+
+    python bench/all.py [--quick] [--only readme,numpy] [--real-models] [--json out.json]
 """
 
 from __future__ import annotations
@@ -388,6 +393,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=None, help="timed epochs per configuration")
     parser.add_argument("--only", default=None, help=f"comma-separated sections of {SECTIONS}")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--real-models", action="store_true",
+                        help="then run bench/real_models.py and bench/multi_worker.py too")
     parser.add_argument("--section", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.section:
@@ -419,6 +426,20 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "machine": machine()}, f, indent=1)
+    if args.real_models:
+        _real_models(args)
+
+
+def _real_models(args):
+    """The real-model benchmarks, each in turn with the same `--quick` / `--rounds`; their
+    tables go straight to this output. Returns only when both have finished."""
+    extra = (["--quick"] if args.quick else []) + (["--rounds", str(args.rounds)]
+                                                   if args.rounds else [])
+    for script in ("real_models.py", "multi_worker.py"):
+        print(f"\n## bench/{script}\n", flush=True)
+        done = subprocess.run([sys.executable, os.path.join(HERE, script), *extra])
+        if done.returncode:
+            print(f"bench/{script} failed (exit code {done.returncode})", file=sys.stderr)
 
 
 if __name__ == "__main__":

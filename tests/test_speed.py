@@ -31,6 +31,45 @@ def _weights(trainer):
 
 
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_the_loops_callees_unconverted_by_autograph_train_bit_for_bit_as_converted(
+        strategy, two_cpus, monkeypatch):
+    """Leaving the step, the reads and the reductions to plain tracing (kerastrain._tracing)
+    only saves autograph's work at start-up (bench/startup.py): with every one of them
+    converted again, the same seed trains the same weights and logs, to the last bit."""
+    import keras
+
+    from kerastrain.data import inputs, instep
+    from kerastrain.distribute.ps import visits
+    from kerastrain.step import accumulation, loops
+    from kerastrain import _tracing
+    options = two_cpus if strategy == "mirrored" else {}
+    x, y = arrays(100, seed=5)   # a partial last batch
+
+    def build():
+        model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8),
+                                  keras.layers.BatchNormalization(),
+                                  keras.layers.Dropout(0.3), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+        return model
+    runs = []
+    for convert in (False, True):
+        if convert:
+            for module in (_tracing, inputs, accumulation, loops, visits):
+                monkeypatch.setattr(module, "unconverted", lambda fn: fn)
+            instep._iterator_type.cache_clear()
+            instep._next_type.cache_clear()
+        trainer = kt.Trainer(build, strategy=strategy if strategy == "default" else
+                             {"name": "mirrored", **options}, seed=4, verbose=0)
+        history = trainer.fit((x, y), batch_size=16, epochs=2, validation_data=(x, y)).history
+        runs.append((history, _weights(trainer)))
+    instep._iterator_type.cache_clear()   # the next tests' iterators: unconverted again
+    instep._next_type.cache_clear()
+    assert runs[0][0] == runs[1][0]
+    for a, b in zip(runs[0][1], runs[1][1]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
 def test_tuning_on_and_off_train_the_same_weights(strategy, two_cpus, caplog):
     options = two_cpus if strategy == "mirrored" else {}
     x, y = arrays(96, seed=3)
