@@ -255,7 +255,7 @@ def configure_cpu_devices(n: int) -> None:
         return
     except RuntimeError:
         pass  # Already initialised: fine if the layout is the one asked for.
-    current = len(_this_process([d.name for d in tf.config.list_logical_devices("CPU")]))
+    current = len(_this_process(tf.config.list_logical_devices("CPU")))
     if current != n:
         raise RuntimeError(
             f"`cpu_devices={n}` must be set before TensorFlow initialises its devices, but "
@@ -264,8 +264,8 @@ def configure_cpu_devices(n: int) -> None:
             f"operation, or start a new Python process. Received: cpu_devices={n}")
 
 
-def _this_process(names):
-    """Of TensorFlow's logical device names, this process's own.
+def _this_process(devices):
+    """Of TensorFlow's logical devices, this process's own.
 
     Once this process started or joined a parameter-server cluster (an in-process local
     cluster included), TensorFlow lists every task's devices as logical devices
@@ -273,19 +273,17 @@ def _this_process(names):
     failed: "In-graph multi-worker training with MirroredStrategy is not supported in
     eager mode". Without a cluster every name has one prefix and nothing runs here.
     """
-    if len({name.rsplit("/device:", 1)[0] for name in names}) <= 1:
-        return names
+    if len({d.name.rsplit("/device:", 1)[0] for d in devices}) <= 1:
+        return devices
     import tensorflow as tf
     own = tf.constant(0).device.rsplit("/device:", 1)[0]   # where eager ops run: this task
-    return [name for name in names if name.startswith(own + "/")]
+    return [d for d in devices if d.name.startswith(own + "/")]
 
 
 def gpus():
     """This process's logical GPU devices."""
     import tensorflow as tf
-    found = tf.config.list_logical_devices("GPU")
-    own = set(_this_process([d.name for d in found]))
-    return [d for d in found if d.name in own]
+    return _this_process(tf.config.list_logical_devices("GPU"))
 
 
 def _local_devices():
@@ -294,7 +292,7 @@ def _local_devices():
     found = gpus()
     if found:
         return [d.name for d in found]
-    return _this_process([d.name for d in tf.config.list_logical_devices("CPU")])
+    return [d.name for d in _this_process(tf.config.list_logical_devices("CPU"))]
 
 
 # ---------------------------------------------------------------------------

@@ -133,14 +133,17 @@ class Accumulator:
         self.step.strategy.run(self._apply, args=(sums, examples, last))
         counter.assign(last + 1)
 
+    def _group_parts(self):
+        """`_first`, `_add` and `_update` as the compiled loops call them (`unconverted`)."""
+        return unconverted(self._first), unconverted(self._add), unconverted(self._update)
+
     def sync_loop(self, go_on, after):
         """`fn(iterator, num_steps) -> (totals, steps)` that stops where the data ends."""
         import tensorflow as tf
         k = self.steps
         go_on, after, accumulate = unconverted(go_on), unconverted(after), unconverted(
             self.step.accumulate)
-        first, add, update = unconverted(self._first), unconverted(self._add), unconverted(
-            self._update)
+        first, add, update = self._group_parts()
 
         @tf.function
         def loop(iterator, num_steps):
@@ -238,8 +241,7 @@ class Accumulator:
         import tensorflow as tf
         k = self.steps
         read, accumulate = unconverted(read), unconverted(self.step.accumulate)
-        first, add, update = unconverted(self._first), unconverted(self._add), unconverted(
-            self._update)
+        first, add, update = self._group_parts()
         totals = tf.zeros([self.step.width], tf.float32)
         for _ in tf.range(num_steps):
             batch, state = read(state)
