@@ -645,3 +645,42 @@ def test_a_subclassed_model_instance_trains_on_one_device_and_is_refused_clearly
                        r"rebuilt inside it \(Keras cannot clone it from its config\)\. Pass a "
                        r"function that builds and compiles the model"):
         kt.Trainer(gallery.dropout_subclassed(), strategy=MIRRORED, verbose=0)
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
+@pytest.mark.parametrize("cls", [keras.Model, ComputeLossStep], ids=["fit_step", "own_step"])
+def test_metrics_with_one_result_per_class_log_as_under_fit_and_write_one_scalar_each(
+        strategy, cls, tmp_path):
+    """`F1Score` (average=None) results in one value per class: `model.fit`'s logs hold
+    the array, and so do kerastrain's, with Keras's step or the model's own; writers get
+    one scalar per class (`f1/0`, `f1/1`), where Keras's TensorBoard callback cannot
+    write it. (Both steps raised errors.)"""
+    x = np.random.RandomState(2).randn(96, 6).astype("float32")
+    y = keras.utils.to_categorical(x[:, 0] + 0.3 * x[:, 1] > 0, 2).astype("float32")
+
+    def model():
+        keras.utils.set_random_seed(4)
+        inputs = keras.Input((6,))
+        m = cls(inputs, keras.layers.Dense(2, activation="softmax")(inputs))
+        m.compile(keras.optimizers.Adam(0.05), "categorical_crossentropy",
+                  metrics=[keras.metrics.F1Score(name="f1"), keras.metrics.AUC(name="auc")])
+        return m
+
+    trainer = kt.Trainer(model, (x, y), strategy=strategy, verbose=0,
+                         writers=[kt.CSVWriter(str(tmp_path / "scalars.csv"))])
+    ours = trainer.fit(epochs=2, batch_size=32, shuffle=False).history
+    with trainer.strategy.scope():
+        reference = model()
+    theirs = reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
+    trainer.close()
+    assert set(ours) == set(theirs)
+    for key in theirs:
+        for a, b in zip(ours[key], theirs[key]):
+            assert type(a) is type(b) and np.shape(a) == np.shape(b), (key, a, b)
+            np.testing.assert_allclose(a, b, rtol=1e-5, err_msg=key)
+    rows = (tmp_path / "scalars.csv").read_text().splitlines()
+    names = {row.split(",")[1] for row in rows[1:]}
+    assert {"epoch_f1/0", "epoch_f1/1", "epoch_auc", "epoch_loss"} <= names, names
+    last = {row.split(",")[1]: float(row.split(",")[2]) for row in rows[1:]}
+    np.testing.assert_allclose([last["epoch_f1/0"], last["epoch_f1/1"]], theirs["f1"][-1],
+                               rtol=1e-5)

@@ -47,6 +47,7 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
 
     from kerastrain import _logging
     from kerastrain.cli import recipes
+    from kerastrain.io import summaries
 
     _logging.ensure_visible()
     config = cluster.read_tf_config()
@@ -81,11 +82,11 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
             continue
         logs = trainer.evaluate(data, steps=recipe.trainer.validation_steps, batch_size=batch)
         with writer.as_default(step=step):
-            for name, value in logs.items():
+            for name, value in summaries.scalars(logs).items():
                 tf.summary.scalar(f"eval_{name}", value)
         writer.flush()
         evaluated += 1
         logger.info("evaluator: step %d: %s", step,
-                    ", ".join(f"{k} {v:.4g}" for k, v in logs.items()))
+                    ", ".join(f"{k} {v:.4g}" for k, v in summaries.scalars(logs).items()))
     logger.info("evaluator: the chief has finished; evaluated %d checkpoint(s)", evaluated)
     return 0

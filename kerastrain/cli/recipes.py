@@ -622,7 +622,8 @@ def summary_line(history, trainer, seconds):
                 f"{trainer.global_step}, as far as trainer.epochs goes; raise it (e.g. --set "
                 "trainer.epochs=...) to go on, or choose another trainer.model_dir")
     last = {k: v[-1] for k, v in history.history.items() if v}
-    metrics = ", ".join(f"{k} {v:.4g}" for k, v in last.items())
+    from kerastrain.io import summaries
+    metrics = ", ".join(f"{k} {v:.4g}" for k, v in summaries.scalars(last).items())
     epochs = len(history.epoch)
     where = (f"outputs in {trainer.model_dir} (checkpoints/, logs/, export/, recipe.yaml)"
              if trainer.model_dir else "no model_dir: nothing written")

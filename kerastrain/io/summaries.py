@@ -20,6 +20,21 @@ logger = logging.getLogger("kerastrain")
 VALIDATION_PREFIX = "val_"
 
 
+def scalars(logs: Mapping) -> dict:
+    """`logs` with every value a float: a metric result with several values (`F1Score`
+    per class) becomes one scalar per value, `name/0`, `name/1`... (`name/0_1` for a
+    matrix), where Keras's TensorBoard callback would fail on it."""
+    flat = {}
+    for name, value in logs.items():
+        array = np.asarray(value)
+        if array.size == 1:
+            flat[name] = float(array.reshape(()))
+            continue
+        for index in np.ndindex(array.shape):
+            flat[f"{name}/{'_'.join(map(str, index))}"] = float(array[index])
+    return flat
+
+
 class MetricWriter:
     """Where scalars go. Subclass and override what you need; the rest does nothing.
 
@@ -423,17 +438,17 @@ class Monitor:
             return
         # A step first written untimed (results that arrived late) still gets its
         # throughput when a timed write for it follows (the epoch end under PS).
-        scalars = {} if already else dict(logs, learning_rate=self.learning_rate_fn(step))
+        values = {} if already else dict(logs, learning_rate=self.learning_rate_fn(step))
         if timed:
             now = self.clock()
             mark_step, mark_examples, mark_time = self._mark
             elapsed = now - mark_time
             if step > mark_step and elapsed > 0:
-                scalars["examples_per_second"] = (self._examples - mark_examples) / elapsed
-                scalars["step_time_seconds"] = elapsed / (step - mark_step)
+                values["examples_per_second"] = (self._examples - mark_examples) / elapsed
+                values["step_time_seconds"] = elapsed / (step - mark_step)
             self._mark = (step, self._examples, now)
-        if scalars:
-            self.writer.write_scalars(step, scalars)
+        if values:
+            self.writer.write_scalars(step, scalars(values))
         self._last_written_step, self._last_timed = step, timed
 
     def after_loop(self, step, examples, running_logs_fn, timed=True):
@@ -457,7 +472,7 @@ class Monitor:
                                 if not k.startswith(VALIDATION_PREFIX)})
         validation = {k: v for k, v in logs.items() if k.startswith(VALIDATION_PREFIX)}
         if validation:
-            self.writer.write_scalars(step, validation)
+            self.writer.write_scalars(step, scalars(validation))
         # Keras's per-epoch tags, so TensorBoard shows the same charts as for model.fit.
         per_epoch = {}
         for key, value in logs.items():
@@ -465,7 +480,7 @@ class Monitor:
                 per_epoch[VALIDATION_PREFIX + "epoch_" + key[len(VALIDATION_PREFIX):]] = value
             else:
                 per_epoch["epoch_" + key] = value
-        self.writer.write_scalars(epoch, per_epoch)
+        self.writer.write_scalars(epoch, scalars(per_epoch))
         if self.schedule.histograms.at_epoch_end(epoch):
             self.writer.write_histograms(epoch, self.weights_fn())
         now = self.clock()

@@ -32,6 +32,16 @@ def unpack(data):
     return data_lib.split_batch(data)
 
 
+
+def log_value(value):
+    """A metric's result as `model.fit`'s logs hold it (Keras's `pythonify_logs`): a float
+    where NumPy converts it to one, else the NumPy array (`F1Score`'s, one value a class)."""
+    value = np.asarray(value)
+    try:
+        return float(value)
+    except TypeError:
+        return value
+
 class MetricState:
     """The metric variables kerastrain reduces, and how to read results from totals."""
 
@@ -91,7 +101,7 @@ class MetricState:
         for (_, variables), part in zip(self.parts, self._results(tf.constant(totals))):
             size = sum(int(np.prod(v.shape)) for v in variables)
             if not updated_only or np.any(totals[offset:offset + size]):
-                logs.update({k: float(v) for k, v in part.items()})
+                logs.update({k: log_value(v) for k, v in part.items()})
             offset += size
         return logs
 
@@ -614,6 +624,7 @@ class ModelStep(Step):
     def __init__(self, built, model, global_step, stop_flag=None):
         super().__init__(built, model, global_step, stop_flag=stop_flag)
         self.keys = {}   # "train" / "eval" -> the sorted keys of the step's logs
+        self.shapes = {}  # log key -> its value's shape (a metric may give one per class)
         self._tracing = "train"  # which loop is being traced (sets `width`)
         if built.is_parameter_server:
             worker_steps.check_optimizers_built(model)
@@ -624,7 +635,10 @@ class ModelStep(Step):
     @property
     def width(self):
         keys = self.keys.get(self._tracing) or ()
-        return 2 + self._deltas + len(keys)
+        return 2 + self._deltas + sum(self._size(k) for k in keys)
+
+    def _size(self, key):
+        return int(np.prod(self.shapes[key], dtype=np.int64))
 
     def accumulate(self, totals, part):
         # The last step's logs (they are already running values); the examples and
@@ -639,7 +653,13 @@ class ModelStep(Step):
         return tf.concat(pieces, axis=0)
 
     def results(self, totals, kind="train"):
-        logs = {k: float(v) for k, v in zip(self.keys.get(kind, ()), totals[2 + self._deltas:])}
+        logs, offset = {}, 2 + self._deltas
+        for k in self.keys.get(kind, ()):
+            size = self._size(k)
+            value = log_value(np.reshape(totals[offset:offset + size], self.shapes[k]))
+            # Arrays as the step made them (float32), not as the totals hold them.
+            logs[k] = value.astype(np.float32) if isinstance(value, np.ndarray) else value
+            offset += size
         if self._deltas and kind == "train":
             # A log named like a metric's result is that result over every step, if the
             # step updated the metric at all; a metric it left alone (Keras's loss tracker
@@ -667,12 +687,20 @@ class ModelStep(Step):
                             f"Keras requires. Received: {type(logs).__name__}")
         logs = worker_steps.flat_logs(logs)
         keys = self.keys.setdefault(kind, sorted(logs))
-        values = [tf.reshape(tf.cast(logs[k], tf.float32), []) for k in keys]
-        loss = values[keys.index("loss")] if "loss" in keys else tf.constant(0.0)
-        if not self._deltas:
-            return tf.stack([loss, n] + values)
-        deltas = self.exact.flatten(deltas if deltas is not None else self.exact.zeros())
-        return tf.concat([tf.stack([loss, n])] + deltas + [tf.reshape(values, [-1])], axis=0)
+        for k in keys:
+            shape = tf.convert_to_tensor(logs[k]).shape
+            if not shape.is_fully_defined():
+                raise ValueError(
+                    f"The model's `{kind}_step` returned the log {k!r} of shape {shape}: logs "
+                    "must have a fixed shape (a scalar, or one value per class as F1Score "
+                    "gives). Return a scalar or a fixed-size result.")
+            self.shapes.setdefault(k, tuple(shape))
+        values = [tf.reshape(tf.cast(logs[k], tf.float32), [-1]) for k in keys]
+        loss = tf.reshape(logs["loss"], [-1])[0] if "loss" in keys else tf.constant(0.0)
+        loss = tf.cast(loss, tf.float32)
+        deltas = self.exact.flatten(deltas if deltas is not None else self.exact.zeros()) \
+            if self._deltas else []
+        return tf.concat([tf.stack([loss, n])] + deltas + values, axis=0)
 
     def _run_exact(self, step_fn, data):
         """One training step on a parameter-server worker, its metric deltas returned."""
