@@ -635,6 +635,37 @@ def learning_rate_at(optimizer, iteration):
     with instance_override(inner, "_get_current_learning_rate", lambda: schedule(iteration)):
         yield
 
+# -- gradient clipping of the summed gradient -----------------------------------------------
+
+_CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
+
+
+def clips_gradients(optimizer) -> bool:
+    """Whether the optimizer (a LossScaleOptimizer's inner one) clips gradients."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return any((getattr(inner, name, None) or 0) > 0 for name in _CLIPPING)
+
+
+def clip_as_optimizer(optimizer, grads):
+    """`grads` clipped as the optimizer's own `apply` would clip them (Keras 3.10-3.15:
+    `BaseOptimizer._clip_gradients`, on the unscaled gradients of a LossScaleOptimizer,
+    whose scale, a power of two, is divided out and multiplied back exactly)."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is None:
+        return optimizer._clip_gradients(grads)
+    scale = optimizer.scale_loss(1.0)
+    unscaled = [g if g is None else g / scale for g in grads]
+    return [g if g is None else g * scale for g in inner._clip_gradients(unscaled)]
+
+
+@contextlib.contextmanager
+def clipping_off(optimizer):
+    """The optimizer's `apply` without its clipping (the gradients are clipped already)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    with instance_override(inner, "_clip_gradients", lambda grads: grads):
+        yield
+
+
 # -- lazy (row-sparse) optimizers ---------------------------------------------------------
 
 class RowSparseWeightDecay:

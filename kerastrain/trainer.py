@@ -23,6 +23,7 @@ from kerastrain.step import models as models_lib
 from kerastrain.loop import modes
 from kerastrain.io import outputs as outputs_lib
 from kerastrain.step import precision
+from kerastrain.step import updates
 from kerastrain.loop import predicting
 from kerastrain.loop import preemption
 from kerastrain.loop import recovery as recovery_lib
@@ -609,8 +610,16 @@ class Trainer:
                             tuning_lib.UNROLL)
         _logging.tuning_summary(say=training)
 
-    def _train_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,
-                      steps_per_loop, resumed, callback_list):
+    def _train_epochs(self, driver, train_input, listed, epochs, *args):
+        """Run the epochs, then end them as `model.fit` does (an EMA optimizer's averages
+        become the weights) unless preempted: training goes on elsewhere."""
+        progress = self._run_epochs(driver, train_input, listed, epochs, *args)
+        if progress.stop != actions_lib.PREEMPTED:
+            updates.finalize(self._model, epochs.stop)
+        return progress
+
+    def _run_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,
+                    steps_per_loop, resumed, callback_list):
         """Run the epochs: the driver's loops, the actions after each loop and epoch."""
         step = self._step
         p = actions_lib.Progress(epoch=epochs.start, step=self.global_step, batch=0,

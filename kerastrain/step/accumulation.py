@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 
 from kerastrain import _compat
+from kerastrain.step import updates
 from kerastrain._tracing import unconverted
 
 
@@ -99,7 +100,7 @@ class Accumulator:
         sums = iter(sums)
         grads = [next(sums) / examples if on else None for on in self._present]
         with keras_accumulation_off(optimizer), _compat.learning_rate_at(optimizer, last):
-            optimizer.apply(grads, variables)
+            updates.apply_summed(optimizer, grads, variables)
 
     # -- compiled loops ------------------------------------------------------------
 

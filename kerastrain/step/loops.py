@@ -20,6 +20,7 @@ import logging
 import numpy as np
 
 from kerastrain import _compat
+from kerastrain.step import updates
 from kerastrain.distribute.ps import worker_steps
 from kerastrain.data import inputs as data_lib
 from kerastrain._tracing import unconverted
@@ -267,7 +268,7 @@ class Step:
     def _train_step(self, data):
         grads, _, packed = self.replica_gradients(data)
         variables, optimizer = self.update_target()
-        optimizer.apply(grads, variables)
+        updates.apply_summed(optimizer, grads, variables)
         return packed
 
     def _eval_step(self, data):
