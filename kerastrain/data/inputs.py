@@ -160,6 +160,14 @@ def cardinality(dataset) -> int:
 
 # -- NumPy input ----------------------------------------------------------------
 
+def _lists_to_tuples(structure):
+    if isinstance(structure, (list, tuple)) and not hasattr(structure, "_fields"):
+        return tuple(_lists_to_tuples(item) for item in structure)
+    if isinstance(structure, dict):
+        return type(structure)((k, _lists_to_tuples(v)) for k, v in structure.items())
+    return structure
+
+
 class NumpyData:
     """NumPy arrays held in host variables, read by a tf.data pipeline of global batches.
 
@@ -175,7 +183,9 @@ class NumpyData:
 
         if not is_int(batch_size, 1):
             raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
-        structure = tf.nest.map_structure(np.asarray, tuple(arrays))
+        # Lists become tuples, as Keras's array adapter makes them: tf.data would stack a
+        # list `y = [y_a, y_b]` (a model's two outputs) into one tensor.
+        structure = tf.nest.map_structure(np.asarray, _lists_to_tuples(tuple(arrays)))
         lengths = {leaf.shape[0] if leaf.ndim else None for leaf in tf.nest.flatten(structure)}
         if None in lengths or len(lengths) != 1:
             raise ValueError(
