@@ -755,3 +755,40 @@ def test_lists_of_arrays_for_several_inputs_and_outputs_train_as_under_fit(strat
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(trainer.predict([xa, xb]), reference.predict([xa, xb], verbose=0)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("masking", ["ignore_class", "mask_zero"])
+def test_a_loss_over_unmasked_entries_is_exact_on_one_device_and_said_under_replicas(
+        masking, caplog):
+    """A loss that averages over unmasked entries (`ignore_class`, or a Keras mask on the
+    outputs from `Embedding(mask_zero=True)`) trains as model.fit on one device; under
+    mirrored each replica averages over its own unmasked entries, so the start says that
+    it differs slightly from one device (it was silent)."""
+    rng = np.random.RandomState(0)
+    x = rng.randint(0, 20, size=(96, 7)).astype("int32")
+    x[:, 5:] = 0                                     # padding, masked with mask_zero
+    y = rng.randint(0, 3, size=(96, 7))
+    y[::5, :2] = -1                                  # ignored with ignore_class
+
+    def model():
+        keras.utils.set_random_seed(1)
+        m = keras.Sequential([keras.Input((7,), dtype="int32"),
+                              keras.layers.Embedding(20, 4, mask_zero=masking == "mask_zero"),
+                              keras.layers.Dense(3)])
+        m.compile("adam", keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=-1 if masking == "ignore_class" else None))
+        return m
+
+    targets = y if masking == "ignore_class" else np.maximum(y, 0)
+    theirs = model().fit(x, targets, batch_size=32, epochs=2, shuffle=False,
+                         verbose=0).history["loss"]
+    said = {}
+    for strategy in ("one_device", MIRRORED):
+        with caplog.at_level(logging.INFO, logger="kerastrain"):
+            caplog.clear()
+            ours = kt.Trainer(model, strategy=strategy, verbose=0).fit(
+                x, targets, batch_size=32, epochs=2, shuffle=False).history["loss"]
+        said[str(strategy)] = "the loss averages over unmasked entries only" in caplog.text
+        if strategy == "one_device":
+            np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert said == {"one_device": False, str(MIRRORED): True}

@@ -34,6 +34,28 @@ def unpack(data):
 
 
 
+def say_masked_loss(model, y_pred, replicas) -> bool:
+    """One line when the loss averages over unmasked entries only (a Keras mask on an
+    output, as `Embedding(mask_zero=True)` gives sequence outputs, or a loss's
+    `ignore_class`): each replica then averages over its own share's unmasked entries,
+    and its weight is its share of the batch's examples, not of the unmasked entries,
+    so the step differs slightly from one device's (Keras fit weights replicas alike).
+    Returns True (said or not, it is decided once)."""
+    import tensorflow as tf
+    masked = [i for i, t in enumerate(tf.nest.flatten(y_pred))
+              if getattr(t, "_keras_mask", None) is not None]
+    ignoring = [loss for loss in tf.nest.flatten(getattr(model, "loss", None))
+                if getattr(loss, "ignore_class", None) is not None]
+    if masked or ignoring:
+        what = "a Keras mask on output(s) %s" % masked if masked else "`ignore_class`"
+        logger.info(
+            "the loss averages over unmasked entries only (%s): under %d replicas each "
+            "averages over its own share's, weighted by its share of the examples, so losses "
+            "and updates differ slightly from one device's (as under Keras fit with this "
+            "strategy); one device trains it exactly", what, replicas)
+    return True
+
+
 def log_value(value):
     """A metric's result as `model.fit`'s logs hold it (Keras's `pythonify_logs`): a float
     where NumPy converts it to one, else the NumPy array (`F1Score`'s, one value a class)."""
@@ -163,6 +185,7 @@ class Step:
         # on in-memory input, `worker_steps`).
         self.unroll = unroll
         self._said_unrolled = False
+        self._said_masked = False
         self._accumulator = (accumulation_lib.Accumulator(self, accumulation, jit_compile)
                              if accumulation > 1 else None)
         self._batches = None  # `batch_loop`, made on first use
@@ -245,6 +268,8 @@ class Step:
         guard = _EmptyBatchGuard(self.model, x, n, replicas)
         with tf.GradientTape() as tape:
             y_pred, forward = self._forward(x, training=True)
+            if replicas > 1 and not self._said_masked:   # once, while tracing
+                self._said_masked = say_masked_loss(self.model, y_pred, replicas)
             loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True,
                                                    forward=forward)
             # Keras returned (local mean + regularization) / replicas. Weighting each
