@@ -327,6 +327,8 @@ class Trainer:
         models_lib.check_resources_placed(self._model, self._built)
         with self.strategy.scope():
             partitioned = models_lib.build_state(self._model, self._built, element_spec)
+            if not loops_lib.overrides(self._model, "train_step"):
+                loops_lib.MetricState(self._model).check_sums(self._model, element_spec)
         models_lib.say_unsynchronized_batchnorm(self._model, self.strategy)
         jit, why = tuning_lib.resolve_jit_compile(
             self._jit_compile, self._model, places_variables=self._built.places_variables,

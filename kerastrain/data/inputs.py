@@ -160,6 +160,22 @@ def cardinality(dataset) -> int:
 
 # -- NumPy input ----------------------------------------------------------------
 
+def keras_arrays(structure):
+    """Arrays as Keras's array adapter hands them to a model (`array_slicing`, Keras
+    3.15): lists become tuples (tf.data would stack a list `y = [y_a, y_b]`, a model's
+    two targets, into one tensor) and floats other than Keras's floatx (NumPy's
+    default float64) become floatx, so a step, a loss or a metric sees float32."""
+    import keras
+    import tensorflow as tf
+
+    def one(leaf):
+        array = np.asarray(leaf)
+        if array.dtype.kind == "f" and array.dtype != np.dtype(keras.backend.floatx()):
+            array = array.astype(keras.backend.floatx())
+        return array
+    return tf.nest.map_structure(one, _lists_to_tuples(structure))
+
+
 def _lists_to_tuples(structure):
     if isinstance(structure, (list, tuple)) and not hasattr(structure, "_fields"):
         return tuple(_lists_to_tuples(item) for item in structure)
@@ -183,9 +199,7 @@ class NumpyData:
 
         if not is_int(batch_size, 1):
             raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
-        # Lists become tuples, as Keras's array adapter makes them: tf.data would stack a
-        # list `y = [y_a, y_b]` (a model's two outputs) into one tensor.
-        structure = tf.nest.map_structure(np.asarray, _lists_to_tuples(tuple(arrays)))
+        structure = keras_arrays(tuple(arrays))
         lengths = {leaf.shape[0] if leaf.ndim else None for leaf in tf.nest.flatten(structure)}
         if None in lengths or len(lengths) != 1:
             raise ValueError(

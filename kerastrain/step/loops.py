@@ -33,7 +33,6 @@ def unpack(data):
     return data_lib.split_batch(data)
 
 
-
 def say_masked_loss(model, y_pred, replicas) -> bool:
     """One line when the loss averages over unmasked entries only (a Keras mask on an
     output, as `Embedding(mask_zero=True)` gives sequence outputs, or a loss's
@@ -65,6 +64,26 @@ def log_value(value):
     except TypeError:
         return value
 
+
+def _probe_batch(model, element_spec, rows=2):
+    """`(x, y, y_pred)`: a made-up batch of `rows` examples of the data's shapes: x and
+    the targets zeros, the predictions 0.5 in the shapes the model gives."""
+    import keras
+    import tensorflow as tf
+    x_spec, y_spec, _ = data_lib.split_batch(element_spec)
+
+    def concrete(spec, value):
+        shape = [rows if d is None else d for d in spec.shape]
+        return tf.fill(shape, tf.cast(value, spec.dtype) if spec.dtype.is_numeric else "")
+    symbolic = tf.nest.map_structure(
+        lambda s: keras.KerasTensor([rows if d is None else d for d in s.shape], s.dtype.name),
+        x_spec)
+    outputs = model.compute_output_spec(symbolic)
+    y_pred = tf.nest.map_structure(lambda o: tf.fill(o.shape, tf.cast(0.5, o.dtype)), outputs)
+    return (tf.nest.map_structure(lambda s: concrete(s, 0), x_spec),
+            tf.nest.map_structure(lambda s: concrete(s, 0), y_spec), y_pred)
+
+
 class MetricState:
     """The metric variables kerastrain reduces, and how to read results from totals."""
 
@@ -90,6 +109,46 @@ class MetricState:
         if odd:
             logger.warning("metric variables %s are not sums; kerastrain adds them across "
                            "replicas and steps anyway", odd)
+
+    def check_sums(self, model, element_spec):
+        """Refuse a compiled metric whose update is not a sum of per-batch parts.
+
+        kerastrain reduces a metric by summing what each step's `update_state` adds to
+        its variables (across steps, replicas and workers), which is exact for Keras's
+        metrics (counts and sums). A metric that keeps a maximum or the last batch's
+        value would come out wrong without a word (a maximum error of 2.5 logged as
+        9.6). Probe: one made-up batch (targets 0, predictions 0.5, of the data's and
+        the model's shapes) updates the metrics from a state of zeros and from a state
+        of ones; a sum moves both alike. Metrics the probe cannot run are not judged.
+        """
+        import tensorflow as tf
+        metrics = _compat.compile_metrics(model)
+        _, y_spec, _ = data_lib.split_batch(element_spec)
+        owned = [v for m, vs in self.parts if m is metrics for v in vs]
+        if not owned or y_spec is None:
+            return
+        try:
+            x, y, y_pred = _probe_batch(model, element_spec)
+            moved = []
+            for start in (0, 1):
+                state = [tf.fill(v.shape, tf.cast(start, v.dtype)) for v in owned]
+                with _compat.stateless_scope(list(zip(owned, state))) as scope:
+                    metrics.update_state(y, y_pred)
+                    moved.append([np.asarray(scope.get_current_value(v)) - start
+                                  for v in owned])
+        except Exception:  # noqa: BLE001 - a metric the probe cannot feed is not judged
+            return
+        odd = [v.path for v, a, b in zip(owned, *moved)
+               if not np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)]
+        if odd:
+            raise ValueError(
+                f"Metric variable(s) {odd} do not add up: from a state of ones, a batch's "
+                "`update_state` moved them otherwise than from zeros (a metric keeping a "
+                "maximum, or the last batch's value). kerastrain sums each step's updates "
+                "across steps, replicas and workers, exact for sums and counts as Keras's "
+                "metrics keep, so this metric would be logged wrong. Write its update_state "
+                "to add to its variables (`assign_add`, or `assign(v + ...)`), or compute it "
+                "outside training (a callback).")
 
     @property
     def width(self) -> int:
