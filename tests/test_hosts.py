@@ -94,8 +94,10 @@ def test_a_ps_job_on_hosts_survives_a_frozen_worker_a_partition_and_a_killed_ps(
     text = run.finish(timeout=400), run.text
     # On failure: every line of the launcher and every kerastrain line (what happened, in
     # order), then the end of the output; TensorFlow's start-up lines would crowd them out.
+    # A stall's Python stacks (the watch's or faulthandler's) say where a task was blocked.
     story = "\n".join(line for line in text[1].splitlines()
-                      if line.startswith("[launch]") or "] kerastrain:" in line)
+                      if line.startswith("[launch]") or "] kerastrain:" in line
+                      or re.match(r"\[\w+:\d+\] (Thread 0x|Current thread|  File )", line))
     assert text[0] == 0, story + "\n...\n" + text[1][-3000:]
     text = text[1]
     assert "[launch] network: a multihost rehearsal" in text
