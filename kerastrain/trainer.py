@@ -177,6 +177,7 @@ class Trainer:
         # The user's own model object, when kerastrain trains a copy built in scope: it
         # gets the trained weights whenever fit ends, so code written for model.fit works.
         self._user_model = model if detached is not None and model is not self._model else None
+        self._detached = detached if optimizer is None else None  # its optimizer's state
         self._step = None
         self._predictor = None
         self._inputs = {}
@@ -327,6 +328,7 @@ class Trainer:
         models_lib.check_resources_placed(self._model, self._built)
         with self.strategy.scope():
             partitioned = models_lib.build_state(self._model, self._built, element_spec)
+            models_lib.carry_optimizer(self._model, self._detached)
             if not loops_lib.overrides(self._model, "train_step"):
                 loops_lib.MetricState(self._model).check_sums(self._model, element_spec)
         models_lib.say_unsynchronized_batchnorm(self._model, self.strategy)

@@ -847,3 +847,31 @@ def test_a_metric_whose_updates_do_not_add_up_is_refused_and_one_that_adds_is_ex
                       verbose=0).fit(batch_size=32, epochs=2, shuffle=False).history
     np.testing.assert_allclose(ours["true_positives"], theirs["true_positives"])
     np.testing.assert_allclose(ours["loss"], theirs["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED, "central_storage"],
+                         ids=["one_device", "mirrored", "central_storage"])
+def test_a_model_trained_by_fit_goes_on_with_its_optimizer_state_as_a_second_fit_would(
+        strategy):
+    """`model.fit` first, then kerastrain: training goes on from the optimizer's step count
+    and Adam's moments, as a second `model.fit` would (a fresh optimizer state left the
+    weights 0.0075 away and `optimizer.iterations` at 4 instead of 8)."""
+    rng = np.random.RandomState(0)
+    x = rng.rand(128, 4).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1)])
+        m.compile(keras.optimizers.Adam(0.01), "mse")
+        return m
+
+    reference, ours = model(), model()
+    for m in (reference, ours):
+        m.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    reference.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    kt.Trainer(ours, (x, y), strategy=strategy, verbose=0).fit(batch_size=32, shuffle=False)
+    assert int(ours.optimizer.iterations.numpy()) == 8
+    for a, b in zip(ours.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -51,6 +51,11 @@ class Detached:
         args = _compat.compile_args(model) if getattr(model, "compiled", False) else None
         self.compile_args = None if args is None else {
             k: _as_config(v) for k, v in args.items()}
+        # A model trained before (by `model.fit`) has its optimizer's state: step count,
+        # learning rate, slots. The copy's fresh optimizer goes on from it (`carry_optimizer`).
+        self.optimizer = getattr(model, "optimizer", None)
+        self.optimizer_state = [v.numpy() for v in self.optimizer.variables] \
+            if self.optimizer is not None and self.optimizer.built else None
 
 
 def _as_config(obj):
@@ -97,6 +102,26 @@ def hand_back(trained, user_model):
             _assign(mine.variables, values)
     _rehome_unreadable(user_model.metrics_variables)
     user_model.train_function = user_model.test_function = user_model.predict_function = None
+
+
+def carry_optimizer(model, detached):
+    """Put the user's optimizer state into the optimizer kerastrain built for its copy of
+    the model (call in scope, once built), so that training goes on as a second
+    `model.fit` would: Adam's moments and step count, not fresh ones. Nothing when the
+    model was not copied, its optimizer never built, or another optimizer was given."""
+    if detached is None or detached.optimizer_state is None or model.optimizer is None or \
+            model.optimizer is detached.optimizer or \
+            type(model.optimizer) is not type(detached.optimizer):
+        return
+    mine, values = model.optimizer.variables, detached.optimizer_state
+    if len(mine) != len(values) or any(tuple(v.shape) != tuple(a.shape)
+                                       for v, a in zip(mine, values)):
+        logger.warning(
+            "the model's optimizer had trained before (%d variables), and its state does not "
+            "fit the optimizer built for training here (%d variables): training starts with "
+            "a fresh optimizer state, unlike a second model.fit", len(values), len(mine))
+        return
+    _assign(mine, values)
 
 
 def _values_if_paired(mine, theirs):
