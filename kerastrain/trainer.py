@@ -530,7 +530,6 @@ class Trainer:
                 cbs)
         if listed[0].preempted is not None:
             raise listed[0].preempted  # after the handlers above have let go of SIGTERM
-        cbs.on_train_end(progress.logs or {})
         if progress.stop != actions_lib.DIVERGED:
             self._training_ended(trained=self.global_step > first_step)
         return callbacks_lib.history_of(cbs)
@@ -615,11 +614,14 @@ class Trainer:
         _logging.tuning_summary(say=training)
 
     def _train_epochs(self, driver, train_input, listed, epochs, *args):
-        """Run the epochs, then end them as `model.fit` does (an EMA optimizer's averages
-        become the weights) unless preempted: training goes on elsewhere."""
+        """Run the epochs, then end them as `model.fit` does unless preempted (training goes
+        on elsewhere): an EMA optimizer's averages become the weights, then the callbacks'
+        `on_train_end` (EarlyStopping restores its best weights there), all before the
+        user's model object gets the weights."""
         progress = self._run_epochs(driver, train_input, listed, epochs, *args)
         if progress.stop != actions_lib.PREEMPTED:
             updates.finalize(self._model, epochs.stop)
+            args[-1].on_train_end(progress.logs or {})   # the callback list
         return progress
 
     def _run_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,

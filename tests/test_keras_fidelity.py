@@ -875,3 +875,33 @@ def test_a_model_trained_by_fit_goes_on_with_its_optimizer_state_as_a_second_fit
     assert int(ours.optimizer.iterations.numpy()) == 8
     for a, b in zip(ours.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
+def test_early_stopping_restores_its_best_weights_into_the_users_model_object(strategy):
+    """`EarlyStopping(restore_best_weights=True)` restores them in `on_train_end`: the
+    user's own model object must get those, as after `model.fit` (it got the last epoch's,
+    0.52 away, while `trainer.model` held the best)."""
+    rng = np.random.RandomState(3)
+    x, xv = rng.rand(96, 4).astype("float32"), rng.rand(32, 4).astype("float32")
+    y, yv = x[:, :1] * 3, -xv[:, :1] * 3      # validation loss rises as training goes on
+
+    def model():
+        keras.utils.set_random_seed(1)
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        m.compile(keras.optimizers.SGD(0.1), "mse")
+        return m
+
+    def stopping():
+        return keras.callbacks.EarlyStopping(monitor="val_loss", patience=2,
+                                             restore_best_weights=True)
+
+    reference, ours = model(), model()
+    theirs = reference.fit(x, y, batch_size=16, epochs=8, shuffle=False, verbose=0,
+                           validation_data=(xv, yv), callbacks=[stopping()]).history
+    history = kt.Trainer(ours, strategy=strategy, verbose=0).fit(
+        x, y, batch_size=16, epochs=8, shuffle=False, validation_data=(xv, yv),
+        callbacks=[stopping()]).history
+    assert len(history["loss"]) == len(theirs["loss"]) < 8
+    for a, b in zip(ours.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
