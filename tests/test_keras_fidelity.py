@@ -905,3 +905,24 @@ def test_early_stopping_restores_its_best_weights_into_the_users_model_object(st
     assert len(history["loss"]) == len(theirs["loss"]) < 8
     for a, b in zip(ours.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_finite_data_ending_inside_an_epoch_goes_on_with_its_next_pass_and_says_so(caplog):
+    """10 batches, `steps_per_epoch=4`, 3 epochs: `model.fit` stops training after 10 steps
+    ("Your input ran out of data"); kerastrain begins the data's next pass and trains the 12
+    steps asked (docs/getting_started.md), and now says so once, naming what fit does."""
+    x = np.random.RandomState(3).rand(160, 4).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1] * 3)).batch(16)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        m.compile(keras.optimizers.SGD(0.1), "mse")
+        return m
+
+    with caplog.at_level(logging.INFO, logger="kerastrain"):
+        trainer = kt.Trainer(model, data, verbose=0)
+        trainer.fit(epochs=3, steps_per_epoch=4)
+    assert trainer.global_step == 12
+    said = [r for r in caplog.records if "the training data ended inside an epoch" in r.message]
+    assert len(said) == 1 and "model.fit would stop training here" in said[0].message

@@ -216,9 +216,20 @@ class SyncDriver:
                 if steps_per_epoch is None or (ran == 0 and restarted):
                     return  # the end of the data (or an empty dataset, which fit reports)
                 # The data ended before `steps_per_epoch`: start another pass.
+                self._say_new_pass(steps_per_epoch)
                 self._new_iterator(train_input)
                 restarted = True
 
+    def _say_new_pass(self, steps_per_epoch):
+        """Once a fit: finite data ended inside an epoch, where `model.fit` would stop."""
+        if getattr(self, "_said_new_pass", False):
+            return
+        self._said_new_pass = True
+        logger.info(
+            "the training data ended inside an epoch of steps_per_epoch=%d: its next pass "
+            "begins and the epoch goes on (model.fit would stop training here, warning \"Your "
+            "input ran out of data\"); repeat() the data, or steps_per_epoch=None for epochs of "
+            "one pass", steps_per_epoch)
 
     def _run_batches(self, train_input, steps_per_epoch):
         """`run_epoch` one batch per result, the update at each k-th: a step's batches are
@@ -232,6 +243,7 @@ class SyncDriver:
             if not ran and not read:  # the data ended, nothing held
                 if steps_per_epoch is None or restarted:
                     return
+                self._say_new_pass(steps_per_epoch)
                 self._new_iterator(train_input)
                 restarted = True
                 continue
