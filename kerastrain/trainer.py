@@ -441,8 +441,9 @@ class Trainer:
             checkpointer=self._run.checkpointer, latest_checkpoint=self._run.latest_checkpoint)
 
     def _actions(self, driver, watch, agree, monitor, callback_list, validation, batch_logs,
-                 steps_per_epoch):
+                 steps_per_epoch, train_input):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
+        steps_per_epoch = steps_per_epoch or self._steps_the_data_holds(train_input)
         results = self._step.results
         self._recovery = recovery_lib.action(
             driver, **self._nonfinite, model=self._model, step=self._step,
@@ -520,16 +521,18 @@ class Trainer:
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
         first_step, monitor = self.global_step, self._monitor(train_input.element_spec)
         cbs.on_train_begin()
-        with self._user_model_updated(), self._cluster_errors_explained(), \
-                self._preemption_agreement() as agree, watch, monitor, self._run.writes_settled():
-            listed = self._actions(driver, watch, agree, monitor, cbs, validation, bool(
-                callbacks or verbose), steps_per_epoch or self._steps_the_data_holds(train_input))
-            progress = self._train_epochs(
-                driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
-                self._resolve_steps_per_loop(callbacks, steps_per_epoch, train_input), resumed,
-                cbs)
-        if listed[0].preempted is not None:
-            raise listed[0].preempted  # after the handlers above have let go of SIGTERM
+        with self._user_model_updated():  # last: EarlyStopping restores in on_train_end
+            with self._cluster_errors_explained(), self._preemption_agreement() as agree, \
+                    watch, monitor, self._run.writes_settled():
+                listed = self._actions(driver, watch, agree, monitor, cbs, validation,
+                                       bool(callbacks or verbose), steps_per_epoch, train_input)
+                progress = self._train_epochs(
+                    driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
+                    self._resolve_steps_per_loop(callbacks, steps_per_epoch, train_input),
+                    resumed, cbs)
+            if listed[0].preempted is not None:
+                raise listed[0].preempted  # after the handlers above have let go of SIGTERM
+            cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
         if progress.stop != actions_lib.DIVERGED:
             self._training_ended(trained=self.global_step > first_step)
         return callbacks_lib.history_of(cbs)
@@ -615,13 +618,10 @@ class Trainer:
 
     def _train_epochs(self, driver, train_input, listed, epochs, *args):
         """Run the epochs, then end them as `model.fit` does unless preempted (training goes
-        on elsewhere): an EMA optimizer's averages become the weights, then the callbacks'
-        `on_train_end` (EarlyStopping restores its best weights there), all before the
-        user's model object gets the weights."""
+        on elsewhere): an EMA optimizer's averages become the weights."""
         progress = self._run_epochs(driver, train_input, listed, epochs, *args)
         if progress.stop != actions_lib.PREEMPTED:
             updates.finalize(self._model, epochs.stop)
-            args[-1].on_train_end(progress.logs or {})   # the callback list
         return progress
 
     def _run_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,
