@@ -50,6 +50,21 @@ _FORMS_HELP = (
     "or NumPy arrays `(x, y)` / `(x, y, sample_weight)` with `batch_size`.")
 
 
+def _python_batches(data) -> str:
+    """What to do with batches Python code makes, which `model.fit` takes and kerastrain not:
+    a compiled loop over many steps reads a tf.data pipeline, on any worker."""
+    import keras
+    if isinstance(data, keras.utils.PyDataset) or inspect.isgenerator(data) or (
+            hasattr(data, "__next__") and hasattr(data, "__iter__")):
+        return (" A keras.utils.PyDataset, a generator or an iterator of Python batches "
+                "(which model.fit takes) runs Python for every batch; kerastrain reads tf.data "
+                "inside its compiled loops, on every worker. Wrap it as a zero-argument function "
+                "returning `tf.data.Dataset.from_generator(...)` with `output_signature` (one "
+                "process; under parameter servers batches must come from tf.data ops), or build "
+                "the pipeline with tf.data.")
+    return ""
+
+
 # -- recognising the form ------------------------------------------------------
 
 def _is_array(value):
@@ -85,8 +100,9 @@ def input_form(data, argument="dataset_fn") -> str:
             f"{type(data).__name__}" + (f" with {len(data)} items" if hasattr(data, "__len__")
                                          else ""))
     if not callable(data):
-        raise TypeError(f"`{argument}` is not usable as training data. {_FORMS_HELP} "
-                        f"Received: {argument}={data!r} of type {type(data).__name__}")
+        raise TypeError(f"`{argument}` is not usable as training data.{_python_batches(data)} "
+                        f"{_FORMS_HELP} Received: {argument}={data!r} of type "
+                        f"{type(data).__name__}")
     try:
         params = [p for p in inspect.signature(data).parameters.values()
                   if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
