@@ -100,7 +100,8 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
                           .element_spec)
     listed = trainer._actions(NoLoops(), watch=Requested(), agree=None,
                               monitor=trainer._monitor(None), callback_list=None,
-                              validation=None, steps_per_epoch=2, batch_logs=False)
+                              validation=None, steps_per_epoch=2, batch_logs=False,
+                              train_input=None)
     progress = trainer._train_epochs(NoLoops(), None, listed, range(0, 3), 2, 1, None,
                                      type("C", (), {"on_epoch_begin": lambda *a: None})())
     assert progress.stop == "preempted" and listed[0].preempted.step == 0
