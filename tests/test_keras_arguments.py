@@ -171,7 +171,8 @@ def _fit_errors():
     two_y = [Y, Y]
     return {
         "x": ({"x": (row for row in X)}, TypeError,
-              r"`x` is not usable as training data\. Pass one of: .*Received: x=<generator"),
+              r"`x` is not usable as training data\. A keras.utils.PyDataset, a generator.*"
+              r"from_generator.*Pass one of: .*Received: x=<generator"),
         "y": ({"x": ds, "y": Y}, ValueError,
               r"`y` applies to NumPy arrays `x`.*Put it in the dataset, or pass arrays\. "
               r"Received: y with x of form 'dataset'"),
