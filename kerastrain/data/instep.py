@@ -11,8 +11,8 @@ their order are those of the pipelines they replace (tested).
 
 `source` decides (and logs) whether an input is read so; `InStepBatches` is the
 input, and `iter()` on it begins a pass and returns an iterator on which the
-compiled loops call `get_next_as_optional()`, as on a tf.data iterator (and, to run
-several steps per loop iteration, `batches_left()` and `next_batch()`). That
+compiled loops call `get_next_as_optional()`, as on a tf.data iterator, or, knowing
+the positions ahead, `read_ahead()`, `batch_at(position)` and one `advance(steps)`. That
 iterator is a value (an ExtensionType) holding the tensors, the pass's order and
 the handle of a position variable: a loop is traced for its type, once.
 """
@@ -249,17 +249,24 @@ def _iterator_type():
             return optional.get_value()
 
         @unconverted
-        def batches_left(self):
-            """Inside a compiled loop: the batches of the pass not yet read (int32)."""
-            return tf.cast(self._batches() - self._position(), tf.int32)
+        def read_ahead(self):
+            """Inside a compiled loop: `(first, left)`, the position the loop starts at and
+            the batches of the pass left from there (int32). A loop reads batch `first + k`
+            with `batch_at` and moves the position once, `advance(k)`, at its end: no step
+            then reads or writes the position variable, so the next batch's slicing need not
+            wait for the step before it (the variable ordered every read after the previous
+            step's updates: bench/step_profile.py)."""
+            first = self._position()
+            return first, tf.cast(self._batches() - first, tf.int32)
 
         @unconverted
-        def next_batch(self):
-            """Inside a compiled loop that knows `batches_left() > 0`: the next batch."""
-            batch = self._batch_at(self._position())
+        def batch_at(self, position):
+            return self._batch_at(position)
+
+        @unconverted
+        def advance(self, steps):
             tf.raw_ops.AssignAddVariableOp(resource=self.position,
-                                           value=tf.constant(1, tf.int64))
-            return batch
+                                           value=tf.cast(steps, tf.int64))
 
         @unconverted
         def get_next_as_optional(self):

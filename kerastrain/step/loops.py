@@ -539,13 +539,24 @@ class Step:
         def loop(iterator, num_steps):
             totals = tf.zeros([self.width], tf.float32)
             steps = tf.constant(0, tf.int32)
-            if unroll > 1 and hasattr(iterator, "batches_left"):
-                self._say_unrolled()
-                ahead = tf.minimum(num_steps, iterator.batches_left())
-                while go_on(steps + (unroll - 1), ahead):
-                    for _ in range(unroll):
-                        totals = accumulate(totals, run_one(iterator.next_batch()))
-                    steps += unroll
+            if hasattr(iterator, "read_ahead"):  # in-memory batches: positions known ahead
+                first, left = iterator.read_ahead()
+                ahead = tf.minimum(num_steps, left)
+                if unroll > 1:
+                    self._say_unrolled()
+                    while go_on(steps + (unroll - 1), ahead):
+                        for k in range(unroll):
+                            totals = accumulate(totals, run_one(iterator.batch_at(
+                                first + tf.cast(steps + k, tf.int64))))
+                        steps += unroll
+                while go_on(steps, ahead):
+                    totals = accumulate(totals, run_one(iterator.batch_at(
+                        first + tf.cast(steps, tf.int64))))
+                    steps += 1
+                iterator.advance(steps)
+                if after is not None:
+                    after(steps)
+                return totals, steps
             while go_on(steps, num_steps):
                 optional = iterator.get_next_as_optional()
                 if not optional.has_value():
