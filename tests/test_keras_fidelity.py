@@ -926,3 +926,29 @@ def test_finite_data_ending_inside_an_epoch_goes_on_with_its_next_pass_and_says_
     assert trainer.global_step == 12
     said = [r for r in caplog.records if "the training data ended inside an epoch" in r.message]
     assert len(said) == 1 and "model.fit would stop training here" in said[0].message
+
+
+def test_a_model_instance_with_random_layers_keeps_its_random_stream():
+    """keras.io's augmentation layers (unseeded RandomFlip, RandomRotation) draw their seed
+    when made: the copy kerastrain builds in the strategy's scope drew new ones, so a model
+    instance trained differently from the same model under fit (weights 0.004 away on one
+    device). The copy now takes the user's seed states."""
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(32, 8, 8, 3).astype("float32"), rng.randint(0, 2, 32)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((8, 8, 3))
+        h = keras.layers.RandomRotation(0.1)(keras.layers.RandomFlip("horizontal")(inputs))
+        h = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 3)(h))
+        m = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(h))
+        m.compile("adam", "binary_crossentropy")
+        return m
+
+    reference, ours = model(), model()
+    theirs = reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    history = kt.Trainer(ours, strategy="one_device", verbose=0).fit(
+        x, y, batch_size=8, epochs=2, shuffle=False).history
+    np.testing.assert_allclose(history["loss"], theirs["loss"], rtol=1e-6)
+    for a, b in zip(ours.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

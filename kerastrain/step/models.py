@@ -44,6 +44,10 @@ class Detached:
 
     def __init__(self, model):
         self.weights = model.get_weights()
+        # The random layers' seed states (Dropout, RandomFlip... unseeded: drawn when the
+        # layer was made): the copy goes on with the user's random stream, not a new one.
+        weights = {id(v) for v in model.weights}
+        self.states = [v.numpy() for v in model.variables if id(v) not in weights]
         # Lookup tables are not variables: read their vocabularies, and the layers'
         # configs (TextVectorization's reads its table), while they can be read.
         self.vocabularies = [layer.get_vocabulary() for layer in _compat.lookup_layers(model)]
@@ -442,6 +446,11 @@ def _rebuild(model, detached):
         clone_function=lambda layer: layer.__class__.from_config(
             configs[id(layer)] if id(layer) in configs else layer.get_config()))
     clone.set_weights(detached.weights)
+    weights = {id(v) for v in clone.weights}
+    states = [v for v in clone.variables if id(v) not in weights]
+    if len(states) == len(detached.states) and all(
+            tuple(v.shape) == a.shape for v, a in zip(states, detached.states)):
+        _assign(states, detached.states)
     # In scope: each table is made again where the strategy wants it (per worker under ps).
     for layer, vocabulary in zip(_compat.lookup_layers(clone), detached.vocabularies):
         layer.set_vocabulary(vocabulary)
