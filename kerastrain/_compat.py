@@ -748,6 +748,12 @@ def flatten_metrics_in_order(model, logs):
     return model._flatten_metrics_in_order(logs)
 
 
+def all_layers(model):
+    """Every layer nested in `model`, itself excluded (Keras 3's own walk, `_flatten_layers`,
+    Keras 3.10-3.15)."""
+    return list(model._flatten_layers(include_self=False))
+
+
 def sublayers_built(model) -> bool:
     """Whether every layer inside `model` (not the model itself) has its variables.
 

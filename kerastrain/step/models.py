@@ -451,6 +451,11 @@ def _rebuild(model, detached):
     if len(states) == len(detached.states) and all(
             tuple(v.shape) == a.shape for v, a in zip(states, detached.states)):
         _assign(states, detached.states)
+    # An adapted Normalization keeps its statistics in variables but normalises with
+    # tensors made from them (`finalize_state`, which Keras's loading calls, set_weights not).
+    for layer in _compat.all_layers(clone):
+        if isinstance(layer, keras.layers.Normalization):
+            layer.finalize_state()
     # In scope: each table is made again where the strategy wants it (per worker under ps).
     for layer, vocabulary in zip(_compat.lookup_layers(clone), detached.vocabularies):
         layer.set_vocabulary(vocabulary)
