@@ -451,11 +451,7 @@ def _rebuild(model, detached):
     if len(states) == len(detached.states) and all(
             tuple(v.shape) == a.shape for v, a in zip(states, detached.states)):
         _assign(states, detached.states)
-    # An adapted Normalization keeps its statistics in variables but normalises with
-    # tensors made from them (`finalize_state`, which Keras's loading calls, set_weights not).
-    for layer in _compat.all_layers(clone):
-        if isinstance(layer, keras.layers.Normalization):
-            layer.finalize_state()
+    _normalize_with_its_variables(clone)
     # In scope: each table is made again where the strategy wants it (per worker under ps).
     for layer, vocabulary in zip(_compat.lookup_layers(clone), detached.vocabularies):
         layer.set_vocabulary(vocabulary)
@@ -519,7 +515,17 @@ def unpartitioned_copy(model, source=None):
             f"{[tuple(v.shape) for v in mine]}, expected {[tuple(v.shape) for v in theirs]}")
     for target, variable in zip(mine, theirs):
         target.assign(tf.convert_to_tensor(variable.value))
+    _normalize_with_its_variables(copy)
     return copy
+
+
+def _normalize_with_its_variables(model):
+    """An adapted Normalization keeps its statistics in variables but normalises with
+    tensors made from them (`finalize_state`, which Keras's loading calls and
+    `set_weights` / `assign` do not): make them again from the variables given."""
+    for layer in _compat.all_layers(model):
+        if isinstance(layer, keras.layers.Normalization):
+            layer.finalize_state()
 
 
 def _explained(built):
