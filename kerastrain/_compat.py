@@ -748,6 +748,14 @@ def flatten_metrics_in_order(model, logs):
     return model._flatten_metrics_in_order(logs)
 
 
+def keras_mask(tensor):
+    """The Keras mask a layer attached to `tensor` (`Embedding(mask_zero=True)` and the
+    layers after it), or None: `keras.src.backend.get_keras_mask` (Keras 3.5-3.15), not
+    exported."""
+    from keras.src.backend import get_keras_mask
+    return get_keras_mask(tensor)
+
+
 def all_layers(model):
     """Every layer nested in `model`, itself excluded (Keras 3's own walk, `_flatten_layers`,
     Keras 3.10-3.15)."""

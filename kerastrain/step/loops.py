@@ -42,7 +42,7 @@ def say_masked_loss(model, y_pred, replicas) -> bool:
     Returns True (said or not, it is decided once)."""
     import tensorflow as tf
     masked = [i for i, t in enumerate(tf.nest.flatten(y_pred))
-              if getattr(t, "_keras_mask", None) is not None]
+              if _compat.keras_mask(t) is not None]
     ignoring = [loss for loss in tf.nest.flatten(getattr(model, "loss", None))
                 if getattr(loss, "ignore_class", None) is not None]
     if masked or ignoring:
