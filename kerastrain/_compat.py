@@ -748,6 +748,18 @@ def flatten_metrics_in_order(model, logs):
     return model._flatten_metrics_in_order(logs)
 
 
+def optimizer_strategy_scope(optimizer):
+    """The scope of the strategy a Keras optimizer was made under (its private
+    `_distribution_strategy`, Keras 3.10-3.15), where its variables must be made; a null
+    context for the default strategy or when already inside it."""
+    import tensorflow as tf
+    strategy = getattr(optimizer, "_distribution_strategy", None)
+    if strategy is None or strategy is tf.distribute.get_strategy() or \
+            type(strategy).__name__ == "_DefaultDistributionStrategy":
+        return contextlib.nullcontext()
+    return strategy.scope()
+
+
 def keras_mask(tensor):
     """The Keras mask a layer attached to `tensor` (`Embedding(mask_zero=True)` and the
     layers after it), or None: `keras.src.backend.get_keras_mask` (Keras 3.5-3.15), not

@@ -982,3 +982,32 @@ def test_an_adapted_normalization_layer_in_a_model_instance_keeps_its_statistics
         np.testing.assert_allclose(history[key], theirs[key], rtol=1e-5, err_msg=key)
     for a, b in zip(ours.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_made_in_a_mirrored_scope_of_the_users_own_trains_and_is_handed_back():
+    """keras.io's multi-GPU guide builds and compiles the model in its own
+    `MirroredStrategy().scope()`. Given to kerastrain, it trained (kerastrain's copy), then
+    handing the weights back failed building the user's optimizer outside its strategy's
+    scope ("Need to be inside with strategy.scope()"). Now its weights equal `fit`'s under
+    that strategy."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.RandomState(0)
+    x = rng.rand(96, 4).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        with strategy.scope():
+            m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(1)])
+            m.compile("adam", "mse")
+        return m
+
+    reference, ours = model(), model()
+    theirs = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+    history = kt.Trainer(ours, strategy=MIRRORED, verbose=0).fit(
+        x, y, batch_size=16, epochs=2, shuffle=False).history
+    np.testing.assert_allclose(history["loss"], theirs["loss"], rtol=1e-5)
+    for a, b in zip(ours.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert int(ours.optimizer.iterations.numpy()) == 12

@@ -100,7 +100,10 @@ def hand_back(trained, user_model):
     if mine is not None and theirs is not None and getattr(theirs, "built", False):
         _rehome_unreadable(mine.variables)
         if not mine.built:
-            mine.build(user_model.trainable_variables)
+            # A model made in a strategy's scope of the user's own (keras.io's multi-GPU
+            # guide) has an optimizer that builds only in that scope.
+            with _compat.optimizer_strategy_scope(mine):
+                mine.build(user_model.trainable_variables)
         values = _values_if_paired(mine.variables, theirs.variables)
         if values is not None:
             _assign(mine.variables, values)
