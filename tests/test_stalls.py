@@ -123,3 +123,22 @@ def test_the_launcher_names_a_stall_that_faulthandlers_backstop_ended():
             "blocked while holding Python's GIL, so the stall watch could not act; its stacks "
             "are above)") in out.getvalue(), out.getvalue()
     assert "[worker:0] Timeout (0:00:50)!" in out.getvalue()
+
+
+def test_a_fault_at_a_step_waits_for_that_checkpoint_to_be_complete(tmp_path):
+    """`--fault "... at step N"` fires once the checkpoint state file names step N or later,
+    which the chief writes when the save has returned: the `.index` file appears inside the
+    save, and a worker frozen there left the chief blocked in TensorFlow holding the GIL
+    (CI 2026-11-27: faulthandler's backstop, then a whole-job restart)."""
+    from kerastrain.cli.launch import latest_step
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    assert latest_step(str(tmp_path)) is None and latest_step(None) is None
+    (directory / "ckpt-32.index").write_text("")      # a save under way
+    assert latest_step(str(tmp_path)) is None
+    (directory / "checkpoint").write_text(
+        f'model_checkpoint_path: "{directory}/ckpt-32"\n'
+        f'all_model_checkpoint_paths: "{directory}/ckpt-16"\n'
+        f'all_model_checkpoint_paths: "{directory}/ckpt-32"\n')
+    (directory / "ckpt-48.index").write_text("")      # the next save, under way
+    assert latest_step(str(tmp_path)) == 32

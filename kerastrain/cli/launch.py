@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import json
 import os
 import re
@@ -206,7 +205,7 @@ class Fault:
 _FAULT = re.compile(r"^(freeze|partition|kill)\s+([a-z_]+:\d+)\s+at\s+(?:(\d+(?:\.\d+)?)s|"
                     r"step\s+(\d+))(?:\s+for\s+(\d+(?:\.\d+)?)s)?$")
 FAULT_FORM = ("'freeze TASK at Ns for Ns', 'partition TASK at Ns for Ns' or 'kill TASK at Ns' "
-              "('at step N' instead of 'at Ns': once a checkpoint of step N or later exists)")
+              "('at step N' instead of 'at Ns': once a checkpoint of step N or later is complete)")
 
 
 def parse_fault(text: str, tasks, multihost: bool) -> Fault:
@@ -236,13 +235,19 @@ def parse_fault(text: str, tasks, multihost: bool) -> Fault:
 
 
 def latest_step(model_dir) -> int | None:
-    """The step of the newest checkpoint in `model_dir` (None: none yet, or no model_dir)."""
+    """The step of the newest complete checkpoint in `model_dir` (None: none yet, or no
+    model_dir): one the checkpoint state file names, which the chief writes once a save has
+    returned. (Its `.index` file appears before: a fault at a step then landed inside the
+    save, where TensorFlow's call to each worker, removing a function, blocks holding the
+    GIL when a worker is frozen, CI 2026-11-27.)"""
     if not model_dir:
         return None
-    steps = [int(m.group(1)) for path in glob.glob(os.path.join(model_dir, "checkpoints",
-                                                                 "ckpt-*.index"))
-             if (m := re.search(r"ckpt-(\d+)\.index$", path))]
-    return max(steps, default=None)
+    try:
+        with open(os.path.join(model_dir, "checkpoints", "checkpoint")) as f:
+            named = f.read()
+    except OSError:
+        return None
+    return max((int(step) for step in re.findall(r'ckpt-(\d+)"', named)), default=None)
 
 
 class Faults:
