@@ -34,8 +34,14 @@ def test_unknown_and_mistyped_strategy_options():
         strategies.normalize("mirrored", {"cross_device_ops": "ring"})
     with pytest.raises(ValueError, match=r"`num_workers` must be an int >= 1. Received: num_workers=0"):
         strategies.normalize("parameter_server", {"num_workers": 0})
-    with pytest.raises(TypeError, match="build the tf.distribute strategy inside kerastrain"):
+    with pytest.raises(TypeError, match="kerastrain builds the tf.distribute strategy itself. "
+                                        "Received: strategy=<object"):
         strategies.normalize(object())
+    # keras.io's multi-GPU guide builds its own: the error names the strategy to ask for.
+    import tensorflow as tf
+    with pytest.raises(TypeError, match=r"\(for a OneDeviceStrategy: strategy='one_device', its "
+                                        r"devices or cluster as options\)\. Received: "):
+        strategies.normalize(tf.distribute.OneDeviceStrategy("/cpu:0"))
 
 
 def test_ps_on_infinite_data_without_steps_per_epoch(tmp_path):

@@ -112,6 +112,15 @@ _ALIASES = {"parameter_server": "ps", "mwm": "multi_worker_mirrored",
             "multi_worker": "multi_worker_mirrored", "onedevice": "one_device"}
 
 
+# A tf.distribute strategy object given instead of a name: the name that builds it.
+_NAME_OF_CLASS = {"MirroredStrategy": "mirrored", "OneDeviceStrategy": "one_device",
+                  "MultiWorkerMirroredStrategy": "multi_worker_mirrored",
+                  "CollectiveAllReduceStrategy": "multi_worker_mirrored",
+                  "CentralStorageStrategy": "central_storage",
+                  "ParameterServerStrategy": "ps", "ParameterServerStrategyV2": "ps",
+                  "_DefaultDistributionStrategy": "default"}
+
+
 def _register(name, **options):
     def wrap(fn):
         _REGISTRY[name] = _Spec(fn, {**_COMMON, **options})
@@ -139,9 +148,12 @@ def normalize(strategy, strategy_options=None) -> tuple[str, dict]:
     if strategy is None:
         strategy = "auto"
     if not isinstance(strategy, str):
+        named = _NAME_OF_CLASS.get(type(strategy).__name__)
         raise TypeError(
             "`strategy` must be a strategy name or a mapping {'name': ..., **options}; "
-            f"build the tf.distribute strategy inside kerastrain. Received: strategy={strategy!r} "
+            "kerastrain builds the tf.distribute strategy itself"
+            + (f" (for a {type(strategy).__name__}: strategy={named!r}, its devices or cluster "
+               "as options)" if named else "") + f". Received: strategy={strategy!r} "
             f"of type {type(strategy).__name__}")
     name = _ALIASES.get(strategy.lower(), strategy.lower())
     if name not in _REGISTRY:
