@@ -329,6 +329,7 @@ class Trainer:
         with self.strategy.scope():
             partitioned = models_lib.build_state(self._model, self._built, element_spec)
             models_lib.carry_optimizer(self._model, self._detached)
+            self._detached = None  # its copies of the weights and slots are no longer needed
             if not loops_lib.overrides(self._model, "train_step"):
                 loops_lib.MetricState(self._model).check_sums(self._model, element_spec)
         models_lib.say_unsynchronized_batchnorm(self._model, self.strategy)
