@@ -261,7 +261,7 @@ def _iterator_type():
 
         @unconverted
         def batch_at(self, position):
-            return self._batch_at(position)
+            return _batch_at(self, position)
 
         @unconverted
         def advance(self, steps):

@@ -33,13 +33,12 @@ def unpack(data):
     return data_lib.split_batch(data)
 
 
-def say_masked_loss(model, y_pred, replicas) -> bool:
+def say_masked_loss(model, y_pred, replicas):
     """One line when the loss averages over unmasked entries only (a Keras mask on an
     output, as `Embedding(mask_zero=True)` gives sequence outputs, or a loss's
     `ignore_class`): each replica then averages over its own share's unmasked entries,
     and its weight is its share of the batch's examples, not of the unmasked entries,
-    so the step differs slightly from one device's (Keras fit weights replicas alike).
-    Returns True (said or not, it is decided once)."""
+    so the step differs slightly from one device's (Keras fit weights replicas alike)."""
     import tensorflow as tf
     masked = [i for i, t in enumerate(tf.nest.flatten(y_pred))
               if _compat.keras_mask(t) is not None]
@@ -52,7 +51,6 @@ def say_masked_loss(model, y_pred, replicas) -> bool:
             "averages over its own share's, weighted by its share of the examples, so losses "
             "and updates differ slightly from one device's (as under Keras fit with this "
             "strategy); one device trains it exactly", what, replicas)
-    return True
 
 
 def log_value(value):
@@ -327,8 +325,9 @@ class Step:
         guard = _EmptyBatchGuard(self.model, x, n, replicas)
         with tf.GradientTape() as tape:
             y_pred, forward = self._forward(x, training=True)
-            if replicas > 1 and not self._said_masked:   # once, while tracing
-                self._said_masked = say_masked_loss(self.model, y_pred, replicas)
+            if replicas > 1 and not self._said_masked:   # decided once, while tracing
+                self._said_masked = True
+                say_masked_loss(self.model, y_pred, replicas)
             loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True,
                                                    forward=forward)
             # Keras returned (local mean + regularization) / replicas. Weighting each
