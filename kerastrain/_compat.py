@@ -9,6 +9,7 @@ the private name is needed; when Keras grows a public equivalent, switch here.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import keras
 
@@ -444,6 +445,56 @@ def take_async_save_error(checkpoint):
     if error is not None:
         helper._async_error = None
     return error
+
+
+class TracedCheckpointWrite:
+    """Writes of one `tf.train.Checkpoint` through one `tf.function`, traced again only when
+    the checkpoint's objects change.
+
+    Eager `Checkpoint.write` over variables on several tasks (parameter servers) traces a
+    new function at every save (`functional_saver.MultiDeviceSaver.save`: "re-create
+    SaveableObjects each time") and registers it with every task of the cluster, removing
+    the previous one, while holding the GIL: a frozen worker then blocks the chief at its
+    next checkpoint. Traced once, later saves send nothing new to the workers. Used as
+    `with writer.around(): manager.save(...)`: the manager's numbering, state file and
+    rotation stay TensorFlow's (its callbacks run here, with the written path).
+    """
+
+    def __init__(self, checkpoint):
+        self.checkpoint = checkpoint
+        self._objects = None   # ids of the checkpoint's objects when `_fn` was traced
+        self._fn = None
+        self.traces = 0
+
+    def _write(self, file_prefix, options=None):
+        import tensorflow as tf
+        from tensorflow.python.checkpoint import checkpoint as checkpoint_lib
+
+        options = options or tf.train.CheckpointOptions()
+        if options.experimental_enable_async_checkpoint:
+            raise ValueError("TracedCheckpointWrite writes in the foreground only")
+        objects = tuple(id(o) for o in tf.train.TrackableView(self.checkpoint).descendants())
+        if objects != self._objects:
+            checkpoint = self.checkpoint
+
+            @tf.function(autograph=False, jit_compile=False)
+            def write(prefix):
+                return checkpoint_lib.Checkpoint._write(checkpoint, prefix)
+
+            self._objects, self._fn = objects, write
+            self.traces += 1
+        tf.io.gfile.makedirs(os.path.dirname(file_prefix))  # as the eager write does
+        path = self._fn(tf.constant(file_prefix)).numpy().decode()
+        if options.experimental_write_callbacks:
+            checkpoint_lib._execute_callbacks(options.experimental_write_callbacks, path)
+        return path
+
+    @contextlib.contextmanager
+    def around(self):
+        """The checkpoint's `_write` (what `CheckpointManager.save` calls) goes through
+        the traced function inside."""
+        with instance_override(self.checkpoint, "_write", self._write):
+            yield
 
 
 def checkpoint_whole(sharded):

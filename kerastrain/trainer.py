@@ -207,6 +207,7 @@ class Trainer:
             self._run = run_state.RunState(
                 options=self._ckpt_options, model_dir=self.model_dir, outputs=self._outputs,
                 background=self._mode.background_checkpoints,
+                traced=self._mode.traced_checkpoints,
                 is_chief=self.is_chief, is_multi_worker=self._built.is_multi_worker)
         # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
         # step. A plain local variable: only this task's loop reads it.

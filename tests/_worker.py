@@ -54,6 +54,7 @@ def run(job, out):
     else:
         dataset_fn = helpers.global_batch_dataset_fn(job.get("n", 96))
     model = helpers.build_counting_model if job.get("counting") else helpers.build_model
+    registered = count_registrations_per_save() if job.get("count_registrations") else None
     if job.get("instance"):
         # A compiled model built the ordinary way, outside any scope, handed over as is.
         import keras
@@ -107,6 +108,8 @@ def run(job, out):
         if job.get("use_after_fit"):
             result["used_after_fit"] = helpers.use_after_fit(model, trainer,
                                                              job["use_after_fit"])
+    if registered is not None:
+        result["registered_per_save"] = registered
     if job.get("fresh_restore"):
         # A fresh trainer on the same model_dir asked for the same epochs: it restores
         # and has nothing left to train.
@@ -120,6 +123,31 @@ def run(job, out):
     np.savez(out + ".npz", *[np.asarray(w) for w in trainer.model.get_weights()])
     with open(out + ".json", "w") as f:
         json.dump(result, f)
+
+
+def count_registrations_per_save():
+    """The number of functions registered with the eager context (and so sent to every
+    task of a cluster) during each checkpoint save of this process, in order."""
+    from tensorflow.python.eager import context
+
+    from kerastrain.io import checkpoints
+    counted, per_save = [0], []
+    cls = type(context.context())
+    for name in ("add_function_def", "add_c_function"):
+        def counting(self, *args, _original=getattr(cls, name)):
+            counted[0] += 1
+            return _original(self, *args)
+        setattr(cls, name, counting)
+    save = checkpoints.Checkpointer.save
+
+    def counted_save(self, step):
+        before = counted[0]
+        try:
+            return save(self, step)
+        finally:
+            per_save.append(counted[0] - before)
+    checkpoints.Checkpointer.save = counted_save
+    return per_save
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ def local_cluster(tmp_path_factory):
             "strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
             "epochs": 2, "steps_per_epoch": 10, "data": "infinite",
             "steps_per_loop": 3, "model_dir": str(tmp / "restore"),
-            "checkpoint": {"every_steps": 5}, "fresh_restore": True},
+            "checkpoint": {"every_steps": 5}, "fresh_restore": True,
+            "count_registrations": True},
         "counting": {
             "strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "epochs": 3,
             "n": 512, "steps_per_epoch": 32, "counting": True, "steps_per_loop": 4}}
@@ -92,6 +93,16 @@ def test_ps_checkpoint_restores_into_a_fresh_trainer_with_the_exact_step(local_c
     assert [n for n in names if n.endswith(".index")] == [
         "ckpt-10.index", "ckpt-15.index", "ckpt-20.index"]  # max_to_keep=3
     assert "resumed from" in log
+
+
+def test_ps_checkpoints_after_the_first_send_nothing_new_to_the_cluster(local_cluster):
+    """An eager save over several tasks traced a new save function every time and
+    registered it with every worker, holding the GIL: one frozen worker then blocked the
+    chief at its next checkpoint (the multihost rehearsal's freeze flake)."""
+    result, _ = local_cluster["fresh_restore"]
+    per_save = result["registered_per_save"]
+    assert len(per_save) >= 4, per_save  # steps 5, 10, 15, 20
+    assert per_save[0] >= 1 and per_save[1:] == [0] * (len(per_save) - 1), per_save
 
 
 def test_a_layer_that_counts_with_assign_add_counts_exactly_under_two_ps_workers(local_cluster):

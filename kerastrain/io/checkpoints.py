@@ -100,7 +100,7 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | None, options: CheckpointOptions, *, is_chief: bool,
-                 background: bool = False, **trackables):
+                 background: bool = False, traced: bool = False, **trackables):
         import tensorflow as tf
         self.options = options
         self.is_chief = is_chief
@@ -122,6 +122,12 @@ class Checkpointer:
         self.background = bool(background and self.manager is not None)
         self._checked_background = False
         self._pending = None        # (step, path, what holds if it fails) being written
+        # Foreground saves through one traced function (`traced`: the mode's rule, under
+        # parameter servers; `_compat.TracedCheckpointWrite` says why).
+        self._traced = None
+        if traced and self.manager is not None:
+            from kerastrain import _compat
+            self._traced = _compat.TracedCheckpointWrite(self.checkpoint)
 
     def _can_write_in_background(self):
         """Whether TensorFlow's asynchronous save copies every object of this checkpoint;
@@ -192,6 +198,9 @@ class Checkpointer:
                     if background:
                         path = self._save_in_background(step)
                         self._pending = (step, path, after)
+                    elif self._traced is not None:
+                        with self._traced.around():
+                            path = self.manager.save(checkpoint_number=step)
                     else:
                         path = self.manager.save(checkpoint_number=step)
             except files.DiskFull:

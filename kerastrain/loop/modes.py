@@ -46,6 +46,8 @@ class Synchronous:
     # Checkpoints may be written in the background: the values are copied to this host and
     # only the chief writes (see `run_state.RunState`).
     background_checkpoints = True
+    # Foreground saves through one traced function (`_compat.TracedCheckpointWrite`).
+    traced_checkpoints = False
 
     @contextlib.contextmanager
     def preemption_agreement(self, checkpointer, model_dir):
@@ -130,6 +132,8 @@ class ParameterServers(Synchronous):
     # TensorFlow keeps the asynchronous copy on each variable's own task: the write would
     # read the parameter servers while training goes on, and fail with them.
     background_checkpoints = False
+    # An eager save over several tasks registers a new function with every worker each time.
+    traced_checkpoints = True
 
     def explain_lost(self, error, latest_checkpoint):
         return driver_lib.lost_cluster(error, latest_checkpoint)

@@ -30,7 +30,7 @@ class RunState:
     """The counters of a run (made under the strategy's scope) and its checkpointer."""
 
     def __init__(self, *, options, model_dir, outputs, is_chief, is_multi_worker,
-                 background=True):
+                 background=True, traced=False):
         import tensorflow as tf
         self.options = options  # a `checkpoints.CheckpointOptions`, or None: no checkpoints
         self.model_dir = model_dir
@@ -38,6 +38,7 @@ class RunState:
         self.is_chief = is_chief
         self.is_multi_worker = is_multi_worker
         self.background = background  # the strategy allows background checkpoint writes
+        self.traced = traced  # foreground writes through one traced function (modes.py)
         self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
                          for name in COUNTERS}
         self.epoch_totals = None
@@ -63,7 +64,8 @@ class RunState:
             # and parameter servers).
             self.checkpointer = checkpoints.Checkpointer(
                 directory, options, is_chief=self.is_chief,
-                background=options.background and self.background, model=model,
+                background=options.background and self.background, traced=self.traced,
+                model=model,
                 optimizer=model.optimizer, global_step=self._saved["global_step"],
                 epoch_totals=self.epoch_totals, **self.counters)
 
