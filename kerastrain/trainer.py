@@ -16,6 +16,7 @@ from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.io import checkpoints
 from kerastrain.data import inputs as data_lib
 from kerastrain.loop import driver as driver_lib
+from kerastrain.loop import fitting
 from kerastrain.io import files
 from kerastrain.data import fit_args
 from kerastrain.step import loops as loops_lib
@@ -23,7 +24,6 @@ from kerastrain.step import models as models_lib
 from kerastrain.loop import modes
 from kerastrain.io import outputs as outputs_lib
 from kerastrain.step import precision
-from kerastrain.step import updates
 from kerastrain.loop import predicting
 from kerastrain.loop import preemption
 from kerastrain.loop import recovery as recovery_lib
@@ -39,9 +39,6 @@ from kerastrain._options import check_choice, check_int
 logger = logging.getLogger("kerastrain")
 
 VERBOSE = (0, 1, 2, "auto")  # as `model.fit`'s
-# model.fit's data arguments that `fit` takes by keyword (`kerastrain.data.fit_args`).
-_KERAS_FIT_DATA_ARGS = {"x", "sample_weight", "class_weight", "validation_data",
-                        "validation_split", "shuffle", "validation_batch_size"}
 
 
 class Trainer:
@@ -131,7 +128,6 @@ class Trainer:
                                spike_factor=spike_factor)
         recovery_lib.check_options(**self._nonfinite)
         self._stall_timeout = stalls.check(stall_timeout)
-        self._beat = None  # while fit trains: progress, for its `stalls.StallWatch`
         service_options = service_lib.ServiceOptions.coerce(data_service)
         self._tuning = tuning_lib.TuningOptions.coerce(tuning)
         self._loop_sizer = tuning_lib.LoopSizer(fallback=modes.AUTO_STEPS_PER_LOOP)
@@ -154,7 +150,7 @@ class Trainer:
         service_lib.check_strategy(service_options, self._built)
         self._service = service_options and service_lib.Service(service_options)
         self._jit_compile = jit_compile
-        self._recovery = None  # this fit's `recovery.Recovery` (on_nonfinite="recover")
+        self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries, its stall watch)
         self._tb_options = summaries.TensorBoardOptions.coerce(tensorboard)
         self._extra_writers = list(writers or [])
         self._writer = None
@@ -248,7 +244,8 @@ class Trainer:
     @property
     def recoveries(self) -> int:
         """Recoveries from a bad loss in the last `fit` (`on_nonfinite="recover"`)."""
-        return 0 if self._recovery is None else self._recovery.count
+        recovery = self._epochs and self._epochs.recovery
+        return 0 if recovery is None else recovery.count
 
     def write_text(self, name: str, text: str):
         """Write a text file into `model_dir` on the chief only (e.g. the resolved recipe).
@@ -424,58 +421,6 @@ class Trainer:
             element_spec=element_spec,
             train_logdir=self._tb_writer.train_dir if self._tb_writer is not None else None)
 
-    def _resolve_steps_per_loop(self, callbacks, steps_per_epoch, train_input):
-        if self._steps_per_loop != "auto":
-            return self._steps_per_loop
-        if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
-            return 1  # a user's batch hooks see every batch, as under model.fit
-        if steps_per_epoch is None and train_input.drains and train_input.cardinality > 0:
-            steps_per_epoch = train_input.cardinality  # a pass's batches, about
-        return self._mode.auto_steps_per_loop(
-            steps_per_epoch, sizer=self._loop_sizer, measure=self._tuning.measure_steps_per_loop)
-
-    def _driver(self, stop_requested, callbacks=()):
-        """The driver of this strategy's epochs (`modes`): this task's replicas, or the ps
-        workers."""
-        return self._mode.driver(
-            self._step, stop_requested=stop_requested, callbacks=callbacks,
-            steps_per_loop=self._steps_per_loop, global_step=self._global_step,
-            checkpointer=self._run.checkpointer, latest_checkpoint=self._run.latest_checkpoint)
-
-    def _actions(self, driver, watch, agree, monitor, callback_list, validation, batch_logs,
-                 steps_per_epoch, train_input):
-        """What happens after each loop and epoch, in order; the chief-only rule is here."""
-        steps_per_epoch = steps_per_epoch or self._steps_the_data_holds(train_input)
-        results = self._step.results
-        self._recovery = recovery_lib.action(
-            driver, **self._nonfinite, model=self._model, step=self._step,
-            global_step=self._global_step, checkpointer=self._run.checkpointer,
-            writer=monitor.writer if monitor.active else None)
-
-        def save(p, epoch, batch, totals):
-            path = self._run.save(driver, epoch, batch, totals, p.step)
-            if self._recovery is not None:
-                self._recovery.saved(path, p, epoch, batch, totals)
-            return path
-
-        listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
-                  self._recovery or actions_lib.StopOnNonFinite(self._model)]
-        if validation is not None:
-            listed.append(validation)
-        # Listed on every task: only the chief's monitor has a writer, but every worker
-        # of a multi-worker job must end its loops at the same log steps (a loop that
-        # reads on to the data's end alone waits forever for the others' collectives).
-        listed.append(actions_lib.Summaries(monitor, results, timed=self._mode.timed_summaries))
-        if self._run.checkpointer is not None:  # every task saves; only the chief keeps files
-            listed.append(actions_lib.Checkpoints(self._run.checkpointer, save,
-                                                  steps_per_epoch))
-        if agree is not None:
-            listed.append(actions_lib.AgreeOnPreemption(
-                agree, lambda p: self._run.set(driver, p.epoch, p.batch, p.totals)))
-        listed.append(actions_lib.Callbacks(callback_list, self._model, results, batch_logs,
-                                            self._step.accumulation))
-        return listed
-
     # -- training -------------------------------------------------------------
 
     def fit(self, dataset_fn=None, y=None, *, epochs=1, steps_per_epoch=None,
@@ -506,19 +451,21 @@ class Trainer:
                 `model.fit` argument that does not apply to this input."""
         _check_counts(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                       validation_steps=validation_steps, validation_freq=validation_freq)
-        data = self._fit_data(dataset_fn, y, validation_dataset_fn, keras_args)
+        data = fit_args.of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args,
+                                    default=self._dataset_fn)
         callbacks = self._use_backup(callbacks_lib.check_callbacks(callbacks))
         train_input = self._input(data.train, "dataset_fn", "training", batch_size,
                                   shuffle=data.shuffle)
         validation = self._validation(data.validation, validation_steps, batch_size,
                                       validation_freq, data.validation_batch_size)
         self._ensure_built(train_input.element_spec)
-        steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
+        run = self._epochs = self._new_epochs()
+        steps_per_epoch = run.epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
         cbs = callbacks_lib.callback_list(callbacks, model=self._model, verbose=verbose,
                                           epochs=epochs, steps=steps_per_epoch)
         watch = self._start_watching()
-        driver = self._driver(lambda: watch.requested or self._model.stop_training, callbacks)
+        driver = run.driver(lambda: watch.requested or self._model.stop_training, callbacks)
         resumed = self._run.restore(driver, train_input, lambda: self.global_step, epochs)
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
         first_step, monitor = self.global_step, self._monitor(train_input.element_spec)
@@ -526,18 +473,25 @@ class Trainer:
         with self._user_model_updated():  # last: EarlyStopping restores in on_train_end
             with self._cluster_errors_explained(), self._preemption_agreement() as agree, \
                     watch, monitor, self._run.writes_settled():
-                listed = self._actions(driver, watch, agree, monitor, cbs, validation,
-                                       bool(callbacks or verbose), steps_per_epoch, train_input)
-                progress = self._train_epochs(
-                    driver, train_input, listed, range(initial_epoch, epochs), steps_per_epoch,
-                    self._resolve_steps_per_loop(callbacks, steps_per_epoch, train_input),
-                    resumed, cbs)
+                listed = run.actions(driver, watch, agree, monitor, cbs, validation,
+                                     bool(callbacks or verbose), steps_per_epoch, train_input)
+                progress = run.train(driver, train_input, listed, range(initial_epoch, epochs),
+                                     steps_per_epoch, resumed, cbs, callbacks)
             if listed[0].preempted is not None:
                 raise listed[0].preempted  # after the handlers above have let go of SIGTERM
             cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
         if progress.stop != actions_lib.DIVERGED:
             self._training_ended(trained=self.global_step > first_step)
         return callbacks_lib.history_of(cbs)
+
+    def _new_epochs(self):
+        """This fit's `fitting.Epochs` (the model and its step are built)."""
+        return fitting.Epochs(
+            step=self._step, model=self._model, global_step=self._global_step, run=self._run,
+            mode=self._mode, strategy_name=self._built.name, num_workers=self._built.num_workers,
+            stall_timeout=self._stall_timeout,
+            nonfinite=self._nonfinite, steps_per_loop=self._steps_per_loop,
+            loop_sizer=self._loop_sizer, tuning=self._tuning)
 
     def _use_backup(self, callbacks):
         """A `keras.callbacks.BackupAndRestore` among `callbacks`: its backup_dir is this
@@ -602,118 +556,6 @@ class Trainer:
                 self._writer.write_export(self._outputs.path("export"))
         self._backup_done()
 
-    def _say_tuning(self, training, steps_per_loop):
-        """The loop's own tuning notes, then the one line of this fit's (none when nothing
-        is left to train)."""
-        if isinstance(steps_per_loop, tuning_lib.LoopSizer):
-            _logging.tuning("steps_per_loop measured in the first loops", "steps_per_loop="
-                            "'auto': measured in the first loops (said once measured)")
-        else:
-            _logging.tuning(f"steps_per_loop {steps_per_loop}", "steps_per_loop: %s",
-                            steps_per_loop)
-        if self._tuning.unroll_steps:
-            _logging.tuning(f"up to {tuning_lib.UNROLL} steps per loop iteration where the "
-                            "input allows",
-                            "training loop: up to %d steps per iteration (said when used)",
-                            tuning_lib.UNROLL)
-        _logging.tuning_summary(say=training)
-
-    def _train_epochs(self, driver, train_input, listed, epochs, *args):
-        """Run the epochs, then end them as `model.fit` does unless preempted (training goes
-        on elsewhere): an EMA optimizer's averages become the weights."""
-        progress = self._run_epochs(driver, train_input, listed, epochs, *args)
-        if progress.stop != actions_lib.PREEMPTED:
-            updates.finalize(self._model, epochs.stop)
-        return progress
-
-    def _run_epochs(self, driver, train_input, listed, epochs, steps_per_epoch,
-                    steps_per_loop, resumed, callback_list):
-        """Run the epochs: the driver's loops, the actions after each loop and epoch."""
-        step = self._step
-        p = actions_lib.Progress(epoch=epochs.start, step=self.global_step, batch=0,
-                                 totals=np.zeros(step.width, np.float64))
-        self._say_tuning(bool(len(epochs)), steps_per_loop)
-        # Progress after each loop and epoch end, after every action: a beat (no hang).
-        with self._stall_watch() as watch:
-            listed = [*listed, actions_lib.Heartbeat(watch)]
-            for epoch in epochs:
-                callback_list.on_epoch_begin(epoch)
-                step.start_epoch()
-                p.epoch, p.batch, p.logs, p.last = epoch, 0, None, None
-                p.totals = np.zeros(step.width, np.float64)
-                if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
-                    p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
-                actions_lib.epoch_begin(listed, p)
-                p.stop = actions_lib.RECOVERING
-                while p.stop == actions_lib.RECOVERING:  # again from the restored state
-                    p.stop = None
-                    remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
-                    for result in driver.run_epoch(
-                            train_input, remaining, steps_per_loop, p.step,
-                            lambda step: actions_lib.steps_to_boundary(listed, step)):
-                        p.last = result
-                        p.totals = step.accumulate(p.totals, result.totals)
-                        p.batch += result.steps
-                        p.step += result.steps
-                        if actions_lib.run(listed, p).stop:
-                            break
-                if p.last is None and not p.stop:
-                    # No loop ran: a stop came before the epoch's first (SIGTERM between epochs
-                    # under ps, where nothing is scheduled then). The actions still see it.
-                    p.last = driver_lib.LoopResult(np.zeros_like(p.totals), 0)
-                    actions_lib.run(listed, p)
-                if p.stop == actions_lib.PREEMPTED:
-                    return p
-                if p.batch == 0:
-                    raise ValueError(
-                        f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
-                        "dataset is not empty and that each input pipeline gets data.")
-                p.logs = step.results(p.totals)
-                driver.epoch_done(steps_per_epoch)
-                if actions_lib.run(listed, p).stop:
-                    return p
-            return p
-
-    @contextlib.contextmanager
-    def _stall_watch(self):
-        """This fit's `stalls.StallWatch`; each evaluation loop beats it too. "auto" watches
-        only where a peer can stall this task (multi-worker mirrored, parameter servers): a
-        process alone that is slow is not stalled, and nothing of it would be restarted."""
-        timeout = self._stall_timeout
-        if timeout == "auto" and not self._mode.peers_can_stall:
-            timeout = None
-        # A stuck worker of a ps cluster can be named, and restarted.
-        with stalls.StallWatch(timeout, what=f"training under {self._built.name}",
-                               probe=self._mode.stall_probe()) as watch:
-            self._beat = watch.beat
-            try:
-                yield watch
-            finally:
-                self._beat = None
-
-    def _fit_data(self, dataset_fn, y, validation_dataset_fn, keras_args):
-        """`fit`'s data arguments, Keras's names included, as a `fit_args.FitData`."""
-        unknown = sorted(set(keras_args) - _KERAS_FIT_DATA_ARGS)
-        if unknown:
-            raise TypeError(f"`fit` got unexpected argument(s) {unknown}. It takes model.fit's "
-                            f"{sorted(_KERAS_FIT_DATA_ARGS)} and its own arguments; see "
-                            "`help(Trainer.fit)`.")
-        for keras_name, ours, value in (("x", "dataset_fn", dataset_fn), (
-                "validation_data", "validation_dataset_fn", validation_dataset_fn)):
-            if keras_args.get(keras_name) is not None and value is not None:
-                raise ValueError(f"`{keras_name}` and `{ours}` name the same thing: pass one. "
-                                 f"Received: both")
-        argument = "x" if keras_args.get("x") is not None else "dataset_fn"
-        data = next((d for d in (dataset_fn, keras_args.pop("x", None), self._dataset_fn)
-                     if d is not None), None)
-        if data is None:
-            raise ValueError("No training data: pass `dataset_fn` to `Trainer(...)` or to "
-                             "`fit(...)`. Received: dataset_fn=None")
-        validation = validation_dataset_fn if validation_dataset_fn is not None else \
-            keras_args.pop("validation_data", None)
-        return fit_args.resolve(data, y, validation_data=validation, argument=argument,
-                                **keras_args)
-
     def _validation(self, validation_dataset_fn, validation_steps, batch_size, every,
                     validation_batch_size=None):
         """The `actions.Validation` of this data, every `every` epochs (None without data)."""
@@ -732,29 +574,6 @@ class Trainer:
         self._eval_dataset_fn = validation_dataset_fn
         return actions_lib.Validation(lambda: self._evaluate_input(val_input, validation_steps),
                                       every=every)
-
-    def _epoch_length(self, train_input, steps_per_epoch):
-        if steps_per_epoch is not None:
-            return steps_per_epoch
-        n = train_input.cardinality
-        if n == data_lib.INFINITE:
-            raise ValueError(
-                "The training data is infinite (it repeats), so an epoch has no end: pass "
-                "`steps_per_epoch`. Received: steps_per_epoch=None")
-        if train_input.drains and self._step.accumulation == 1:
-            logger.info("steps_per_epoch=None through the tf.data service under parameter "
-                        "servers: one epoch is one pass of a job the %d workers read to its "
-                        "end, each example of the pass once", self._built.num_workers)
-            return None
-        return self._mode.epoch_length(n, self._step.accumulation)
-
-    def _steps_the_data_holds(self, train_input):
-        """Steps in one pass of data of known size (None: unknown or infinite). An epoch
-        that ends where the data does still knows its last loop: a mid-epoch checkpoint
-        there would stand in for the epoch end's, and a finished run would resume
-        "16 steps into epoch 2 of 2" instead of "after epoch 2 of 2"."""
-        n = train_input.cardinality
-        return -(-n // self._step.accumulation) if n >= 0 else None
 
     # -- evaluation -----------------------------------------------------------
 
@@ -832,7 +651,8 @@ class Trainer:
         loop, iterator = self._mode.evaluation(self._step, eval_input)
         self._step.start_epoch()
         totals = driver_lib.run_to_end(loop, iterator, steps, self._step.width,
-                                       accumulate=self._step.accumulate, after=self._beat)
+                                       accumulate=self._step.accumulate,
+                                       after=self._epochs and self._epochs.beat)
         return self._step.results(totals, kind="eval")
 
 

@@ -232,7 +232,7 @@ def test_every_argument_of_model_fit_is_taken_or_refused_with_what_to_do():
     accepted = inspect.signature(kt.Trainer.fit).parameters
     for name in names:
         assert name in accepted or name in __import__(
-            "kerastrain.trainer").trainer._KERAS_FIT_DATA_ARGS or name == "x", name
+            "kerastrain.data.fit_args").data.fit_args.KERAS_FIT_DATA_ARGS or name == "x", name
         kwargs, error, message = errors[name]
         with pytest.raises(error, match=message):
             trainer.fit(**kwargs)

@@ -95,12 +95,13 @@ def test_auto_watches_only_where_a_peer_can_stall_a_task_and_seconds_apply_anywh
     import helpers
     import kerastrain as kt
     auto = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0)
-    with auto._stall_watch() as watch:
+    epochs = auto._new_epochs()
+    with epochs.stall_watch() as watch:
         assert watch.timeout is None and watch._thread is None
-        assert auto._beat == watch.beat
-    assert auto._beat is None
+        assert epochs.beat == watch.beat
+    assert epochs.beat is None
     fixed = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0, stall_timeout=900)
-    with fixed._stall_watch() as watch:
+    with fixed._new_epochs().stall_watch() as watch:
         assert watch.timeout == 900 and watch._thread.is_alive()
     with pytest.raises(ValueError, match=r"Received: stall_timeout='soon'"):
         kt.Trainer(helpers.build_model, strategy="one_device", stall_timeout="soon")

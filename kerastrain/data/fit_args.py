@@ -22,6 +22,11 @@ from kerastrain._options import is_int, is_number
 logger = logging.getLogger("kerastrain")
 
 
+# model.fit's data arguments that `Trainer.fit` takes by keyword.
+KERAS_FIT_DATA_ARGS = frozenset({"x", "sample_weight", "class_weight", "validation_data",
+                                 "validation_split", "shuffle", "validation_batch_size"})
+
+
 @dataclasses.dataclass(frozen=True)
 class FitData:
     """What `fit` trains and validates on, in kerastrain's input forms."""
@@ -29,6 +34,36 @@ class FitData:
     validation: object = None
     shuffle: bool = True  # NumPy training arrays are reshuffled every epoch
     validation_batch_size: int | None = None  # NumPy validation data; None: batch_size
+
+
+def of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args, *, default) -> FitData:
+    """`Trainer.fit`'s data arguments, Keras's names included (`default`: the Trainer's
+    `dataset_fn`).
+
+    Raises:
+        TypeError: an argument `fit` does not take.
+        ValueError: no training data, or one thing given under two names.
+    """
+    unknown = sorted(set(keras_args) - KERAS_FIT_DATA_ARGS)
+    if unknown:
+        raise TypeError(f"`fit` got unexpected argument(s) {unknown}. It takes model.fit's "
+                        f"{sorted(KERAS_FIT_DATA_ARGS)} and its own arguments; see "
+                        "`help(Trainer.fit)`.")
+    keras_args = dict(keras_args)
+    for keras_name, ours, value in (("x", "dataset_fn", dataset_fn), (
+            "validation_data", "validation_dataset_fn", validation_dataset_fn)):
+        if keras_args.get(keras_name) is not None and value is not None:
+            raise ValueError(f"`{keras_name}` and `{ours}` name the same thing: pass one. "
+                             f"Received: both")
+    argument = "x" if keras_args.get("x") is not None else "dataset_fn"
+    data = next((d for d in (dataset_fn, keras_args.pop("x", None), default) if d is not None),
+                None)
+    if data is None:
+        raise ValueError("No training data: pass `dataset_fn` to `Trainer(...)` or to "
+                         "`fit(...)`. Received: dataset_fn=None")
+    validation = validation_dataset_fn if validation_dataset_fn is not None else \
+        keras_args.pop("validation_data", None)
+    return resolve(data, y, validation_data=validation, argument=argument, **keras_args)
 
 
 def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_data=None,

@@ -1,6 +1,6 @@
 """Actions: what happens after each compiled loop and at each epoch end, each with its own cadence.
 
-The Trainer builds one list of actions per `fit` (that is where "only the chief
+Each `fit` builds one list of actions (`fitting.Epochs.actions`: where "only the chief
 writes" is decided) and calls them in order with the same `Progress`: after
 every loop, and once more at the end of each epoch (`progress.logs` set). An
 action may end training by setting `progress.stop`; the actions after it are not

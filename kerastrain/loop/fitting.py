@@ -1,0 +1,233 @@
+"""One `fit`'s epochs: the actions after each compiled loop, in order, and the loop that feeds them.
+
+`Trainer.fit` resolves the data, builds the step and restores; then an `Epochs` runs: for
+each compiled loop the driver (`loop/driver.py`) yields a `driver.LoopResult`, added to an
+`actions.Progress`; the actions (`loop/actions.py`) run in order after it, and once more at
+each epoch end with the epoch's logs. Reading this module, `driver.py` and `step/loops.py`
+is following one epoch from `fit` to the compiled step and back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import numpy as np
+
+from kerastrain import _logging
+from kerastrain.data import inputs as data_lib
+from kerastrain.loop import actions as actions_lib
+from kerastrain.loop import callbacks as callbacks_lib
+from kerastrain.loop import driver as driver_lib
+from kerastrain.loop import recovery as recovery_lib
+from kerastrain.loop import stalls
+from kerastrain.loop import tuning as tuning_lib
+from kerastrain.step import updates
+
+logger = logging.getLogger("kerastrain")
+
+
+class Epochs:
+    """The epochs of one `fit`: its actions, its stall watch, its loop over epochs.
+
+    Args:
+        step: the `loops.Step` (compiled loops, exact totals and results).
+        model: the model being trained (the copy in scope).
+        global_step: the global step variable.
+        run: the `run_state.RunState` (counters and checkpointer).
+        mode: the strategy kind's object (`loop/modes.py`).
+        strategy_name: the strategy's kerastrain name, for the stall watch's account.
+        num_workers: the workers of the cluster (1 without one).
+        stall_timeout: as `Trainer(stall_timeout=...)`.
+        nonfinite: `on_nonfinite`, `max_recoveries` and `spike_factor` as given.
+        steps_per_loop: as `Trainer(steps_per_loop=...)`: an int or "auto".
+        loop_sizer: the Trainer's `tuning.LoopSizer` (what "auto" measured stays measured).
+        tuning: the Trainer's `tuning.TuningOptions`.
+    """
+
+    def __init__(self, *, step, model, global_step, run, mode, strategy_name, num_workers,
+                 stall_timeout, nonfinite, steps_per_loop, loop_sizer, tuning):
+        self.step, self.model, self.global_step = step, model, global_step
+        self.run_state, self.mode = run, mode
+        self.strategy_name, self.num_workers = strategy_name, num_workers
+        self.stall_timeout = stall_timeout
+        self.nonfinite = nonfinite
+        self.asked_steps_per_loop, self.loop_sizer, self.tuning = steps_per_loop, loop_sizer, tuning
+        self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
+        self.beat = None      # while the epochs run: progress, for their `stalls.StallWatch`
+
+    def epoch_length(self, train_input, steps_per_epoch):
+        """Steps in an epoch: as asked, else one pass of finite data (None: a pass of a
+        shared tf.data service job, whose end the workers find).
+
+        Raises:
+            ValueError: infinite data without `steps_per_epoch`.
+        """
+        if steps_per_epoch is not None:
+            return steps_per_epoch
+        n = train_input.cardinality
+        if n == data_lib.INFINITE:
+            raise ValueError(
+                "The training data is infinite (it repeats), so an epoch has no end: pass "
+                "`steps_per_epoch`. Received: steps_per_epoch=None")
+        if train_input.drains and self.step.accumulation == 1:
+            logger.info("steps_per_epoch=None through the tf.data service under parameter "
+                        "servers: one epoch is one pass of a job the %d workers read to its "
+                        "end, each example of the pass once", self.num_workers)
+            return None
+        return self.mode.epoch_length(n, self.step.accumulation)
+
+    def steps_per_loop(self, callbacks, steps_per_epoch, train_input):
+        """Steps per compiled call: as asked, or what "auto" comes to for this fit."""
+        if self.asked_steps_per_loop != "auto":
+            return self.asked_steps_per_loop
+        if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
+            return 1  # a user's batch hooks see every batch, as under model.fit
+        if steps_per_epoch is None and train_input.drains and train_input.cardinality > 0:
+            steps_per_epoch = train_input.cardinality  # a pass's batches, about
+        return self.mode.auto_steps_per_loop(steps_per_epoch, sizer=self.loop_sizer,
+                                             measure=self.tuning.measure_steps_per_loop)
+
+    def driver(self, stop_requested, callbacks):
+        """The driver of this strategy's epochs (`modes`): this task's replicas, or the ps
+        workers."""
+        run = self.run_state
+        return self.mode.driver(
+            self.step, stop_requested=stop_requested, callbacks=callbacks,
+            steps_per_loop=self.asked_steps_per_loop, global_step=self.global_step,
+            checkpointer=run.checkpointer, latest_checkpoint=run.latest_checkpoint)
+
+    def actions(self, driver, watch, agree, monitor, callback_list, validation, batch_logs,
+                steps_per_epoch, train_input):
+        """What happens after each loop and epoch, in order; the chief-only rule is here."""
+        steps_per_epoch = steps_per_epoch or steps_the_data_holds(train_input, self.step)
+        results, run = self.step.results, self.run_state
+        self.recovery = recovery_lib.action(
+            driver, **self.nonfinite, model=self.model, step=self.step,
+            global_step=self.global_step, checkpointer=run.checkpointer,
+            writer=monitor.writer if monitor.active else None)
+
+        def save(p, epoch, batch, totals):
+            path = run.save(driver, epoch, batch, totals, p.step)
+            if self.recovery is not None:
+                self.recovery.saved(path, p, epoch, batch, totals)
+            return path
+
+        listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
+                  self.recovery or actions_lib.StopOnNonFinite(self.model)]
+        if validation is not None:
+            listed.append(validation)
+        # Listed on every task: only the chief's monitor has a writer, but every worker
+        # of a multi-worker job must end its loops at the same log steps (a loop that
+        # reads on to the data's end alone waits forever for the others' collectives).
+        listed.append(actions_lib.Summaries(monitor, results, timed=self.mode.timed_summaries))
+        if run.checkpointer is not None:  # every task saves; only the chief keeps files
+            listed.append(actions_lib.Checkpoints(run.checkpointer, save, steps_per_epoch))
+        if agree is not None:
+            listed.append(actions_lib.AgreeOnPreemption(
+                agree, lambda p: run.set(driver, p.epoch, p.batch, p.totals)))
+        listed.append(actions_lib.Callbacks(callback_list, self.model, results, batch_logs,
+                                            self.step.accumulation))
+        return listed
+
+    def train(self, driver, train_input, listed, epochs, steps_per_epoch, resumed,
+              callback_list, callbacks=()):
+        """Run the epochs, then end them as `model.fit` does unless preempted (training goes
+        on elsewhere): an EMA optimizer's averages become the weights."""
+        progress = self._run(driver, train_input, listed, epochs, steps_per_epoch,
+                             self.steps_per_loop(callbacks, steps_per_epoch, train_input),
+                             resumed, callback_list)
+        if progress.stop != actions_lib.PREEMPTED:
+            updates.finalize(self.model, epochs.stop)
+        return progress
+
+    def _run(self, driver, train_input, listed, epochs, steps_per_epoch, steps_per_loop,
+             resumed, callback_list):
+        """Run the epochs: the driver's loops, the actions after each loop and epoch."""
+        step = self.step
+        p = actions_lib.Progress(epoch=epochs.start, step=int(self.global_step.numpy()),
+                                 batch=0, totals=np.zeros(step.width, np.float64))
+        self._say_tuning(bool(len(epochs)), steps_per_loop)
+        # Progress after each loop and epoch end, after every action: a beat (no hang).
+        with self.stall_watch() as watch:
+            listed = [*listed, actions_lib.Heartbeat(watch)]
+            for epoch in epochs:
+                callback_list.on_epoch_begin(epoch)
+                step.start_epoch()
+                p.epoch, p.batch, p.logs, p.last = epoch, 0, None, None
+                p.totals = np.zeros(step.width, np.float64)
+                if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
+                    p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
+                actions_lib.epoch_begin(listed, p)
+                p.stop = actions_lib.RECOVERING
+                while p.stop == actions_lib.RECOVERING:  # again from the restored state
+                    p.stop = None
+                    remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
+                    for result in driver.run_epoch(
+                            train_input, remaining, steps_per_loop, p.step,
+                            lambda at: actions_lib.steps_to_boundary(listed, at)):
+                        p.last = result
+                        p.totals = step.accumulate(p.totals, result.totals)
+                        p.batch += result.steps
+                        p.step += result.steps
+                        if actions_lib.run(listed, p).stop:
+                            break
+                if p.last is None and not p.stop:
+                    # No loop ran: a stop came before the epoch's first (SIGTERM between epochs
+                    # under ps, where nothing is scheduled then). The actions still see it.
+                    p.last = driver_lib.LoopResult(np.zeros_like(p.totals), 0)
+                    actions_lib.run(listed, p)
+                if p.stop == actions_lib.PREEMPTED:
+                    return p
+                if p.batch == 0:
+                    raise ValueError(
+                        f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
+                        "dataset is not empty and that each input pipeline gets data.")
+                p.logs = step.results(p.totals)
+                driver.epoch_done(steps_per_epoch)
+                if actions_lib.run(listed, p).stop:
+                    return p
+            return p
+
+    @contextlib.contextmanager
+    def stall_watch(self):
+        """The epochs' `stalls.StallWatch`; each evaluation loop beats it too (`beat`). "auto"
+        watches only where a peer can stall this task (multi-worker mirrored, parameter
+        servers): a process alone that is slow is not stalled, and nothing of it would be
+        restarted."""
+        timeout = self.stall_timeout
+        if timeout == "auto" and not self.mode.peers_can_stall:
+            timeout = None
+        # A stuck worker of a ps cluster can be named, and restarted.
+        with stalls.StallWatch(timeout, what=f"training under {self.strategy_name}",
+                               probe=self.mode.stall_probe()) as watch:
+            self.beat = watch.beat
+            try:
+                yield watch
+            finally:
+                self.beat = None
+
+    def _say_tuning(self, training, steps_per_loop):
+        """The loop's own tuning notes, then the one line of this fit's (none when nothing
+        is left to train)."""
+        if isinstance(steps_per_loop, tuning_lib.LoopSizer):
+            _logging.tuning("steps_per_loop measured in the first loops", "steps_per_loop="
+                            "'auto': measured in the first loops (said once measured)")
+        else:
+            _logging.tuning(f"steps_per_loop {steps_per_loop}", "steps_per_loop: %s",
+                            steps_per_loop)
+        if self.tuning.unroll_steps:
+            _logging.tuning(f"up to {tuning_lib.UNROLL} steps per loop iteration where the "
+                            "input allows",
+                            "training loop: up to %d steps per iteration (said when used)",
+                            tuning_lib.UNROLL)
+        _logging.tuning_summary(say=training)
+
+
+def steps_the_data_holds(train_input, step):
+    """Steps in one pass of data of known size (None: unknown or infinite). An epoch
+    that ends where the data does still knows its last loop: a mid-epoch checkpoint
+    there would stand in for the epoch end's, and a finished run would resume
+    "16 steps into epoch 2 of 2" instead of "after epoch 2 of 2"."""
+    n = train_input.cardinality
+    return -(-n // step.accumulation) if n >= 0 else None
