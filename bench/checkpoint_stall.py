@@ -9,7 +9,13 @@ training time lost per checkpoint is (fit time - the no-checkpoint fit's time) /
 per fit, median over rounds. A timed fit ends only once its last checkpoint is whole (as
 every `fit` does), so the background figure includes the wait for one write.
 
-    python bench/checkpoint_stall.py [--rounds 5] [--steps 40] [--every 10]
+Also printed: the time training is blocked per checkpoint (inside the save call: the copy,
+and a wait for the previous write if it is still going; and the end-of-fit wait), which is
+what is lost where the writer thread has a core of its own. `--train-threads 1` gives
+training one core of the two (TensorFlow's op thread pools), as on a GPU host whose cores are
+mostly idle: the writer then runs beside training instead of taking CPU from it.
+
+    python bench/checkpoint_stall.py [--rounds 5] [--steps 40] [--every 10] [--train-threads N]
 """
 
 from __future__ import annotations
@@ -58,9 +64,34 @@ class Run:
                                   model_dir=os.path.join(root, name), tensorboard=False,
                                   checkpoint=checkpoint, steps_per_loop=1)
         self.trainer.fit(epochs=1, steps_per_epoch=steps)   # traces, builds the slots, warms
+        self.blocked = []  # per timed fit: seconds training waited on checkpointing
+        checkpointer = self.trainer._run.checkpointer
+        if checkpointer is not None:
+            self._time_blocking(checkpointer)
+
+    def _time_blocking(self, checkpointer):
+        import time
+        inside = []
+
+        def timed(method):
+            def call(*args):
+                if inside:  # `save` waits for the previous write itself
+                    return method(*args)
+                inside.append(1)
+                start = time.perf_counter()
+                try:
+                    return method(*args)
+                finally:
+                    inside.clear()
+                    self._blocked += time.perf_counter() - start
+            return call
+        checkpointer.save = timed(checkpointer.save)
+        checkpointer.wait = timed(checkpointer.wait)
 
     def epoch(self):
+        self._blocked = 0.0
         self.trainer.fit(epochs=1, steps_per_epoch=self.steps)
+        self.blocked.append(self._blocked)
 
 
 def main():
@@ -68,7 +99,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--train-threads", type=int, default=0,
+                        help="TensorFlow's intra- and inter-op threads (0: its default)")
     args = parser.parse_args()
+    if args.train_threads:
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(args.train_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.train_threads)
     root = tempfile.mkdtemp(prefix="kerastrain-ckpt-stall-")
     saves = args.steps // args.every
     common = {"at_epoch_end": False, "export": False, "max_to_keep": 2}
@@ -93,12 +130,16 @@ def main():
             line = f"{name:<16} fit median {median:6.2f} s"
             if name != "no checkpoints":
                 lost = statistics.median((w - b) / saves for w, b in zip(wall[name], base))
-                line += f"; lost per checkpoint {lost:5.2f} s"
+                blocked = statistics.median(runs[name].blocked) / saves
+                line += (f"; lost per checkpoint {lost:5.2f} s; training blocked per "
+                         f"checkpoint {blocked:5.3f} s")
             print(line)
         print(f"background / foreground fit time: "
               f"{statistics.median(b / f for b, f in zip(wall['background'], wall['foreground'])):.3f}")
         import time
-        print(f"\n{time.strftime('%Y-%m-%d')} on {machine()}; {args.rounds} interleaved rounds")
+        threads = f"; training threads {args.train_threads}" if args.train_threads else ""
+        print(f"\n{time.strftime('%Y-%m-%d')} on {machine()}; {args.rounds} interleaved rounds"
+              f"{threads}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
