@@ -17,7 +17,6 @@ from kerastrain.io import checkpoints
 from kerastrain.data import inputs as data_lib
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import fitting
-from kerastrain.io import files
 from kerastrain.data import fit_args
 from kerastrain.step import loops as loops_lib
 from kerastrain.step import models as models_lib
@@ -34,6 +33,7 @@ from kerastrain.loop import stalls
 from kerastrain.distribute import strategies
 from kerastrain.io import summaries
 from kerastrain.loop import tuning as tuning_lib
+from kerastrain.loop import workdir as workdir_lib
 from kerastrain._options import check_choice, check_int
 
 logger = logging.getLogger("kerastrain")
@@ -133,7 +133,7 @@ class Trainer:
         self._loop_sizer = tuning_lib.LoopSizer(fallback=modes.AUTO_STEPS_PER_LOOP)
         # A URL stays as given; a local path becomes absolute; `s3://` without
         # tensorflow-io is refused here, not after an hour of training.
-        self.model_dir = outputs_lib.normalize_model_dir(model_dir)
+        model_dir = outputs_lib.normalize_model_dir(model_dir)
         _logging.ensure_visible()
         # A model instance is read before the strategy exists (a ps cluster, once
         # connected, makes the instance's variables unreadable here).
@@ -151,12 +151,6 @@ class Trainer:
         self._service = service_options and service_lib.Service(service_options)
         self._jit_compile = jit_compile
         self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries, its stall watch)
-        self._tb_options = summaries.TensorBoardOptions.coerce(tensorboard)
-        self._extra_writers = list(writers or [])
-        self._writer = None
-        self._tb_writer = None
-        self._ckpt_options = checkpoints.CheckpointOptions.coerce(checkpoint)
-        self._backup = None  # a BackupAndRestore's `callbacks.Backup`, when model_dir is its
         self._seed = seed
         self._numpy_inputs = 0  # NumPy training inputs given so far (`_order_seed`)
         self._steps_per_loop = steps_per_loop
@@ -167,7 +161,11 @@ class Trainer:
             import keras
             keras.utils.set_random_seed(seed)
         self._model_source = model  # a function can build the model again (export)
-        self._outputs = outputs_lib.Outputs(self.model_dir, self.is_chief)
+        self._workdir = workdir_lib.WorkDir(
+            model_dir, is_chief=self.is_chief,
+            checkpoint=checkpoints.CheckpointOptions.coerce(checkpoint),
+            tensorboard=summaries.TensorBoardOptions.coerce(tensorboard), writers=writers,
+            moved=self._state_moved)
         self._make_state(model, detached=detached, optimizer=optimizer, loss=loss,
                          metrics=metrics)
         # The user's own model object, when kerastrain trains a copy built in scope: it
@@ -177,8 +175,9 @@ class Trainer:
         self._step = None
         self._predictor = None
         self._inputs = {}
-        self._lock = self._outputs.claim(tidy=checkpoints.tidy)
-        self._settings = _settings(self, seed=seed, steps_per_loop=steps_per_loop, shard=shard)
+        self._workdir.claim()
+        self._workdir.settings = _settings(self, seed=seed, steps_per_loop=steps_per_loop,
+                                           shard=shard)
 
     def _make_state(self, model, **compile_overrides):
         """The model and the training state, created under the strategy's scope."""
@@ -201,7 +200,8 @@ class Trainer:
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             # Where training stands, saved with every checkpoint (`run_state`).
             self._run = run_state.RunState(
-                options=self._ckpt_options, model_dir=self.model_dir, outputs=self._outputs,
+                options=self._workdir.checkpoint, model_dir=self.model_dir,
+                outputs=self._workdir.outputs,
                 background=self._mode.background_checkpoints,
                 traced=self._mode.traced_checkpoints,
                 is_chief=self.is_chief, is_multi_worker=self._built.is_multi_worker)
@@ -214,6 +214,12 @@ class Trainer:
     @property
     def model(self):
         return self._model
+
+    @property
+    def model_dir(self) -> str | None:
+        """Where the run's outputs go (a `BackupAndRestore`'s backup_dir while one is in use;
+        None: nowhere)."""
+        return self._workdir.model_dir
 
     @property
     def strategy(self):
@@ -253,15 +259,11 @@ class Trainer:
         Returns its path, or None on other tasks and without a `model_dir`. A
         different file of that name is kept as `name.previous-N`, never overwritten.
         """
-        return self._outputs.write_text(name, text)
+        return self._workdir.outputs.write_text(name, text)
 
     def close(self):
         """Flush writers and release the model_dir lock (also done at interpreter exit)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._lock is not None:
-            self._lock.release()
+        self._workdir.close()
         if self._service is not None:
             self._service.close()
 
@@ -391,36 +393,6 @@ class Trainer:
             return 2  # a progress bar on a pipe is one line per update: keep logs readable
         return verbose
 
-    def _metric_writer(self):
-        """The chief's writers (TensorBoard under model_dir/logs, plus the user's); else None."""
-        if not self.is_chief:
-            return None
-        if self._writer is None:
-            writers = list(self._extra_writers)
-            logdir = self._outputs.dir("logs") if self._tb_options else None
-            if logdir:
-                self._tb_writer = summaries.TensorBoardWriter(logdir)
-                writers.insert(0, self._tb_writer)
-            if writers:
-                self._writer = writers[0] if len(writers) == 1 else summaries.MultiWriter(writers)
-                self._writer.open(self.model_dir)
-        return self._writer
-
-    def _monitor(self, element_spec):
-        """The chief's `summaries.Monitor` for one fit, started at the current step."""
-        import yaml
-        settings = getattr(self, "_settings_text", None)
-        if settings is None:
-            # The settings this run resolved to, next to what it wrote (chief only); once
-            # per Trainer, not per fit (dumping and writing them was 1% of a short epoch).
-            settings = self._settings_text = yaml.safe_dump(self._settings, sort_keys=False)
-            self._outputs.replace_text("config.yaml", settings)
-        writer = self._metric_writer()
-        return summaries.model_monitor(
-            self._model, writer, self._tb_options, step=self.global_step, settings=settings,
-            element_spec=element_spec,
-            train_logdir=self._tb_writer.train_dir if self._tb_writer is not None else None)
-
     # -- training -------------------------------------------------------------
 
     def fit(self, dataset_fn=None, y=None, *, epochs=1, steps_per_epoch=None,
@@ -453,7 +425,7 @@ class Trainer:
                       validation_steps=validation_steps, validation_freq=validation_freq)
         data = fit_args.of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args,
                                     default=self._dataset_fn)
-        callbacks = self._use_backup(callbacks_lib.check_callbacks(callbacks))
+        callbacks = self._workdir.use_backup(callbacks_lib.check_callbacks(callbacks))
         train_input = self._input(data.train, "dataset_fn", "training", batch_size,
                                   shuffle=data.shuffle)
         validation = self._validation(data.validation, validation_steps, batch_size,
@@ -468,7 +440,8 @@ class Trainer:
         driver = run.driver(lambda: watch.requested or self._model.stop_training, callbacks)
         resumed = self._run.restore(driver, train_input, lambda: self.global_step, epochs)
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
-        first_step, monitor = self.global_step, self._monitor(train_input.element_spec)
+        first_step = self.global_step
+        monitor = self._workdir.monitor(self._model, first_step, train_input.element_spec)
         cbs.on_train_begin()
         with self._user_model_updated():  # last: EarlyStopping restores in on_train_end
             with self._cluster_errors_explained(), self._preemption_agreement() as agree, \
@@ -480,8 +453,7 @@ class Trainer:
             if listed[0].preempted is not None:
                 raise listed[0].preempted  # after the handlers above have let go of SIGTERM
             cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
-        if progress.stop != actions_lib.DIVERGED:
-            self._training_ended(trained=self.global_step > first_step)
+        self._training_ended(progress, first_step)
         return callbacks_lib.history_of(cbs)
 
     def _new_epochs(self):
@@ -493,68 +465,23 @@ class Trainer:
             nonfinite=self._nonfinite, steps_per_loop=self._steps_per_loop,
             loop_sizer=self._loop_sizer, tuning=self._tuning)
 
-    def _use_backup(self, callbacks):
-        """A `keras.callbacks.BackupAndRestore` among `callbacks`: its backup_dir is this
-        Trainer's model_dir (the same place) or, without one, where the run's checkpoints
-        go (nothing else is written there). Returns the other callbacks."""
-        callbacks, backup = callbacks_lib.take_backup(callbacks)
-        if backup is None or backup.backup_dir == self.model_dir:
-            return callbacks
-        if self.model_dir is not None and self._backup is None:
-            raise ValueError(
-                "`BackupAndRestore(backup_dir=...)` and the Trainer's `model_dir` are two places "
-                "for one run's state: pass the same directory, or drop the callback (model_dir's "
-                "checkpoints already back the run up). Received: backup_dir="
-                f"{backup.backup_dir!r}, model_dir={self.model_dir!r}")
-        if self._backup is None:
-            self._options_before_backup = self._ckpt_options
-        self._switch_model_dir(backup.backup_dir, backup.checkpoint_options())
-        self._backup, self._tb_options = backup, None
-        logger.info("BackupAndRestore: the run's checkpoints go to backup_dir %s (save_freq=%r"
-                    "%s); kerastrain's checkpoints replace the callback's own files", backup.
-                    backup_dir, backup.save_freq, ", removed when training ends" if
-                    backup.delete else "")
-        return callbacks
-
-    def _switch_model_dir(self, model_dir, options):
-        if self._lock is not None:
-            self._lock.release()
-        self.model_dir, self._ckpt_options = model_dir, options
-        self._settings.update(model_dir=model_dir, checkpoint=options and dataclasses.asdict(
-            options))
-        self._settings_text = None
-        self._outputs = outputs_lib.Outputs(model_dir, self.is_chief)
-        self._lock = self._outputs.claim(tidy=checkpoints.tidy)
-        with self.strategy.scope():
-            self._run.move(model_dir=model_dir, outputs=self._outputs, options=options)
-
-    def _backup_done(self):
-        """Training ended: remove a `BackupAndRestore(delete_checkpoint=True)`'s state, as
-        Keras does (kerastrain's own files only), so the script's next run starts over."""
-        backup = self._backup
-        if backup is None or not backup.delete:
+    def _training_ended(self, progress, first_step):
+        """Unless the loss diverged: export after training, or when the export is missing or
+        stale (a resumed run with nothing left to train keeps a current export); then a
+        finished backup goes."""
+        if progress.stop == actions_lib.DIVERGED:
             return
-        directory = self._outputs.path()
-        if directory is not None:
-            for name in ("checkpoints", "config.yaml"):
-                files.remove(files.join(directory, name))
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-        if directory is not None and not files.listdir(directory):
-            files.remove(directory)
-        self._switch_model_dir(None, self._options_before_backup)
-        self._backup = None
-
-    def _training_ended(self, *, trained):
-        """Export after training, or when the export is missing or stale (a resumed run
-        with nothing left to train keeps a current export); then a finished backup goes."""
-        if trained or self._run.export_missing(self.global_step):
+        if self.global_step > first_step or self._run.export_missing(self.global_step):
             paths = self._run.export(self._model, model_source=self._model_source,
                                      step=self.global_step, partitioned=self._step.partitioned)
-            if paths and self._writer is not None:
-                self._writer.write_export(self._outputs.path("export"))
-        self._backup_done()
+            if paths:
+                self._workdir.wrote_export()
+        self._workdir.backup_done()
+
+    def _state_moved(self, model_dir, outputs, options):
+        """The run's state goes to another place from the next fit on (`WorkDir`)."""
+        with self.strategy.scope():
+            self._run.move(model_dir=model_dir, outputs=outputs, options=options)
 
     def _validation(self, validation_dataset_fn, validation_steps, batch_size, every,
                     validation_batch_size=None):
@@ -687,10 +614,10 @@ def _settings(trainer, *, seed, steps_per_loop, shard):
         "tuning": dataclasses.asdict(trainer._tuning),
         "model": trainer.model.name,
         "optimizer": type(trainer.model.optimizer).__name__,
-        "checkpoint": None if trainer._ckpt_options is None else dataclasses.asdict(
-            trainer._ckpt_options),
-        "tensorboard": None if trainer._tb_options is None else dataclasses.asdict(
-            trainer._tb_options),
+        "checkpoint": None if trainer._workdir.checkpoint is None else dataclasses.asdict(
+            trainer._workdir.checkpoint),
+        "tensorboard": None if trainer._workdir.tensorboard is None else dataclasses.asdict(
+            trainer._workdir.tensorboard),
         **trainer._nonfinite,
         "data_service": trainer._service and dataclasses.asdict(trainer._service.options),
     }
