@@ -431,7 +431,7 @@ class Trainer:
         validation = self._validation(data.validation, validation_steps, batch_size,
                                       validation_freq, data.validation_batch_size)
         self._ensure_built(train_input.element_spec)
-        run = self._epochs = self._new_epochs()
+        run = self._epochs = self._new_epochs(callbacks)
         steps_per_epoch = run.epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
         cbs = callbacks_lib.callback_list(callbacks, model=self._model, verbose=verbose,
@@ -456,14 +456,20 @@ class Trainer:
         self._training_ended(progress, first_step)
         return callbacks_lib.history_of(cbs)
 
-    def _new_epochs(self):
-        """This fit's `fitting.Epochs` (the model and its step are built)."""
+    def _new_epochs(self, callbacks=()):
+        """This fit's `fitting.Epochs` (the model and its step are built). With the user's
+        callbacks, the user's own model object takes the weights at each epoch end before
+        they run, as under `model.fit` (a callback may close over that object)."""
+        user, sync = self._user_model, None
+        if user is not None and callbacks:
+            def sync():
+                models_lib.hand_back(self._model, user, keep_functions=True)
         return fitting.Epochs(
             step=self._step, model=self._model, global_step=self._global_step, run=self._run,
             mode=self._mode, strategy_name=self._built.name, num_workers=self._built.num_workers,
             stall_timeout=self._stall_timeout,
             nonfinite=self._nonfinite, steps_per_loop=self._steps_per_loop,
-            loop_sizer=self._loop_sizer, tuning=self._tuning)
+            loop_sizer=self._loop_sizer, tuning=self._tuning, before_epoch_end=sync)
 
     def _training_ended(self, progress, first_step):
         """Unless the loss diverged: export after training, or when the export is missing or

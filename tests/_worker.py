@@ -71,7 +71,14 @@ def run(job, out):
                          tensorboard=job.get("tensorboard", True),
                          checkpoint=job.get("checkpoint", True),
                          tuning=job.get("tuning", True))
-    callbacks = []
+    callbacks, seen = [], []
+    if job.get("instance"):
+        # A callback that closes over the user's object, as keras.io callbacks often do.
+        import keras
+        callbacks.append(keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: seen.append(max(
+                float(np.max(np.abs(a - b)))
+                for a, b in zip(model.get_weights(), trainer.model.get_weights())))))
     if job.get("sleep_per_step"):
         import keras
         callbacks.append(keras.callbacks.LambdaCallback(
@@ -105,6 +112,7 @@ def run(job, out):
             model.get_weights(), trainer.model.get_weights()))
         result["user_vs_initial"] = max(float(np.max(np.abs(a - b))) for a, b in zip(
             model.get_weights(), initial))
+        result["user_vs_trained_at_epoch_ends"] = seen
         if job.get("use_after_fit"):
             result["used_after_fit"] = helpers.use_after_fit(model, trainer,
                                                              job["use_after_fit"])

@@ -207,16 +207,20 @@ class Callbacks(Action):
 
     reports_divergence = True  # callbacks see the end of an epoch that diverged
 
-    def __init__(self, callback_list, model, results, batch_logs, accumulation=1):
+    def __init__(self, callback_list, model, results, batch_logs, accumulation=1,
+                 before_epoch_end=None):
         self.callback_list = callback_list
         self.model = model
         self.results = results
         self.batch_logs = batch_logs  # whether anyone reads batch-level logs
         self.accumulation = accumulation  # batches per step
+        self.before_epoch_end = before_epoch_end  # e.g. the user's model object takes the weights
 
     def __call__(self, p):
         last = p.last
         if p.epoch_end:
+            if self.before_epoch_end is not None:
+                self.before_epoch_end()
             self.callback_list.on_epoch_end(p.epoch, p.logs)
         elif p.stop == DIVERGED:
             return

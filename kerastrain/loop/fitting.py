@@ -43,16 +43,20 @@ class Epochs:
         steps_per_loop: as `Trainer(steps_per_loop=...)`: an int or "auto".
         loop_sizer: the Trainer's `tuning.LoopSizer` (what "auto" measured stays measured).
         tuning: the Trainer's `tuning.TuningOptions`.
+        before_epoch_end: called at each epoch end before the callbacks' `on_epoch_end`
+            (None: nothing).
     """
 
     def __init__(self, *, step, model, global_step, run, mode, strategy_name, num_workers,
-                 stall_timeout, nonfinite, steps_per_loop, loop_sizer, tuning):
+                 stall_timeout, nonfinite, steps_per_loop, loop_sizer, tuning,
+                 before_epoch_end=None):
         self.step, self.model, self.global_step = step, model, global_step
         self.run_state, self.mode = run, mode
         self.strategy_name, self.num_workers = strategy_name, num_workers
         self.stall_timeout = stall_timeout
         self.nonfinite = nonfinite
         self.asked_steps_per_loop, self.loop_sizer, self.tuning = steps_per_loop, loop_sizer, tuning
+        self.before_epoch_end = before_epoch_end
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
         self.beat = None      # while the epochs run: progress, for their `stalls.StallWatch`
 
@@ -127,7 +131,7 @@ class Epochs:
             listed.append(actions_lib.AgreeOnPreemption(
                 agree, lambda p: run.set(driver, p.epoch, p.batch, p.totals)))
         listed.append(actions_lib.Callbacks(callback_list, self.model, results, batch_logs,
-                                            self.step.accumulation))
+                                            self.step.accumulation, self.before_epoch_end))
         return listed
 
     def train(self, driver, train_input, listed, epochs, steps_per_epoch, resumed,

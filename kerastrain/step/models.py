@@ -77,7 +77,7 @@ def detach(model):
     return Detached(model) if isinstance(model, keras.Model) else None
 
 
-def hand_back(trained, user_model):
+def hand_back(trained, user_model, *, keep_functions=False):
     """Put what `trained` holds into the user's own model object, so that everything code
     written for `model.fit` does next works on it: `predict`, `evaluate`, `fit`, `save`.
 
@@ -87,28 +87,33 @@ def hand_back(trained, user_model):
       process connected to the cluster sit on a device that is gone ("Client for target
       /job:localhost... not found"): they get new storage here.
     - Keras's cached train / test / predict functions were traced for those devices and the
-      old values: they are dropped, and Keras traces them again on next use.
+      old values: they are dropped, and Keras traces them again on next use. With
+      `keep_functions` (an epoch end: callbacks may use the user's object, as under
+      `model.fit`) they are dropped only if a variable got new storage.
     """
+    moved = []
     values = _values_if_paired(user_model.variables, trained.variables)
     if values is not None:
-        _assign(user_model.variables, values)
+        _assign(user_model.variables, values, moved)
     else:  # a partitioned model's variables are shards: its weights pair up
-        _assign(user_model.weights, trained.get_weights())
+        _assign(user_model.weights, trained.get_weights(), moved)
     mine, theirs = user_model.optimizer, getattr(trained, "optimizer", None)
     if mine is not None:
         _compat.rekey_optimizer(mine)  # its model's variables may have new storage now
     if mine is not None and theirs is not None and getattr(theirs, "built", False):
-        _rehome_unreadable(mine.variables)
+        _rehome_unreadable(mine.variables, moved)
         if not mine.built:
             # A model made in a strategy's scope of the user's own (keras.io's multi-GPU
             # guide) has an optimizer that builds only in that scope.
             with _compat.optimizer_strategy_scope(mine):
                 mine.build(user_model.trainable_variables)
+            moved.append(mine)
         values = _values_if_paired(mine.variables, theirs.variables)
         if values is not None:
-            _assign(mine.variables, values)
-    _rehome_unreadable(user_model.metrics_variables)
-    user_model.train_function = user_model.test_function = user_model.predict_function = None
+            _assign(mine.variables, values, moved)
+    _rehome_unreadable(user_model.metrics_variables, moved)
+    if moved or not keep_functions:
+        user_model.train_function = user_model.test_function = user_model.predict_function = None
 
 
 def carry_optimizer(model, detached):
@@ -128,7 +133,7 @@ def carry_optimizer(model, detached):
             "fit the optimizer built for training here (%d variables): training starts with "
             "a fresh optimizer state, unlike a second model.fit", len(values), len(mine))
         return
-    _assign(mine, values)
+    _assign(mine, values, [])
 
 
 def _values_if_paired(mine, theirs):
@@ -142,12 +147,15 @@ def _values_if_paired(mine, theirs):
         return None
 
 
-def _assign(variables, values):
+def _assign(variables, values, moved):
+    """Assign each value; a variable that cannot take it (its device is gone) gets new
+    storage, and is added to `moved`."""
     import numpy as np
     for variable, value in zip(variables, values):
         value = np.asarray(value)
         if not _set(variable, value):
             _compat.replace_storage([variable], [value])
+            moved.append(variable)
 
 
 def _set(variable, value) -> bool:
@@ -159,9 +167,9 @@ def _set(variable, value) -> bool:
         return False
 
 
-def _rehome_unreadable(variables):
+def _rehome_unreadable(variables, moved):
     """New storage, holding zeros, for variables on a device that is gone (metric states,
-    an optimizer's count: their values there cannot be read)."""
+    an optimizer's count: their values there cannot be read); added to `moved`."""
     import numpy as np
     import tensorflow as tf
     for variable in variables:
@@ -169,6 +177,7 @@ def _rehome_unreadable(variables):
             variable.numpy()
         except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
             _compat.replace_storage([variable], [np.zeros(variable.shape, variable.dtype)])
+            moved.append(variable)
 
 
 def _fresh(obj):
@@ -453,7 +462,7 @@ def _rebuild(model, detached):
     states = [v for v in clone.variables if id(v) not in weights]
     if len(states) == len(detached.states) and all(
             tuple(v.shape) == a.shape for v, a in zip(states, detached.states)):
-        _assign(states, detached.states)
+        _assign(states, detached.states, [])
     _normalize_with_its_variables(clone)
     # In scope: each table is made again where the strategy wants it (per worker under ps).
     for layer, vocabulary in zip(_compat.lookup_layers(clone), detached.vocabularies):
