@@ -435,7 +435,7 @@ class Trainer:
         steps_per_epoch = run.epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
         cbs = callbacks_lib.callback_list(callbacks, model=self._model, verbose=verbose,
-                                          epochs=epochs, steps=steps_per_epoch)
+                                          epochs=epochs, steps=run.steps_known(train_input))
         watch = self._start_watching()
         driver = run.driver(lambda: watch.requested or self._model.stop_training, callbacks)
         resumed = self._run.restore(driver, train_input, lambda: self.global_step, epochs)

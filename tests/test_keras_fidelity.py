@@ -936,6 +936,27 @@ def test_a_callback_closing_over_the_users_model_object_sees_it_trained_at_each_
     np.testing.assert_allclose(seen, theirs, rtol=1e-5)
 
 
+def test_callbacks_get_the_epochs_steps_in_their_params_as_under_fit():
+    """`self.params["steps"]` (a progress bar's total, a callback's schedule): Keras gives the
+    batches of a pass when the data's size is known; kerastrain gave None."""
+    seen = {}
+
+    class Params(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen[len(seen)] = dict(self.params)
+
+    def model():
+        m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+        m.compile("sgd", "mse")
+        return m
+
+    model().fit(X, Y, batch_size=16, epochs=2, validation_split=0.25, verbose=0,
+                callbacks=[Params()])
+    kt.Trainer(model(), strategy="one_device", verbose=0).fit(
+        X, Y, batch_size=16, epochs=2, validation_split=0.25, callbacks=[Params()])
+    assert seen[0] == seen[1] == {"verbose": 0, "epochs": 2, "steps": 3}
+
+
 def test_finite_data_ending_inside_an_epoch_goes_on_with_its_next_pass_and_says_so(caplog):
     """10 batches, `steps_per_epoch=4`, 3 epochs: `model.fit` stops training after 10 steps
     ("Your input ran out of data"); kerastrain begins the data's next pass and trains the 12

@@ -57,6 +57,7 @@ class Epochs:
         self.nonfinite = nonfinite
         self.asked_steps_per_loop, self.loop_sizer, self.tuning = steps_per_loop, loop_sizer, tuning
         self.before_epoch_end = before_epoch_end
+        self.steps_per_epoch = None  # as `epoch_length` decided
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
         self.beat = None      # while the epochs run: progress, for their `stalls.StallWatch`
 
@@ -67,6 +68,10 @@ class Epochs:
         Raises:
             ValueError: infinite data without `steps_per_epoch`.
         """
+        self.steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
+        return self.steps_per_epoch
+
+    def _epoch_length(self, train_input, steps_per_epoch):
         if steps_per_epoch is not None:
             return steps_per_epoch
         n = train_input.cardinality
@@ -80,6 +85,11 @@ class Epochs:
                         "end, each example of the pass once", self.num_workers)
             return None
         return self.mode.epoch_length(n, self.step.accumulation)
+
+    def steps_known(self, train_input):
+        """Steps in an epoch where known (after `epoch_length`): as asked, else one pass of
+        data of known size (None: unknown). What Keras gives callbacks as `params["steps"]`."""
+        return self.steps_per_epoch or steps_the_data_holds(train_input, self.step)
 
     def steps_per_loop(self, callbacks, steps_per_epoch, train_input):
         """Steps per compiled call: as asked, or what "auto" comes to for this fit."""
