@@ -454,7 +454,7 @@ class Trainer:
                 raise listed[0].preempted  # after the handlers above have let go of SIGTERM
             cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
         self._training_ended(progress, first_step)
-        return callbacks_lib.history_of(cbs)
+        return callbacks_lib.history_of(cbs, self._user_model)
 
     def _new_epochs(self, callbacks=()):
         """This fit's `fitting.Epochs` (the model and its step are built). With the user's

@@ -936,6 +936,18 @@ def test_a_callback_closing_over_the_users_model_object_sees_it_trained_at_each_
     np.testing.assert_allclose(seen, theirs, rtol=1e-5)
 
 
+def test_the_history_returned_holds_the_users_model_object_as_fits_does():
+    """`history.model.save(...)` after `model.fit` saves the model fit was called on; it was
+    kerastrain's copy built in scope (under ps, placed on the cluster)."""
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    trainer = kt.Trainer(model, strategy="one_device", verbose=0)
+    assert trainer.model is not model  # a copy was trained
+    history = trainer.fit(X, Y, batch_size=16)
+    assert history.model is model
+    assert history.history["loss"] and history.epoch == [0]
+
+
 def test_callbacks_get_the_epochs_steps_in_their_params_as_under_fit():
     """`self.params["steps"]` (a progress bar's total, a callback's schedule): Keras gives the
     batches of a pass when the data's size is known; kerastrain gave None."""

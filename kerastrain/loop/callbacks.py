@@ -92,8 +92,12 @@ def callback_list(callbacks, *, model, verbose, epochs, steps, history=True):
         verbose=verbose, epochs=epochs, steps=steps)
 
 
-def history_of(callback_list):
+def history_of(callback_list, user_model=None):
+    """The list's `History`; its `model` is the user's own model object when kerastrain
+    trained a copy of it (as `model.fit`'s History holds the model it was called on)."""
     for cb in callback_list.callbacks:
         if isinstance(cb, keras.callbacks.History):
+            if user_model is not None:
+                cb.set_model(user_model)
             return cb
     raise AssertionError("CallbackList(add_history=True) always holds a History")
