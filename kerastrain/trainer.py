@@ -19,6 +19,7 @@ from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import fitting
 from kerastrain.data import fit_args
 from kerastrain.step import loops as loops_lib
+from kerastrain.step import own_step
 from kerastrain.step import models as models_lib
 from kerastrain.loop import modes
 from kerastrain.io import outputs as outputs_lib
@@ -340,7 +341,7 @@ class Trainer:
         # Where workers must agree on where to stop (collectives would hang otherwise),
         # no per-worker stop inside their loops.
         flag = self._stop_flag if self._mode.stops_on_own_flag else None
-        self._step = loops_lib.step_for(self._built, self._model, self._global_step,
+        self._step = own_step.step_for(self._built, self._model, self._global_step,
                                         jit_compile=jit, stop_flag=flag, partitioned=partitioned,
                                         unroll=tuning_lib.UNROLL if self._tuning.unroll_steps else 1)
         with self.strategy.scope():

@@ -86,10 +86,10 @@ def action(driver, *, on_nonfinite, max_recoveries, spike_factor, model, step, g
         checkpointer: the `checkpoints.Checkpointer` whose saves are restore points (or None).
         writer: the chief's `MetricWriter` (None elsewhere).
     """
-    from kerastrain.step import loops
+    from kerastrain.step import own_step as own_step_lib
     if on_nonfinite != "recover":
         return None
-    own_step = isinstance(step, loops.ModelStep)
+    own_step = isinstance(step, own_step_lib.ModelStep)
 
     def snapshot():
         extra = step.partitioned.update_optimizer.variables if step.partitioned else []

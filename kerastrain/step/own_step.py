@@ -1,0 +1,197 @@
+"""A model's own `train_step` / `test_step`, run as `model.fit` runs them, and the choice
+between it and kerastrain's exact step (`kerastrain.step.loops.Step`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kerastrain.data import inputs as data_lib
+from kerastrain.distribute.ps import worker_steps
+from kerastrain.step.loops import MetricState, Step, log_value, overrides
+
+
+def step_for(built, model, global_step, **options):
+    """kerastrain's exact `Step`, or `ModelStep` for a model with its own train/test step."""
+    from kerastrain.step import accumulation
+    if overrides(model, "train_step") or overrides(model, "test_step"):
+        return ModelStep(built, model, global_step, stop_flag=options.get("stop_flag"))
+    return Step(built, model, global_step, accumulation=accumulation.steps_of(model.optimizer),
+                **options)
+
+
+class ModelStep(Step):
+    """The model's own `train_step` / `test_step`, run as `model.fit` runs them.
+
+    Each replica runs the model's step inside `strategy.run`; what it returns is
+    reduced as Keras reduces it (the mean over replicas), and a loop returns the
+    logs of its last step, as `fit`'s logs are. Its metrics are the model's own,
+    reset at each epoch and before each evaluation, as `fit` and `evaluate` do.
+
+    A loop returns `[loss, examples, value of each log key...]` (loss: the `loss`
+    log, or 0), so the driver and the actions treat it like the exact step's.
+
+    Under parameter servers, workers run the training step concurrently: the
+    step's metric updates come back as deltas (`kerastrain.distribute.ps.worker_steps`), summed
+    exactly after `examples`, and a log named like one of `model.metrics`'
+    results is that metric's result over every step; any other log is the last
+    step's value.
+    """
+
+    def __init__(self, built, model, global_step, stop_flag=None):
+        super().__init__(built, model, global_step, stop_flag=stop_flag)
+        self.keys = {}   # "train" / "eval" -> the sorted keys of the step's logs
+        self.shapes = {}  # log key -> its value's shape (a metric may give one per class)
+        self._tracing = "train"  # which loop is being traced (sets `width`)
+        if built.is_parameter_server:
+            worker_steps.check_optimizers_built(model)
+        self.exact = (MetricState(model, metrics=model.metrics)
+                      if built.is_parameter_server else None)
+        self._deltas = sum(self.exact.sizes) if self.exact else 0
+
+    @property
+    def width(self):
+        keys = self.keys.get(self._tracing) or ()
+        return 2 + self._deltas + sum(self._size(k) for k in keys)
+
+    def _size(self, key):
+        return int(np.prod(self.shapes[key], dtype=np.int64))
+
+    def accumulate(self, totals, part):
+        # The last step's logs (they are already running values); the examples and
+        # metric deltas summed.
+        d = 2 + self._deltas
+        pieces = [part[:1], totals[1:d] + part[1:d], part[d:]]
+        if isinstance(totals, np.ndarray):
+            if not part[1]:
+                return totals  # a loop that ran no step (the data had ended) has no logs
+            return np.concatenate(pieces)
+        import tensorflow as tf
+        return tf.concat(pieces, axis=0)
+
+    def results(self, totals, kind="train"):
+        logs, offset = {}, 2 + self._deltas
+        for k in self.keys.get(kind, ()):
+            size = self._size(k)
+            value = log_value(np.reshape(totals[offset:offset + size], self.shapes[k]))
+            # Arrays as the step made them (float32), not as the totals hold them.
+            logs[k] = value.astype(np.float32) if isinstance(value, np.ndarray) else value
+            offset += size
+        if self._deltas and kind == "train":
+            # A log named like a metric's result is that result over every step, if the
+            # step updated the metric at all; a metric it left alone (Keras's loss tracker
+            # beside a step returning its own loss tensor) does not replace the log.
+            exact = self.exact.metric_results(np.asarray(totals[:2 + self._deltas]),
+                                              updated_only=True)
+            logs.update({k: exact[k] for k in logs if k in exact})
+        return logs
+
+    def start_epoch(self):
+        self.model.reset_metrics()
+
+    def _mean(self, per_replica):
+        """Keras's reduction of a step's logs: the mean over replicas."""
+        import tensorflow as tf
+        if self.built.is_multi_worker:
+            return self.strategy.reduce("MEAN", per_replica, axis=None)
+        values = self.strategy.experimental_local_results(per_replica)
+        return values[0] if len(values) == 1 else tf.reduce_mean(tf.stack(values), axis=0)
+
+    def _pack_logs(self, kind, logs, n, deltas=None):
+        import tensorflow as tf
+        if not isinstance(logs, dict):
+            raise TypeError(f"The model's `{kind}_step` must return a dict of scalar logs, as "
+                            f"Keras requires. Received: {type(logs).__name__}")
+        logs = worker_steps.flat_logs(logs)
+        keys = self.keys.setdefault(kind, sorted(logs))
+        for k in keys:
+            shape = tf.convert_to_tensor(logs[k]).shape
+            if not shape.is_fully_defined():
+                raise ValueError(
+                    f"The model's `{kind}_step` returned the log {k!r} of shape {shape}: logs "
+                    "must have a fixed shape (a scalar, or one value per class as F1Score "
+                    "gives). Return a scalar or a fixed-size result.")
+            self.shapes.setdefault(k, tuple(shape))
+        values = [tf.reshape(tf.cast(logs[k], tf.float32), [-1]) for k in keys]
+        loss = tf.reshape(logs["loss"], [-1])[0] if "loss" in keys else tf.constant(0.0)
+        loss = tf.cast(loss, tf.float32)
+        deltas = self.exact.flatten(deltas if deltas is not None else self.exact.zeros()) \
+            if self._deltas else []
+        return tf.concat([tf.stack([loss, n])] + deltas + values, axis=0)
+
+    def _run_exact(self, step_fn, data):
+        """One training step on a parameter-server worker, its metric deltas returned."""
+        def replica(data):
+            x = data_lib.split_batch(data)[0]
+            logs, deltas = worker_steps.run_with_metric_deltas(
+                step_fn, data, self.exact.variables)
+            return self._pack_logs("train", logs, self._batch_size(x), deltas)
+        return self.reduce(self.strategy.run(replica, args=(data,)))
+
+    def _replica(self, step_fn):
+        def run(data):
+            x = data_lib.split_batch(data)[0]
+            return step_fn(data), self._batch_size(x)
+        return run
+
+    def _run(self, kind, step_fn, data, local=False):
+        if local:
+            logs, n = self._replica(step_fn)(data)
+            return self._pack_logs(kind, logs, n)
+        import tensorflow as tf
+        logs, n = self.strategy.run(self._replica(step_fn), args=(data,))
+        return self._pack_logs(kind, tf.nest.map_structure(self._mean, logs),
+                               self.strategy.reduce("SUM", n, axis=None))
+
+    def _run_train(self, data):
+        if self.exact is not None:
+            return self._run_exact(self.model.train_step, data)
+        return self._run("train", self.model.train_step, data)
+
+    def _run_eval(self, data, local=False):
+        return self._run("eval", self.model.test_step, data, local=local)
+
+    def _learn_keys(self, kind, element_spec, local=False):
+        """Trace one step (never run) to learn the logs' keys: the loop's width."""
+        import tensorflow as tf
+        if kind in self.keys:
+            return
+        self._tracing = kind
+        fn = self._run_train if kind == "train" else (
+            lambda data: self._run_eval(data, local=local))
+        tf.function(fn, autograph=False).get_concrete_function(element_spec)
+
+    def _keyed(self, kind, make, local=False):
+        """A loop that first learns its width from the iterator's element spec."""
+        compiled = {}
+
+        def loop(iterator, *args):
+            if "loop" not in compiled:
+                self._learn_keys(kind, iterator.element_spec, local=local)
+                self._tracing = kind
+                compiled["loop"] = make()
+            self._tracing = kind
+            return compiled["loop"](iterator, *args)
+        if self.built.is_parameter_server and not local:
+            import tensorflow as tf
+            # The coordinator schedules only tf.functions.
+            return tf.function(loop, autograph=False)
+        return loop
+
+    def _build_train_loop(self):
+        return self._keyed("train", super()._build_train_loop)
+
+    def _build_pass_loop(self):
+        return self._keyed("train", super()._build_pass_loop)
+
+    def positions_loop(self, reader, fresh=False):
+        self._learn_keys("train", reader.element_spec)
+        self._tracing = "train"
+        return super().positions_loop(reader, fresh)
+
+    def _build_eval_loop(self):
+        return self._keyed("eval", super()._build_eval_loop)
+
+    def _build_eval_loop_local(self):
+        return self._keyed("eval", super()._build_eval_loop_local, local=True)
+
