@@ -207,8 +207,11 @@ class Trainer:
                 traced=self._mode.traced_checkpoints,
                 is_chief=self.is_chief, is_multi_worker=self._built.is_multi_worker)
         # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
-        # step. A plain local variable: only this task's loop reads it.
-        self._stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
+        # step. A plain local variable where this task's loops read it; under ps a
+        # parameter server's, read by the workers' loops (`modes`: `stop_flag_in_scope`).
+        with self._built.strategy.scope() if self._mode.stop_flag_in_scope else \
+                contextlib.nullcontext():
+            self._stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
 
     # -- public properties ----------------------------------------------------
 

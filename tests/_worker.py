@@ -92,6 +92,7 @@ def run(job, out):
                        if trainer.model.optimizer else None),
         "is_chief": trainer.is_chief,
         "ckpt_background": getattr(trainer._run.checkpointer, "background", None),
+        "stop_flag_device": trainer._stop_flag.device,
         # Every variable's place, or its shards' places when it is partitioned.
         "devices": sorted({part.device for v in trainer.model.variables
                            for part in getattr(v.value, "variables", [v.value])}),

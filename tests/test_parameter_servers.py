@@ -24,6 +24,9 @@ def check_result(result):
     # increment loses some with two workers updating at once).
     assert result["global_step"] == result["iterations"] == EPOCHS * STEPS
     assert result["devices"] and all("/job:ps/" in d for d in result["devices"]), result["devices"]
+    # Every variable the workers' loops read is on a ps, the stop flag too: on the coordinator,
+    # each worker step called into the coordinator's own server ("Unable to parse request").
+    assert "/job:ps/" in result["stop_flag_device"], result["stop_flag_device"]
     assert result["is_chief"]
 
 

@@ -42,6 +42,7 @@ class Synchronous:
     # -- stopping -----------------------------------------------------------------------
 
     stops_on_own_flag = True  # a loop ends early when this task's stop flag is set
+    stop_flag_in_scope = False  # the flag is a variable of this task's own
     owns_sigterm = True       # the SIGTERM handler is kerastrain's (`preemption.SigtermWatch`)
     # Checkpoints may be written in the background: the values are copied to this host and
     # only the chief writes (see `run_state.RunState`).
@@ -134,6 +135,11 @@ class ParameterServers(Synchronous):
     background_checkpoints = False
     # An eager save over several tasks registers a new function with every worker each time.
     traced_checkpoints = True
+    # The workers' loops read the stop flag: on a parameter server, as the model's variables.
+    # On the coordinator, each worker step called into the coordinator's own server to
+    # read it, the path of a rare "Unable to parse request" (a device name corrupted in the
+    # request, "String field 'tensorflow.eager.Operation.device' contains invalid UTF-8").
+    stop_flag_in_scope = True
 
     def explain_lost(self, error, latest_checkpoint):
         return driver_lib.lost_cluster(error, latest_checkpoint)
