@@ -464,7 +464,6 @@ class TracedCheckpointWrite:
         self.checkpoint = checkpoint
         self._objects = None   # ids of the checkpoint's objects when `_fn` was traced
         self._fn = None
-        self.traces = 0
 
     def _write(self, file_prefix, options=None):
         import tensorflow as tf
@@ -482,7 +481,6 @@ class TracedCheckpointWrite:
                 return checkpoint_lib.Checkpoint._write(checkpoint, prefix)
 
             self._objects, self._fn = objects, write
-            self.traces += 1
         tf.io.gfile.makedirs(os.path.dirname(file_prefix))  # as the eager write does
         path = self._fn(tf.constant(file_prefix)).numpy().decode()
         if options.experimental_write_callbacks:
