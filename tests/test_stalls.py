@@ -143,3 +143,45 @@ def test_a_fault_at_a_step_waits_for_that_checkpoint_to_be_complete(tmp_path):
         f'all_model_checkpoint_paths: "{directory}/ckpt-32"\n')
     (directory / "ckpt-48.index").write_text("")      # the next save, under way
     assert latest_step(str(tmp_path)) == 32
+
+
+def test_a_faults_line_comes_before_any_tasks_answer_to_it(monkeypatch):
+    """The launcher says a fault before a task's answer to it can be printed: a chief that
+    reports a killed ps at once (CI 2026-11-27: its "Lost contact" line came before "[launch]
+    fault: killed ps:0", and the story read as if the chief failed first) is printed after."""
+    import io
+    import sys
+    import threading
+
+    from kerastrain.cli import launch
+    tasks = [launch.Task("chief", 0, "{}", [sys.executable, "-c", "pass"]),
+             launch.Task("ps", 0, "{}", [sys.executable, "-c", "pass"])]
+    out = io.StringIO()
+    launcher = launch.Launcher(tasks, out=out, env={})
+
+    class Running:
+        pid = -1
+
+        def poll(self):
+            return None
+
+    tasks[1].process = Running()
+
+    def kill_and_the_chief_answers(process, signum):
+        # The chief's pump thread writes its line the moment the ps dies (as `_pump` does).
+        def answer():
+            with launcher._lock:
+                out.write("[chief:0] kerastrain: error: Lost contact\n")
+        pump = threading.Thread(target=answer)
+        pump.start()
+        pump.join(timeout=0.5)   # without the lock held across the kill, it is written now
+
+    monkeypatch.setattr(launch, "_signal_group", kill_and_the_chief_answers)
+    faults = launch.Faults(launcher, [launch.parse_fault("kill ps:0 at 0s", tasks, False)])
+    faults._apply(faults.pending[0])
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(timeout=5)
+    assert out.getvalue().splitlines() == [
+        "[launch] fault: killed ps:0 (kill ps:0 at 0s)",
+        "[chief:0] kerastrain: error: Lost contact"], out.getvalue()

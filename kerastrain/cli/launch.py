@@ -301,27 +301,28 @@ class Faults:
     def _apply(self, fault):
         task = self.launcher.task(fault.task)
         process = task.process
-        if fault.action == "partition":
-            self.launcher.hosts.partition(task.host, True)
-        elif process is None or process.poll() is not None:
+        if fault.action != "partition" and (process is None or process.poll() is not None):
             self.launcher.say(f"fault: {fault.text}: {fault.task} is not running; skipped")
             return
-        else:
-            _signal_group(process, signal.SIGSTOP if fault.action == "freeze" else
-                          signal.SIGKILL)
         what = {"freeze": "froze", "partition": "cut off the network:", "kill": "killed"}
-        self.launcher.say(f"fault: {what[fault.action]} {fault.task}" + (
-            f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})")
+        text = f"fault: {what[fault.action]} {fault.task}" + (
+            f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})"
+        if fault.action == "partition":
+            self.launcher.say_with(text, lambda: self.launcher.hosts.partition(task.host, True))
+        else:
+            self.launcher.say_with(text, lambda: _signal_group(
+                process, signal.SIGSTOP if fault.action == "freeze" else signal.SIGKILL))
         if fault.duration:
             self._ends.append((time.monotonic() + fault.duration, fault, process))
 
     def _undo(self, fault, process):
         if fault.action == "partition":
-            self.launcher.hosts.partition(self.launcher.task(fault.task).host, False)
-            self.launcher.say(f"fault: {fault.task} is on the network again")
+            host = self.launcher.task(fault.task).host
+            self.launcher.say_with(f"fault: {fault.task} is on the network again",
+                                   lambda: self.launcher.hosts.partition(host, False))
         elif process.poll() is None:
-            _signal_group(process, signal.SIGCONT)
-            self.launcher.say(f"fault: {fault.task} runs again")
+            self.launcher.say_with(f"fault: {fault.task} runs again",
+                                   lambda: _signal_group(process, signal.SIGCONT))
 
 
 # What faulthandler.dump_traceback_later writes first (the stall watch's backstop).
@@ -427,6 +428,13 @@ class Launcher:
 
     def say(self, text):
         with self._lock:
+            print(f"[launch] {text}", file=self.out, flush=True)
+
+    def say_with(self, text, act):
+        """`act()`, then say `text`, with no task's line between them: a task's answer to
+        the act (the chief's account of a killed ps) comes after the line that says it."""
+        with self._lock:
+            act()
             print(f"[launch] {text}", file=self.out, flush=True)
 
     def _pump(self, task, stream):
