@@ -33,7 +33,6 @@ from kerastrain.distribute import network as network_lib
 from kerastrain.distribute.cluster import free_port, ports
 from kerastrain._options import is_int
 
-# Set in each task's environment: the launcher's pid, so the task can end with it.
 WORKER_RESTARTS = 3        # per parameter-server worker and job attempt
 GRACE_SECS = 20.0          # for the other tasks to stop by themselves once the chief is done
 KILL_AFTER_SECS = 5.0      # SIGTERM, then SIGKILL
@@ -300,17 +299,15 @@ class Faults:
 
     def _apply(self, fault):
         task = self.launcher.task(fault.task)
-        process = task.process
+        process, say = task.process, self.launcher.say
         if fault.action != "partition" and (process is None or process.poll() is not None):
-            self.launcher.say(f"fault: {fault.text}: {fault.task} is not running; skipped")
+            say(f"fault: {fault.text}: {fault.task} is not running; skipped")
             return
         what = {"freeze": "froze", "partition": "cut off the network:", "kill": "killed"}
-        text = f"fault: {what[fault.action]} {fault.task}" + (
-            f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})"
-        if fault.action == "partition":
-            self.launcher.say_with(text, lambda: self.launcher.hosts.partition(task.host, True))
-        else:
-            self.launcher.say_with(text, lambda: _signal_group(
+        say(f"fault: {what[fault.action]} {fault.task}" + (
+            f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})",
+            act=lambda: self.launcher.hosts.partition(task.host, True)
+            if fault.action == "partition" else _signal_group(
                 process, signal.SIGSTOP if fault.action == "freeze" else signal.SIGKILL))
         if fault.duration:
             self._ends.append((time.monotonic() + fault.duration, fault, process))
@@ -318,11 +315,11 @@ class Faults:
     def _undo(self, fault, process):
         if fault.action == "partition":
             host = self.launcher.task(fault.task).host
-            self.launcher.say_with(f"fault: {fault.task} is on the network again",
-                                   lambda: self.launcher.hosts.partition(host, False))
+            self.launcher.say(f"fault: {fault.task} is on the network again",
+                              act=lambda: self.launcher.hosts.partition(host, False))
         elif process.poll() is None:
-            self.launcher.say_with(f"fault: {fault.task} runs again",
-                                   lambda: _signal_group(process, signal.SIGCONT))
+            self.launcher.say(f"fault: {fault.task} runs again",
+                              act=lambda: _signal_group(process, signal.SIGCONT))
 
 
 # What faulthandler.dump_traceback_later writes first (the stall watch's backstop).
@@ -426,15 +423,12 @@ class Launcher:
 
     # -- processes ---------------------------------------------------------------------
 
-    def say(self, text):
+    def say(self, text, act=None):
+        """Print `[launch] text`; `act()` first, under the same lock, so that no task's answer
+        to the act (the chief's account of a killed ps) comes before the line that says it."""
         with self._lock:
-            print(f"[launch] {text}", file=self.out, flush=True)
-
-    def say_with(self, text, act):
-        """`act()`, then say `text`, with no task's line between them: a task's answer to
-        the act (the chief's account of a killed ps) comes after the line that says it."""
-        with self._lock:
-            act()
+            if act is not None:
+                act()
             print(f"[launch] {text}", file=self.out, flush=True)
 
     def _pump(self, task, stream):
@@ -565,8 +559,10 @@ class Launcher:
         code = task.process.returncode
         if task.type == "evaluator":
             return None  # side-car: the job goes on without it
-        if task.type == "data_worker" and task.restarts < WORKER_RESTARTS:
-            # Back at its address, it lets the dispatcher's jobs end (its splits are lost).
+        # Back at its address, a tf.data service worker lets the dispatcher's jobs end (its
+        # splits are lost); a ps worker takes steps again (the coordinator retried its own).
+        if (task.type == "data_worker" or self.parameter_servers and task.type == "worker") \
+                and task.restarts < WORKER_RESTARTS:
             task.restarts += 1
             self.say(f"{task.name} exited with {_describe(code)}; restarting it "
                      f"({task.restarts}/{WORKER_RESTARTS})")
@@ -574,14 +570,6 @@ class Launcher:
             return None
         if code == 0 and not self.parameter_servers:
             return None  # a synchronous worker that finished: the chief will too
-        if self.parameter_servers and task.type == "worker" and task.restarts < WORKER_RESTARTS:
-            # The coordinator retries the worker's steps elsewhere; once the worker is back
-            # at the same address, it takes steps again.
-            task.restarts += 1
-            self.say(f"{task.name} exited with {_describe(code)}; restarting it "
-                     f"({task.restarts}/{WORKER_RESTARTS})")
-            self.start(task)
-            return None
         self.say(f"{task.name} exited with {_describe(code)}; the job cannot go on without it")
         chief = chief_of(self.tasks)
         if task.type == "ps":
