@@ -63,7 +63,7 @@ def main():
         params = model.count_params()
         variables = len(model.variables) + len(model.optimizer.variables)
         floats = sum(int(np.prod(v.shape)) for v in model.variables + model.optimizer.variables)
-        ckpt = trainer._run.checkpointer
+        ckpt = trainer._state.run.checkpointer
         bare = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         bare_prefix = os.path.join(root, "bare", "ckpt")
         times = {k: [] for k in ("kerastrain save", "bare write", "kerastrain restore",

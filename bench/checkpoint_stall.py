@@ -65,7 +65,7 @@ class Run:
                                   checkpoint=checkpoint, steps_per_loop=1)
         self.trainer.fit(epochs=1, steps_per_epoch=steps)   # traces, builds the slots, warms
         self.blocked = []  # per timed fit: seconds training waited on checkpointing
-        checkpointer = self.trainer._run.checkpointer
+        checkpointer = self.trainer._state.run.checkpointer
         if checkpointer is not None:
             self._time_blocking(checkpointer)
 
@@ -119,7 +119,7 @@ def main():
         }
         model = runs["background"].trainer.model
         params = model.count_params()
-        assert runs["background"].trainer._run.checkpointer.background
+        assert runs["background"].trainer._state.run.checkpointer.background
         wall, cpu = interleave(runs, args.rounds, args.steps * BATCH)
         base = wall["no checkpoints"]
         print(f"\nmodel: {params:,} parameters ({params * 4 / 1e6:,.0f} MB; checkpoint with "

@@ -5,41 +5,33 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import sys
-
-import numpy as np
 
 from kerastrain import _compat
 from kerastrain import _logging
-from kerastrain.loop import actions as actions_lib
-from kerastrain.loop import callbacks as callbacks_lib
-from kerastrain.io import checkpoints
-from kerastrain.data import inputs as data_lib
-from kerastrain.loop import driver as driver_lib
-from kerastrain.loop import fitting
+from kerastrain._options import check_choice, check_int
+from kerastrain.data import feeds as feeds_lib
 from kerastrain.data import fit_args
-from kerastrain.step import loops as loops_lib
-from kerastrain.step import own_step
-from kerastrain.step import models as models_lib
-from kerastrain.loop import modes
-from kerastrain.io import outputs as outputs_lib
-from kerastrain.step import precision
-from kerastrain.loop import predicting
-from kerastrain.loop import preemption
-from kerastrain.loop import recovery as recovery_lib
-from kerastrain.loop import run_state
+from kerastrain.data import inputs as data_lib
 from kerastrain.data import service as service_lib
 from kerastrain.data import sharding
-from kerastrain.loop import stalls
 from kerastrain.distribute import strategies
+from kerastrain.io import checkpoints
+from kerastrain.io import outputs as outputs_lib
 from kerastrain.io import summaries
+from kerastrain.loop import actions as actions_lib
+from kerastrain.loop import callbacks as callbacks_lib
+from kerastrain.loop import fitting
+from kerastrain.loop import modes
+from kerastrain.loop import predicting
+from kerastrain.loop import recovery as recovery_lib
+from kerastrain.loop import stalls
+from kerastrain.loop import state as state_lib
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.loop import workdir as workdir_lib
-from kerastrain._options import check_choice, check_int
+from kerastrain.step import models as models_lib
+from kerastrain.step import precision
 
 logger = logging.getLogger("kerastrain")
-
-VERBOSE = (0, 1, 2, "auto")  # as `model.fit`'s
 
 
 class Trainer:
@@ -141,19 +133,17 @@ class Trainer:
         detached = models_lib.detach(model)
         # Checks names and options before TensorFlow does anything heavy.
         with stalls.connecting(self._stall_timeout, bool(stalls.cluster_workers())):
-            self._built = strategies.build_strategy(strategy, strategy_options)
-        if jit_compile is True and self._built.places_variables:
+            built = strategies.build_strategy(strategy, strategy_options)
+        if jit_compile is True and built.places_variables:
             raise ValueError(
                 f"`jit_compile=True` works with the 'default' and 'one_device' strategies; under "
-                f"{self._built.name!r} a step holds cross-device or remote-variable operations "
+                f"{built.name!r} a step holds cross-device or remote-variable operations "
                 "XLA cannot compile. Remove it. Received: jit_compile=True")
-        recovery_lib.check_strategy(on_nonfinite, self._built)
-        service_lib.check_strategy(service_options, self._built)
+        recovery_lib.check_strategy(on_nonfinite, built)
+        service_lib.check_strategy(service_options, built)
         self._service = service_options and service_lib.Service(service_options)
-        self._jit_compile = jit_compile
         self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries, its stall watch)
         self._seed = seed
-        self._numpy_inputs = 0  # NumPy training inputs given so far (`_order_seed`)
         self._steps_per_loop = steps_per_loop
         self._verbose = verbose
         self._dataset_fn = dataset_fn
@@ -163,61 +153,30 @@ class Trainer:
             keras.utils.set_random_seed(seed)
         self._model_source = model  # a function can build the model again (export)
         self._workdir = workdir_lib.WorkDir(
-            model_dir, is_chief=self.is_chief,
+            model_dir, is_chief=built.is_chief,
             checkpoint=checkpoints.CheckpointOptions.coerce(checkpoint),
             tensorboard=summaries.TensorBoardOptions.coerce(tensorboard), writers=writers,
-            moved=self._state_moved)
-        self._make_state(model, detached=detached, optimizer=optimizer, loss=loss,
-                         metrics=metrics)
+            moved=lambda *args: self._state.move(*args))
+        self._state = state_lib.TrainingState(
+            built, model, detached=detached, precision_policy=self._precision,
+            workdir=self._workdir, jit_compile=jit_compile, tuning=self._tuning,
+            optimizer=optimizer, loss=loss, metrics=metrics)
+        self._built = self._state.built  # a model instance's copy may fall back to another
         # The user's own model object, when kerastrain trains a copy built in scope: it
         # gets the trained weights whenever fit ends, so code written for model.fit works.
-        self._user_model = model if detached is not None and model is not self._model else None
-        self._detached = detached if optimizer is None else None  # its optimizer's state
-        self._step = None
+        self._user_model = model if detached is not None and model is not self.model else None
+        self._feeds = feeds_lib.Feeds(self._built, shard=self._shard, seed=seed,
+                                      tuning=self._tuning, service=self._service)
         self._predictor = None
-        self._inputs = {}
         self._workdir.claim()
         self._workdir.settings = _settings(self, seed=seed, steps_per_loop=steps_per_loop,
                                            shard=shard)
-
-    def _make_state(self, model, **compile_overrides):
-        """The model and the training state, created under the strategy's scope."""
-        import tensorflow as tf
-        try:
-            with self._built.strategy.scope(), precision.policy(self._precision, model):
-                self._model = models_lib.materialize(model, self._built, **compile_overrides)
-        except models_lib.NotClonable:
-            fallback = strategies.default_for_instance(self._built, model)
-            if fallback is None:
-                raise
-            self._built = fallback
-            with self._built.strategy.scope(), precision.policy(self._precision, model):
-                self._model = models_lib.materialize(model, self._built, **compile_overrides)
-        self._mode = modes.for_strategy(self._built)
-        precision.ensure_loss_scaling(self._model, self._precision)
-        with self._built.strategy.scope():
-            self._global_step = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="global_step",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            # Where training stands, saved with every checkpoint (`run_state`).
-            self._run = run_state.RunState(
-                options=self._workdir.checkpoint, model_dir=self.model_dir,
-                outputs=self._workdir.outputs,
-                background=self._mode.background_checkpoints,
-                traced=self._mode.traced_checkpoints,
-                is_chief=self.is_chief, is_multi_worker=self._built.is_multi_worker)
-        # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
-        # step. A plain local variable where this task's loops read it; under ps a
-        # parameter server's, read by the workers' loops (`modes`: `stop_flag_in_scope`).
-        with self._built.strategy.scope() if self._mode.stop_flag_in_scope else \
-                contextlib.nullcontext():
-            self._stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
 
     # -- public properties ----------------------------------------------------
 
     @property
     def model(self):
-        return self._model
+        return self._state.model
 
     @property
     def model_dir(self) -> str | None:
@@ -237,7 +196,7 @@ class Trainer:
     @property
     def global_step(self) -> int:
         """Optimizer steps taken, exact under every strategy (a Python int)."""
-        return int(self._global_step.numpy())
+        return self._state.steps_taken
 
     @property
     def steps_per_loop(self) -> int:
@@ -277,7 +236,8 @@ class Trainer:
         `fit` and `evaluate` do this on first use; call it to restore a checkpoint
         (`load_checkpoint`) before either.
         """
-        self._ensure_built(self._input(data, "dataset_fn", "evaluation", batch_size).element_spec)
+        self._state.ensure_built(
+            self._feeds.get(data, "dataset_fn", "evaluation", batch_size).element_spec)
 
     def load_checkpoint(self, path: str) -> int:
         """Load the model's weights and the global step from the checkpoint `path`.
@@ -288,79 +248,9 @@ class Trainer:
         Raises:
             RuntimeError: the model is not built yet (call `build` or `fit` first).
         """
-        import tensorflow as tf
-        if self._step is None:
-            raise RuntimeError("`load_checkpoint` needs the model's variables: call "
-                               "`trainer.build(data)` (or `fit`/`evaluate`) first. "
-                               f"Received: path={path!r}")
-        tf.train.Checkpoint(model=self._model, global_step=self._global_step).read(
-            path).expect_partial()
-        return self.global_step
+        return self._state.load_checkpoint(path)
 
     # -- set-up helpers -------------------------------------------------------
-
-    def _input(self, data, argument, role, batch_size=None, shuffle=True):
-        # One input kept per use: a later fit on the same data continues its passes;
-        # other data replaces it (a loop of `fit((x, y))` calls holds one copy, not one
-        # per call), and evaluation never moves the training data's position.
-        key = (argument, role, batch_size, shuffle)
-        if key not in self._inputs or self._inputs[key][0] is not data:
-            self._inputs[key] = (data, data_lib.DistributedInput(
-                self._built, data, argument=argument, shard=self._shard,
-                batch_size=batch_size, seed=self._order_seed(data, argument, role), role=role,
-                shuffle=shuffle,
-                input_options=self._tuning.input_options,
-                in_step=self._tuning.in_step_batches, service=self._service))
-        return self._inputs[key][1]
-
-    def _order_seed(self, data, argument, role):
-        """The seed of new data's example orders. NumPy training arrays given anew (each
-        `fit(x, y)` call) draw new orders, as every `model.fit` call reshuffles: the k-th
-        such input of this Trainer is shuffled by a seed drawn from (seed, k), so a rerun
-        of the same script (resuming) meets the same orders in the same calls."""
-        seed = data_lib.shuffle_seed(self._seed, self._built)
-        if seed is None or role != "training" or data_lib.input_form(data, argument) != "numpy":
-            return seed
-        k, self._numpy_inputs = self._numpy_inputs, self._numpy_inputs + 1
-        return seed if k == 0 else int(
-            np.random.SeedSequence([seed, k]).generate_state(1)[0] % 2 ** 31)
-
-    def _ensure_built(self, element_spec):
-        if self._step is not None:
-            return
-        data_lib.check_against_model(element_spec, self._model)
-        models_lib.check_resources_placed(self._model, self._built)
-        with self.strategy.scope():
-            partitioned = models_lib.build_state(self._model, self._built, element_spec)
-            models_lib.carry_optimizer(self._model, self._detached)
-            self._detached = None  # its copies of the weights and slots are no longer needed
-            if not loops_lib.overrides(self._model, "train_step"):
-                loops_lib.MetricState(self._model).check_sums(self._model, element_spec)
-        models_lib.say_unsynchronized_batchnorm(self._model, self.strategy)
-        jit, why = tuning_lib.resolve_jit_compile(
-            self._jit_compile, self._model, places_variables=self._built.places_variables,
-            has_gpu=bool(strategies.gpus()))
-        _logging.tuning(f"jit_compile {jit}", "jit_compile: %s (%s)", jit, why)
-        # Where workers must agree on where to stop (collectives would hang otherwise),
-        # no per-worker stop inside their loops.
-        flag = self._stop_flag if self._mode.stops_on_own_flag else None
-        self._step = own_step.step_for(self._built, self._model, self._global_step,
-                                        jit_compile=jit, stop_flag=flag, partitioned=partitioned,
-                                        unroll=tuning_lib.UNROLL if self._tuning.unroll_steps else 1)
-        with self.strategy.scope():
-            self._run.attach(width=self._step.width, model=self._model,
-                             global_step=self._global_step)
-
-    def _start_watching(self):
-        """A fresh stop state for one fit, and the SIGTERM watch (not yet entered)."""
-        self._model.stop_training = False
-        self._stop_flag.assign(False)
-        # Under multi-worker mirrored, TensorFlow's PreemptionCheckpointHandler owns SIGTERM.
-        return preemption.SigtermWatch(self._stop_flag, install=self._mode.owns_sigterm)
-
-    def _preemption_agreement(self):
-        """Yield `agree(step)` where workers must agree on where to stop, else None."""
-        return self._mode.preemption_agreement(self._run.checkpointer, self.model_dir)
 
     @contextlib.contextmanager
     def _user_model_updated(self):
@@ -370,32 +260,11 @@ class Trainer:
             yield
         finally:
             if self._user_model is not None:
-                models_lib.hand_back(self._model, self._user_model)
-
-    @contextlib.contextmanager
-    def _cluster_errors_explained(self):
-        """A lost task (a ps task, a multi-worker peer) becomes one error that says what to do."""
-        try:
-            yield
-        except driver_lib.cluster_errors() as e:
-            # A peer or a ps task went away during a step, a save or a validation pass.
-            explained = self._mode.explain_lost(e, self._run.latest_checkpoint())
-            if explained is None:
-                raise
-            raise explained from None
+                models_lib.hand_back(self.model, self._user_model)
 
     def _resolve_verbose(self, verbose):
-        if verbose is not None:
-            check_choice("verbose", verbose, VERBOSE)
-        verbose = self._verbose if verbose is None else verbose
-        interactive = getattr(sys.stdout, "isatty", lambda: False)() or "ipykernel" in sys.modules
-        if verbose == "auto":
-            if not self.is_chief:
-                return 0
-            return 1 if interactive else 2
-        if verbose == 1 and not interactive:
-            return 2  # a progress bar on a pipe is one line per update: keep logs readable
-        return verbose
+        return callbacks_lib.resolve_verbose(verbose, default=self._verbose,
+                                             is_chief=self.is_chief)
 
     # -- training -------------------------------------------------------------
 
@@ -430,26 +299,26 @@ class Trainer:
         data = fit_args.of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args,
                                     default=self._dataset_fn)
         callbacks = self._workdir.use_backup(callbacks_lib.check_callbacks(callbacks))
-        train_input = self._input(data.train, "dataset_fn", "training", batch_size,
-                                  shuffle=data.shuffle)
-        validation = self._validation(data.validation, validation_steps, batch_size,
-                                      validation_freq, data.validation_batch_size)
-        self._ensure_built(train_input.element_spec)
+        train_input = self._feeds.get(data.train, "dataset_fn", "training", batch_size,
+                                      shuffle=data.shuffle)
+        validation = self._validation(data, validation_steps, batch_size, validation_freq)
+        state = self._state
+        state.ensure_built(train_input.element_spec)
         run = self._epochs = self._new_epochs(callbacks)
         steps_per_epoch = run.epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
-        cbs = callbacks_lib.callback_list(callbacks, model=self._model, verbose=verbose,
+        cbs = callbacks_lib.callback_list(callbacks, model=self.model, verbose=verbose,
                                           epochs=epochs, steps=run.steps_known(train_input))
-        watch = self._start_watching()
-        driver = run.driver(lambda: watch.requested or self._model.stop_training, callbacks)
-        resumed = self._run.restore(driver, train_input, lambda: self.global_step, epochs)
+        watch = state.sigterm_watch()
+        driver = run.driver(lambda: watch.requested or self.model.stop_training, callbacks)
+        resumed = state.run.restore(driver, train_input, lambda: self.global_step, epochs)
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
         first_step = self.global_step
-        monitor = self._workdir.monitor(self._model, first_step, train_input.element_spec)
+        monitor = self._workdir.monitor(self.model, first_step, train_input.element_spec)
         cbs.on_train_begin()
         with self._user_model_updated():  # last: EarlyStopping restores in on_train_end
-            with self._cluster_errors_explained(), self._preemption_agreement() as agree, \
-                    watch, monitor, self._run.writes_settled():
+            with state.cluster_errors_explained(), state.preemption_agreement() as agree, \
+                    watch, monitor, state.run.writes_settled():
                 listed = run.actions(driver, watch, agree, monitor, cbs, validation,
                                      bool(callbacks or verbose), steps_per_epoch, train_input)
                 progress = run.train(driver, train_input, listed, range(initial_epoch, epochs),
@@ -467,10 +336,11 @@ class Trainer:
         user, sync = self._user_model, None
         if user is not None and callbacks:
             def sync():
-                models_lib.hand_back(self._model, user, keep_functions=True)
+                models_lib.hand_back(self.model, user, keep_functions=True)
+        state = self._state
         return fitting.Epochs(
-            step=self._step, model=self._model, global_step=self._global_step, run=self._run,
-            mode=self._mode, strategy_name=self._built.name, num_workers=self._built.num_workers,
+            step=state.step, model=state.model, global_step=state.global_step, run=state.run,
+            mode=state.mode, strategy_name=self._built.name, num_workers=self._built.num_workers,
             stall_timeout=self._stall_timeout,
             nonfinite=self._nonfinite, steps_per_loop=self._steps_per_loop,
             loop_sizer=self._loop_sizer, tuning=self._tuning, before_epoch_end=sync)
@@ -481,34 +351,22 @@ class Trainer:
         finished backup goes."""
         if progress.stop == actions_lib.DIVERGED:
             return
-        if self.global_step > first_step or self._run.export_missing(self.global_step):
-            paths = self._run.export(self._model, model_source=self._model_source,
-                                     step=self.global_step, partitioned=self._step.partitioned)
+        run = self._state.run
+        if self.global_step > first_step or run.export_missing(self.global_step):
+            paths = run.export(self.model, model_source=self._model_source,
+                               step=self.global_step, partitioned=self._state.step.partitioned)
             if paths:
                 self._workdir.wrote_export()
         self._workdir.backup_done()
 
-    def _state_moved(self, model_dir, outputs, options):
-        """The run's state goes to another place from the next fit on (`WorkDir`)."""
-        with self.strategy.scope():
-            self._run.move(model_dir=model_dir, outputs=outputs, options=options)
-
-    def _validation(self, validation_dataset_fn, validation_steps, batch_size, every,
-                    validation_batch_size=None):
-        """The `actions.Validation` of this data, every `every` epochs (None without data)."""
-        if validation_dataset_fn is None:
+    def _validation(self, data, validation_steps, batch_size, every):
+        """The `actions.Validation` of `data.validation`, every `every` epochs (None without
+        validation data)."""
+        if data.validation is None:
             return None
-        # `batch_size` is for NumPy data; a validation dataset batches itself.
-        form = data_lib.input_form(validation_dataset_fn, "validation_dataset_fn")
-        if validation_batch_size is not None and form != "numpy":
-            raise ValueError(
-                "`validation_batch_size` applies to NumPy validation data (as in `model.fit`); a "
-                "validation dataset batches itself. Remove it or batch the dataset. Received: "
-                f"validation_batch_size={validation_batch_size!r} with validation data of form "
-                f"{form!r}")
-        val_input = self._input(validation_dataset_fn, "validation_dataset_fn", "validation",
-                                (validation_batch_size or batch_size) if form == "numpy" else None)
-        self._eval_dataset_fn = validation_dataset_fn
+        val_input = self._feeds.get(data.validation, "validation_dataset_fn", "validation",
+                                    data.validation_batch(batch_size))
+        self._eval_dataset_fn = data.validation
         return actions_lib.Validation(lambda: self._evaluate_input(val_input, validation_steps),
                                       every=every)
 
@@ -540,17 +398,17 @@ class Trainer:
         if y is not None or sample_weight is not None or \
                 data_lib.array_leaves(dataset_fn) is not None:
             dataset_fn = fit_args.resolve(dataset_fn, y, sample_weight=sample_weight).train
-        eval_input = self._input(dataset_fn, "dataset_fn", "evaluation", batch_size)
-        self._ensure_built(eval_input.element_spec)
+        eval_input = self._feeds.get(dataset_fn, "dataset_fn", "evaluation", batch_size)
+        self._state.ensure_built(eval_input.element_spec)
         cbs = callbacks_lib.callback_list(
-            callbacks_lib.check_callbacks(callbacks), model=self._model, history=False,
+            callbacks_lib.check_callbacks(callbacks), model=self.model, history=False,
             verbose=self._resolve_verbose(verbose), epochs=1, steps=steps)
         cbs.on_test_begin()
         cbs.on_test_batch_begin(0)
         logs = self._evaluate_input(eval_input, steps)
         cbs.on_test_batch_end((steps or 1) - 1, logs)
         cbs.on_test_end(logs)
-        return logs if return_dict else _compat.flatten_metrics_in_order(self._model, logs)
+        return logs if return_dict else _compat.flatten_metrics_in_order(self.model, logs)
 
     # -- prediction -----------------------------------------------------------
 
@@ -572,25 +430,17 @@ class Trainer:
         predicting.check_options(batch_size=batch_size, steps=steps)
         callbacks = callbacks_lib.check_callbacks(callbacks)
         predictor = self._predictor = self._predictor or predicting.Predictor(
-            self._built, self._model)
+            self._built, self.model)
         batches, known, spec = predictor.batches(x, batch_size=batch_size, steps=steps)
         predictor.ensure_built(spec)
-        cbs = callbacks_lib.callback_list(callbacks, model=self._model, history=False,
+        cbs = callbacks_lib.callback_list(callbacks, model=self.model, history=False,
                                           verbose=self._resolve_verbose(verbose), epochs=1,
                                           steps=known)
-        with self._cluster_errors_explained():
+        with self._state.cluster_errors_explained():
             return predictor.run(batches, steps, cbs)
 
     def _evaluate_input(self, eval_input, steps):
-        if steps is None and eval_input.cardinality == data_lib.INFINITE:
-            raise ValueError("The evaluation data is infinite (it repeats): pass `steps` "
-                             "(`validation_steps` in fit). Received: steps=None")
-        loop, iterator = self._mode.evaluation(self._step, eval_input)
-        self._step.start_epoch()
-        totals = driver_lib.run_to_end(loop, iterator, steps, self._step.width,
-                                       accumulate=self._step.accumulate,
-                                       after=self._epochs and self._epochs.beat)
-        return self._step.results(totals, kind="eval")
+        return self._state.evaluate(eval_input, steps, beat=self._epochs and self._epochs.beat)
 
 
 def _check_counts(**counts):
@@ -603,7 +453,7 @@ def _check_counts(**counts):
 def _check_init_options(*, steps_per_loop, verbose, jit_compile, seed, writers):
     if steps_per_loop != "auto":
         check_int("steps_per_loop", steps_per_loop, minimum=1, also="'auto'")
-    check_choice("verbose", verbose, VERBOSE)
+    check_choice("verbose", verbose, callbacks_lib.VERBOSE)
     check_choice("jit_compile", jit_compile, (None, "auto", True, False))
     check_int("seed", seed, optional=True)
     for w in writers or []:

@@ -91,8 +91,8 @@ def run(job, out):
         "iterations": (int(trainer.model.optimizer.iterations.numpy())
                        if trainer.model.optimizer else None),
         "is_chief": trainer.is_chief,
-        "ckpt_background": getattr(trainer._run.checkpointer, "background", None),
-        "stop_flag_device": trainer._stop_flag.device,
+        "ckpt_background": getattr(trainer._state.run.checkpointer, "background", None),
+        "stop_flag_device": trainer._state.stop_flag.device,
         # Every variable's place, or its shards' places when it is partitioned.
         "devices": sorted({part.device for v in trainer.model.variables
                            for part in getattr(v.value, "variables", [v.value])}),

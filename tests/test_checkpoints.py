@@ -345,7 +345,7 @@ def test_the_chief_manager_never_restores_behind_kerastrains_back(tmp_path):
     import tensorflow as tf
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-6")
     before = [w.copy() for w in fresh.model.get_weights()]
-    assert fresh._run.checkpointer.manager.restore_or_initialize() is None
+    assert fresh._state.run.checkpointer.manager.restore_or_initialize() is None
     for a, b in zip(fresh.model.get_weights(), before):
         np.testing.assert_array_equal(a, b)
 
@@ -397,7 +397,7 @@ def test_checkpoints_written_in_the_background_hold_the_values_of_their_step(tmp
         t = trainer(model_dir, strategy=strategy, steps_per_loop=1,
                     checkpoint={"every_steps": 2, "max_to_keep": 10, "background": background})
         t.fit(epochs=4)   # 24 steps: 12 checkpoints, the last 10 kept
-        assert t._run.checkpointer.background is background
+        assert t._state.run.checkpointer.background is background
         names = sorted(os.listdir(model_dir / "checkpoints"))
         assert not [n for n in names if "_temp" in n or ".tmp" in n], names
         saved[background] = {n[:-len(".index")]: tf.train.load_checkpoint(
@@ -460,7 +460,7 @@ y = x[:, :1].copy()
 trainer = kt.Trainer(build, strategy="default", seed=0, verbose=0, model_dir=sys.argv[1],
                      steps_per_loop=1, checkpoint={"every_steps": 2, "export": False})
 trainer.fit(x, y, batch_size=8, epochs=6, shuffle=False)
-print("trained to", trainer.global_step, "background", trainer._run.checkpointer.background)
+print("trained to", trainer.global_step, "background", trainer._state.run.checkpointer.background)
 """
 
 

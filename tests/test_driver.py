@@ -96,8 +96,7 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
     class Requested:
         requested = True
 
-    trainer._ensure_built(trainer._input(trainer._dataset_fn, "dataset_fn", "training")
-                          .element_spec)
+    trainer.build(trainer._dataset_fn)
     epochs = trainer._new_epochs()
     monitor = trainer._workdir.monitor(trainer.model, step=0, element_spec=None)
     listed = epochs.actions(NoLoops(), watch=Requested(), agree=None, monitor=monitor,

@@ -239,7 +239,7 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_and_loses_nothing(tiny
         return True
     with pytest.raises(files.DiskFull) as e:
         t.fit(epochs=3, callbacks=[filling_at("on_epoch_begin", second_epoch, tiny_disk)])
-    assert t._run.checkpointer.background is background
+    assert t._state.run.checkpointer.background is background
     message = str(e.value)
     assert "\n" not in message and message.startswith(
         f"disk full: could not write the checkpoint of step 12 to {run / 'checkpoints'} (")

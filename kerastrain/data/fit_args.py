@@ -35,6 +35,24 @@ class FitData:
     shuffle: bool = True  # NumPy training arrays are reshuffled every epoch
     validation_batch_size: int | None = None  # NumPy validation data; None: batch_size
 
+    def validation_batch(self, batch_size):
+        """The global batch of NumPy validation data (`validation_batch_size`, else
+        `batch_size`); None for a validation dataset, which batches itself.
+
+        Raises:
+            ValueError: a `validation_batch_size` beside a validation dataset.
+        """
+        form = data_lib.input_form(self.validation, "validation_dataset_fn")
+        if form == "numpy":
+            return self.validation_batch_size or batch_size
+        if self.validation_batch_size is not None:
+            raise ValueError(
+                "`validation_batch_size` applies to NumPy validation data (as in `model.fit`); a "
+                "validation dataset batches itself. Remove it or batch the dataset. Received: "
+                f"validation_batch_size={self.validation_batch_size!r} with validation data of "
+                f"form {form!r}")
+        return None
+
 
 def of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args, *, default) -> FitData:
     """`Trainer.fit`'s data arguments, Keras's names included (`default`: the Trainer's

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import keras
 
 from kerastrain import _options
+
+VERBOSE = (0, 1, 2, "auto")  # as `model.fit`'s
 
 _BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
 
@@ -101,3 +104,18 @@ def history_of(callback_list, user_model=None):
                 cb.set_model(user_model)
             return cb
     raise AssertionError("CallbackList(add_history=True) always holds a History")
+
+
+def resolve_verbose(verbose, *, default, is_chief):
+    """The verbosity of one `fit`/`evaluate`/`predict` call (`verbose` None: the Trainer's
+    `default`): "auto" is 1 on an interactive chief, 2 on a pipe, 0 off the chief; 1 on a
+    pipe is 2 (a progress bar there is one line per update)."""
+    if verbose is not None:
+        _options.check_choice("verbose", verbose, VERBOSE)
+    verbose = default if verbose is None else verbose
+    interactive = getattr(sys.stdout, "isatty", lambda: False)() or "ipykernel" in sys.modules
+    if verbose == "auto":
+        return (1 if interactive else 2) if is_chief else 0
+    if verbose == 1 and not interactive:
+        return 2  # a progress bar on a pipe is one line per update: keep logs readable
+    return verbose

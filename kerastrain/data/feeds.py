@@ -1,0 +1,56 @@
+"""The Trainer's inputs: one `DistributedInput` kept per use, and the orders of NumPy data.
+
+A later `fit` on the same data continues its passes; other data replaces it (a loop of
+`fit((x, y))` calls holds one copy, not one per call), and evaluation never moves the
+training data's position. NumPy training arrays given anew (each `fit(x, y)` call) draw
+new example orders, as every `model.fit` call reshuffles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kerastrain.data import inputs as data_lib
+
+
+class Feeds:
+    """Every input of one Trainer, by use (argument, role, batch size, shuffle).
+
+    Args:
+        built: the `strategies.BuiltStrategy`.
+        shard: the sharding policy (`sharding.check_policy`).
+        seed: the Trainer's seed (None: orders drawn freshly).
+        tuning: the `tuning.TuningOptions` (input options, in-step batches).
+        service: the tf.data service (`service.Service`), or None.
+    """
+
+    def __init__(self, built, *, shard, seed, tuning, service):
+        self.built = built
+        self._shard = shard
+        self._seed = seed
+        self._tuning = tuning
+        self._service = service
+        self._numpy_inputs = 0  # NumPy training inputs given so far (`order_seed`)
+        self.inputs = {}
+
+    def get(self, data, argument, role, batch_size=None, shuffle=True):
+        """The `DistributedInput` of `data` for this use: the one kept, or a new one."""
+        key = (argument, role, batch_size, shuffle)
+        if key not in self.inputs or self.inputs[key][0] is not data:
+            self.inputs[key] = (data, data_lib.DistributedInput(
+                self.built, data, argument=argument, shard=self._shard,
+                batch_size=batch_size, seed=self.order_seed(data, argument, role), role=role,
+                shuffle=shuffle, input_options=self._tuning.input_options,
+                in_step=self._tuning.in_step_batches, service=self._service))
+        return self.inputs[key][1]
+
+    def order_seed(self, data, argument, role):
+        """The seed of new data's example orders: the k-th NumPy training input of this
+        Trainer is shuffled by a seed drawn from (seed, k), so a rerun of the same script
+        (resuming) meets the same orders in the same calls."""
+        seed = data_lib.shuffle_seed(self._seed, self.built)
+        if seed is None or role != "training" or data_lib.input_form(data, argument) != "numpy":
+            return seed
+        k, self._numpy_inputs = self._numpy_inputs, self._numpy_inputs + 1
+        return seed if k == 0 else int(
+            np.random.SeedSequence([seed, k]).generate_state(1)[0] % 2 ** 31)

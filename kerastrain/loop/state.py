@@ -1,0 +1,174 @@
+"""The model under its strategy, and everything training reads and writes beside it.
+
+`TrainingState` makes, in the strategy's scope, the model (built from a function, or a copy
+of a model instance), the global step, the run's counters and checkpointer
+(`run_state.RunState`) and the stop flag a SIGTERM sets; on the first batches' spec it builds
+the variables and the compiled step (`own_step.step_for`). The `Trainer` wires one to the
+data, the work directory and each fit's `fitting.Epochs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from kerastrain import _logging
+from kerastrain.data import inputs as data_lib
+from kerastrain.distribute import strategies
+from kerastrain.loop import driver as driver_lib
+from kerastrain.loop import modes
+from kerastrain.loop import preemption
+from kerastrain.loop import run_state
+from kerastrain.loop import tuning as tuning_lib
+from kerastrain.step import loops as loops_lib
+from kerastrain.step import models as models_lib
+from kerastrain.step import own_step
+from kerastrain.step import precision
+
+
+class TrainingState:
+    """The model, the global step, the run state and the stop flag of one Trainer.
+
+    Args:
+        built: the `strategies.BuiltStrategy` (replaced by a fallback when a model instance
+            cannot be copied into it: `built` is then the one in use).
+        model: a model function or a model instance (see `models_lib.materialize`).
+        detached: the instance's weights and optimizer state read before the strategy
+            existed (`models_lib.detach`), or None.
+        precision_policy: the mixed precision policy (`precision.check`).
+        workdir: the `workdir.WorkDir` whose checkpoint options and outputs the run uses.
+        jit_compile, tuning: as the Trainer's options.
+        compile_overrides: the Trainer's `optimizer`, `loss` and `metrics`.
+    """
+
+    def __init__(self, built, model, *, detached, precision_policy, workdir, jit_compile,
+                 tuning, optimizer=None, loss=None, metrics=None):
+        import tensorflow as tf
+        self.built = built
+        self._jit_compile = jit_compile
+        self._tuning = tuning
+        # A model instance is copied from what `detach` read of it.
+        compile_overrides = dict(detached=detached, optimizer=optimizer, loss=loss,
+                                 metrics=metrics)
+        try:
+            self.model = self._materialize(model, precision_policy, compile_overrides)
+        except models_lib.NotClonable:
+            fallback = strategies.default_for_instance(built, model)
+            if fallback is None:
+                raise
+            self.built = fallback
+            self.model = self._materialize(model, precision_policy, compile_overrides)
+        # Its optimizer's state goes on in the copy (unless the Trainer replaces the optimizer).
+        self._detached = detached if optimizer is None else None
+        self.mode = modes.for_strategy(self.built)
+        precision.ensure_loss_scaling(self.model, precision_policy)
+        with self.strategy.scope():
+            self.global_step = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="global_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            # Where training stands, saved with every checkpoint (`run_state`).
+            self.run = run_state.RunState(
+                options=workdir.checkpoint, model_dir=workdir.model_dir,
+                outputs=workdir.outputs, background=self.mode.background_checkpoints,
+                traced=self.mode.traced_checkpoints, is_chief=self.built.is_chief,
+                is_multi_worker=self.built.is_multi_worker)
+        # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
+        # step. A plain local variable where this task's loops read it; under ps a
+        # parameter server's, read by the workers' loops (`modes`: `stop_flag_in_scope`).
+        with self.strategy.scope() if self.mode.stop_flag_in_scope else \
+                contextlib.nullcontext():
+            self.stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
+        self.step = None  # the compiled step, once the data's spec is known
+
+    def _materialize(self, model, policy, compile_overrides):
+        with self.built.strategy.scope(), precision.policy(policy, model):
+            return models_lib.materialize(model, self.built, **compile_overrides)
+
+    @property
+    def strategy(self):
+        return self.built.strategy
+
+    @property
+    def steps_taken(self) -> int:
+        """The global step as a Python int."""
+        return int(self.global_step.numpy())
+
+    def ensure_built(self, element_spec):
+        """The model's, optimizer's and metrics' variables for batches of `element_spec`,
+        and the compiled step (once)."""
+        if self.step is not None:
+            return
+        model, built = self.model, self.built
+        data_lib.check_against_model(element_spec, model)
+        models_lib.check_resources_placed(model, built)
+        with self.strategy.scope():
+            partitioned = models_lib.build_state(model, built, element_spec)
+            models_lib.carry_optimizer(model, self._detached)
+            self._detached = None  # its copies of the weights and slots are no longer needed
+            if not loops_lib.overrides(model, "train_step"):
+                loops_lib.MetricState(model).check_sums(model, element_spec)
+        models_lib.say_unsynchronized_batchnorm(model, self.strategy)
+        jit, why = tuning_lib.resolve_jit_compile(
+            self._jit_compile, model, places_variables=built.places_variables,
+            has_gpu=bool(strategies.gpus()))
+        _logging.tuning(f"jit_compile {jit}", "jit_compile: %s (%s)", jit, why)
+        # Where workers must agree on where to stop (collectives would hang otherwise),
+        # no per-worker stop inside their loops.
+        flag = self.stop_flag if self.mode.stops_on_own_flag else None
+        self.step = own_step.step_for(
+            built, model, self.global_step, jit_compile=jit, stop_flag=flag,
+            partitioned=partitioned,
+            unroll=tuning_lib.UNROLL if self._tuning.unroll_steps else 1)
+        with self.strategy.scope():
+            self.run.attach(width=self.step.width, model=model, global_step=self.global_step)
+
+    def load_checkpoint(self, path: str) -> int:
+        """The model's weights and the global step from the checkpoint `path` (see
+        `Trainer.load_checkpoint`)."""
+        import tensorflow as tf
+        if self.step is None:
+            raise RuntimeError("`load_checkpoint` needs the model's variables: call "
+                               "`trainer.build(data)` (or `fit`/`evaluate`) first. "
+                               f"Received: path={path!r}")
+        tf.train.Checkpoint(model=self.model, global_step=self.global_step).read(
+            path).expect_partial()
+        return self.steps_taken
+
+    def evaluate(self, eval_input, steps, beat=None):
+        """Exact logs of the model over `eval_input` (at most `steps` batches)."""
+        if steps is None and eval_input.cardinality == data_lib.INFINITE:
+            raise ValueError("The evaluation data is infinite (it repeats): pass `steps` "
+                             "(`validation_steps` in fit). Received: steps=None")
+        loop, iterator = self.mode.evaluation(self.step, eval_input)
+        self.step.start_epoch()
+        totals = driver_lib.run_to_end(loop, iterator, steps, self.step.width,
+                                       accumulate=self.step.accumulate, after=beat)
+        return self.step.results(totals, kind="eval")
+
+    def sigterm_watch(self):
+        """A fresh stop state for one fit, and the SIGTERM watch (not yet entered)."""
+        self.model.stop_training = False
+        self.stop_flag.assign(False)
+        # Under multi-worker mirrored, TensorFlow's PreemptionCheckpointHandler owns SIGTERM.
+        return preemption.SigtermWatch(self.stop_flag, install=self.mode.owns_sigterm)
+
+    def preemption_agreement(self):
+        """Yield `agree(step)` where workers must agree on where to stop, else None."""
+        return self.mode.preemption_agreement(self.run.checkpointer, self.run.model_dir)
+
+    @contextlib.contextmanager
+    def cluster_errors_explained(self):
+        """A lost task (a ps task, a multi-worker peer) becomes one error that says what to
+        do."""
+        try:
+            yield
+        except driver_lib.cluster_errors() as e:
+            # A peer or a ps task went away during a step, a save or a validation pass.
+            explained = self.mode.explain_lost(e, self.run.latest_checkpoint())
+            if explained is None:
+                raise
+            raise explained from None
+
+    def move(self, model_dir, outputs, options):
+        """The run's state goes to another place from the next fit on (`WorkDir`)."""
+        with self.strategy.scope():
+            self.run.move(model_dir=model_dir, outputs=outputs, options=options)
