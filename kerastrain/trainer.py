@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import logging
 
 from kerastrain import _compat
@@ -32,6 +34,22 @@ from kerastrain.step import models as models_lib
 from kerastrain.step import precision
 
 logger = logging.getLogger("kerastrain")
+
+
+def _quiet_at_verbose_0(method):
+    """kerastrain's own INFO lines are held back while `method` runs at verbose=0 (the call's
+    `verbose`, else the Trainer's), as `model.fit(verbose=0)` prints nothing; warnings and
+    errors still print."""
+    default = inspect.signature(method).parameters["verbose"].default
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        verbose = kwargs.get("verbose", default)
+        if verbose is None:
+            verbose = getattr(self, "_verbose", "auto")
+        with _logging.quiet(verbose == 0):
+            return method(self, *args, **kwargs)
+    return call
 
 
 class Trainer:
@@ -105,6 +123,7 @@ class Trainer:
         >>> history.history["loss"]
     """
 
+    @_quiet_at_verbose_0
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
                  metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
@@ -268,6 +287,7 @@ class Trainer:
 
     # -- training -------------------------------------------------------------
 
+    @_quiet_at_verbose_0
     def fit(self, dataset_fn=None, y=None, *, epochs=1, steps_per_epoch=None,
             validation_dataset_fn=None, validation_steps=None, callbacks=None, verbose=None,
             initial_epoch=0, batch_size=None, validation_freq=1, **keras_args):
@@ -372,6 +392,7 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------
 
+    @_quiet_at_verbose_0
     def evaluate(self, dataset_fn=None, y=None, *, batch_size=None, steps=None,
                  sample_weight=None, return_dict=True, verbose=0, callbacks=None, x=None):
         """Evaluate the model exactly over the data and return `{"loss": ..., ...}` floats.
@@ -386,18 +407,11 @@ class Trainer:
         whole dataset itself, reading variables from the ps tasks, so every example
         counts exactly once.
         """
-        if x is not None and dataset_fn is not None:
-            raise ValueError("`x` and `dataset_fn` name the same thing: pass one. Received: both")
-        dataset_fn = next((c for c in (dataset_fn, x, self._eval_dataset_fn, self._dataset_fn)
-                           if c is not None), None)
-        if dataset_fn is None:
-            raise ValueError("No evaluation data: pass `dataset_fn`. Received: dataset_fn=None")
         if not isinstance(return_dict, bool):
             raise TypeError(f"`return_dict` must be True or False. Received: {return_dict!r}")
         check_int("steps", steps, minimum=1, optional=True)
-        if y is not None or sample_weight is not None or \
-                data_lib.array_leaves(dataset_fn) is not None:
-            dataset_fn = fit_args.resolve(dataset_fn, y, sample_weight=sample_weight).train
+        dataset_fn = fit_args.of_evaluate_call(dataset_fn, x, y, sample_weight, defaults=(
+            self._eval_dataset_fn, self._dataset_fn))
         eval_input = self._feeds.get(dataset_fn, "dataset_fn", "evaluation", batch_size)
         self._state.ensure_built(eval_input.element_spec)
         cbs = callbacks_lib.callback_list(
@@ -412,6 +426,7 @@ class Trainer:
 
     # -- prediction -----------------------------------------------------------
 
+    @_quiet_at_verbose_0
     def predict(self, x, *, batch_size=None, steps=None, verbose=None, callbacks=None):
         """The model's outputs for `x`, NumPy arrays nested like its outputs, in input order.
 

@@ -84,6 +84,23 @@ def of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args, *, default) ->
     return resolve(data, y, validation_data=validation, argument=argument, **keras_args)
 
 
+def of_evaluate_call(dataset_fn, x, y, sample_weight, *, defaults):
+    """`Trainer.evaluate`'s data: `dataset_fn` or Keras's `x` (NumPy `x` with `y` and
+    `sample_weight`), else the first of `defaults` given.
+
+    Raises:
+        ValueError: both `x` and `dataset_fn`, or no data at all.
+    """
+    if x is not None and dataset_fn is not None:
+        raise ValueError("`x` and `dataset_fn` name the same thing: pass one. Received: both")
+    data = next((d for d in (dataset_fn, x, *defaults) if d is not None), None)
+    if data is None:
+        raise ValueError("No evaluation data: pass `dataset_fn`. Received: dataset_fn=None")
+    if y is not None or sample_weight is not None or data_lib.array_leaves(data) is not None:
+        data = resolve(data, y, sample_weight=sample_weight).train
+    return data
+
+
 def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_data=None,
             validation_split=None, shuffle=None, validation_batch_size=None,
             argument="dataset_fn") -> FitData:

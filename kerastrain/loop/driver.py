@@ -225,7 +225,7 @@ class SyncDriver:
         if getattr(self, "_said_new_pass", False):
             return
         self._said_new_pass = True
-        logger.info(
+        logger.warning(  # a warning, as fit's own (shown at verbose=0)
             "the training data ended inside an epoch of steps_per_epoch=%d: its next pass "
             "begins and the epoch goes on (model.fit would stop training here, warning \"Your "
             "input ran out of data\"); repeat() the data, or steps_per_epoch=None for epochs of "
