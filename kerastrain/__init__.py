@@ -16,6 +16,9 @@ _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "Action": "kerastrain.loop.actions",
+    "Every": "kerastrain.io.cadence",
+    "Progress": "kerastrain.loop.actions",
     "CSVWriter": "kerastrain.io.summaries",
     "CheckpointOptions": "kerastrain.io.checkpoints",
     "DiskFull": "kerastrain.io.files",

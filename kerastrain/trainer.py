@@ -232,8 +232,7 @@ class Trainer:
     @property
     def recoveries(self) -> int:
         """Recoveries from a bad loss in the last `fit` (`on_nonfinite="recover"`)."""
-        recovery = self._epochs and self._epochs.recovery
-        return 0 if recovery is None else recovery.count
+        return getattr(self._epochs and self._epochs.recovery, "count", 0)
 
     def write_text(self, name: str, text: str):
         """Write a text file into `model_dir` on the chief only (e.g. the resolved recipe).
@@ -290,7 +289,7 @@ class Trainer:
     @_quiet_at_verbose_0
     def fit(self, dataset_fn=None, y=None, *, epochs=1, steps_per_epoch=None,
             validation_dataset_fn=None, validation_steps=None, callbacks=None, verbose=None,
-            initial_epoch=0, batch_size=None, validation_freq=1, **keras_args):
+            initial_epoch=0, batch_size=None, validation_freq=1, actions=None, **keras_args):
         """Train for `epochs` epochs and return a `keras.callbacks.History`.
 
         Args:
@@ -306,10 +305,10 @@ class Trainer:
                 epoch ends and logged with a `val_` prefix (`validation_data` too).
             callbacks: Keras callbacks; batch hooks run once per compiled loop
                 (every step when a user callback has them and steps_per_loop="auto").
+            actions: `kerastrain.Action`s called after each compiled loop and at each
+                epoch end, with the steps they ask to see exactly (`Action`'s docstring).
             **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
-                `validation_split`, `shuffle`, `validation_batch_size`, meaning what
-                they mean in `model.fit`
-                (`kerastrain.data.fit_args`).
+                `validation_split`, `shuffle`, `validation_batch_size`, as in `model.fit`.
 
         Raises:
             ValueError: missing data, infinite data without `steps_per_epoch`, or a
@@ -322,14 +321,12 @@ class Trainer:
         train_input = self._feeds.get(data.train, "dataset_fn", "training", batch_size,
                                       shuffle=data.shuffle)
         validation = self._validation(data, validation_steps, batch_size, validation_freq)
-        state = self._state
-        state.ensure_built(train_input.element_spec)
-        run = self._epochs = self._new_epochs(callbacks)
+        run = self._epochs = self._new_epochs(train_input, callbacks, actions)
         steps_per_epoch = run.epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
         cbs = callbacks_lib.callback_list(callbacks, model=self.model, verbose=verbose,
                                           epochs=epochs, steps=run.steps_known(train_input))
-        watch = state.sigterm_watch()
+        watch, state = self._state.sigterm_watch(), self._state
         driver = run.driver(lambda: watch.requested or self.model.stop_training, callbacks)
         resumed = state.run.restore(driver, train_input, lambda: self.global_step, epochs)
         initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
@@ -349,10 +346,12 @@ class Trainer:
         self._training_ended(progress, first_step)
         return callbacks_lib.history_of(cbs, self._user_model)
 
-    def _new_epochs(self, callbacks=()):
-        """This fit's `fitting.Epochs` (the model and its step are built). With the user's
-        callbacks, the user's own model object takes the weights at each epoch end before
-        they run, as under `model.fit` (a callback may close over that object)."""
+    def _new_epochs(self, train_input=None, callbacks=(), actions=None):
+        """This fit's `fitting.Epochs`, the model and its step built for `train_input`. With
+        the user's callbacks, the user's own model object takes the weights at each epoch end
+        before they run, as under `model.fit` (a callback may close over that object)."""
+        if train_input is not None:
+            self._state.ensure_built(train_input.element_spec)
         user, sync = self._user_model, None
         if user is not None and callbacks:
             def sync():
@@ -363,7 +362,8 @@ class Trainer:
             mode=state.mode, strategy_name=self._built.name, num_workers=self._built.num_workers,
             stall_timeout=self._stall_timeout,
             nonfinite=self._nonfinite, steps_per_loop=self._steps_per_loop,
-            loop_sizer=self._loop_sizer, tuning=self._tuning, before_epoch_end=sync)
+            loop_sizer=self._loop_sizer, tuning=self._tuning, before_epoch_end=sync,
+            user_actions=actions_lib.check_user_actions(actions))
 
     def _training_ended(self, progress, first_step):
         """Unless the loss diverged: export after training, or when the export is missing or

@@ -105,3 +105,43 @@ def test_progress_on_a_pipe_prints_one_line_per_epoch(capfd):
     assert len(lines) == 2 and all("accuracy" in line for line in lines), out
     make().fit(epochs=2, verbose=0)
     assert "loss" not in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_user_actions_see_exactly_the_steps_they_ask_for_and_can_stop_training(strategy,
+                                                                             two_cpus):
+    """`fit(actions=[...])`: an action with a step cadence sees each of its steps exactly
+    (the compiled loops of 5 steps stop there), sees each epoch end with its logs (`val_*`
+    included), and `progress.request_stop()` ends training after that loop, as
+    `model.stop_training` does."""
+    seen = []
+
+    class EveryThree(kt.Action):
+        def __init__(self):
+            self.every = kt.Every(steps=3)
+
+        def steps_to_boundary(self, step):
+            return self.every.steps_to_boundary(step)
+
+        def __call__(self, progress):
+            if progress.epoch_end:
+                seen.append(("end", progress.epoch, sorted(progress.logs)))
+            elif self.every.at_step(progress.step):
+                seen.append(("at", progress.step))
+
+    class StopAfterTen(kt.Action):
+        def __call__(self, progress):
+            if progress.step >= 10:
+                progress.request_stop()
+
+    trainer = make(strategy if strategy == "default" else {"name": strategy, **two_cpus},
+                   steps_per_loop=5)
+    history = trainer.fit(epochs=3, validation_dataset_fn=dataset_fn,  # 6 steps an epoch
+                          actions=[EveryThree(), StopAfterTen()])
+    logs = ["accuracy", "loss", "val_accuracy", "val_loss"]
+    assert seen == [("at", 3), ("at", 6), ("end", 0, logs), ("at", 9), ("at", 12),
+                    ("end", 1, logs)], seen
+    assert trainer.global_step == 12 and len(history.history["loss"]) == 2
+    with pytest.raises(TypeError, match=r"`actions` must be a list of kerastrain.Action "
+                                        r"instances .* Received an item of type function"):
+        trainer.fit(epochs=1, actions=[lambda progress: None])

@@ -53,9 +53,36 @@ class Progress:
     def epoch_end(self) -> bool:
         return self.logs is not None
 
+    def request_stop(self) -> None:
+        """End training after this loop, as a callback's `model.stop_training = True` does
+        (a stop already decided, by SIGTERM or a bad loss, stays)."""
+        if self.stop is None:
+            self.stop = REQUESTED
+
 
 class Action:
-    """Called after each loop and at each epoch end; override what applies."""
+    """Called after each loop and at each epoch end; override what applies.
+
+    Public as `kerastrain.Action` for `Trainer.fit(actions=[...])`, as Orbit's `Controller`
+    takes `train_actions`: `__call__(progress)` runs after every compiled loop and once more
+    at each epoch end (`progress.epoch_end`, `progress.logs` the epoch's logs, `val_*`
+    included); `steps_to_boundary(step)` returns how many steps from `step` the next loop
+    must stop for the action to see that step exactly (`kerastrain.Every(steps=N)` has one),
+    or None; `progress.request_stop()` ends training. User actions run after kerastrain's
+    own (validation, summaries, checkpoints) and before the Keras callbacks, on every task
+    that runs `fit` (under multi-worker mirrored every worker must decide a stop alike, as
+    with `model.stop_training`; under parameter servers, on the coordinator).
+
+    Example:
+        >>> class LogEvery100(kerastrain.Action):
+        ...     def __init__(self):
+        ...         self.every = kerastrain.Every(steps=100)
+        ...     def steps_to_boundary(self, step):
+        ...         return self.every.steps_to_boundary(step)
+        ...     def __call__(self, progress):
+        ...         if self.every.at_step(progress.step):
+        ...             print("step", progress.step)
+    """
 
     def steps_to_boundary(self, step: int) -> int | None:
         return None
@@ -243,3 +270,34 @@ class Heartbeat(Action):
 
     def __call__(self, p):
         self.watch.beat()
+
+
+class UserActions(Action):
+    """The actions given to `fit(actions=...)`, called after each loop that trained steps
+    (a loop that found the data's end trained none) and at each epoch end."""
+
+    def __init__(self, actions):
+        self.actions = actions
+
+    def steps_to_boundary(self, step):
+        return steps_to_boundary(self.actions, step)
+
+    def epoch_begin(self, progress):
+        epoch_begin(self.actions, progress)
+
+    def __call__(self, progress):
+        if progress.epoch_end or (progress.last is not None and progress.last.steps):
+            for action in self.actions:
+                action(progress)
+
+
+def check_user_actions(actions):
+    """`fit(actions=...)`: a list of `Action` instances (None: none)."""
+    actions = list(actions or [])
+    for action in actions:
+        if not isinstance(action, Action):
+            raise TypeError(
+                "`actions` must be a list of kerastrain.Action instances (subclass it and "
+                "override `__call__(progress)`). Received an item of type "
+                f"{type(action).__name__}: {action!r}")
+    return actions

@@ -45,11 +45,12 @@ class Epochs:
         tuning: the Trainer's `tuning.TuningOptions`.
         before_epoch_end: called at each epoch end before the callbacks' `on_epoch_end`
             (None: nothing).
+        user_actions: the `actions.Action`s given to `fit(actions=...)`.
     """
 
     def __init__(self, *, step, model, global_step, run, mode, strategy_name, num_workers,
                  stall_timeout, nonfinite, steps_per_loop, loop_sizer, tuning,
-                 before_epoch_end=None):
+                 before_epoch_end=None, user_actions=()):
         self.step, self.model, self.global_step = step, model, global_step
         self.run_state, self.mode = run, mode
         self.strategy_name, self.num_workers = strategy_name, num_workers
@@ -57,6 +58,7 @@ class Epochs:
         self.nonfinite = nonfinite
         self.asked_steps_per_loop, self.loop_sizer, self.tuning = steps_per_loop, loop_sizer, tuning
         self.before_epoch_end = before_epoch_end
+        self.user_actions = list(user_actions)
         self.steps_per_epoch = None  # as `epoch_length` decided
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
         self.beat = None      # while the epochs run: progress, for their `stalls.StallWatch`
@@ -140,6 +142,8 @@ class Epochs:
         if agree is not None:
             listed.append(actions_lib.AgreeOnPreemption(
                 agree, lambda p: run.set(driver, p.epoch, p.batch, p.totals)))
+        if self.user_actions:
+            listed.append(actions_lib.UserActions(self.user_actions))
         listed.append(actions_lib.Callbacks(callback_list, self.model, results, batch_logs,
                                             self.step.accumulation, self.before_epoch_end))
         return listed
