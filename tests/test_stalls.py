@@ -131,7 +131,7 @@ def test_a_fault_at_a_step_waits_for_that_checkpoint_to_be_complete(tmp_path):
     which the chief writes when the save has returned: the `.index` file appears inside the
     save, and a worker frozen there left the chief blocked in TensorFlow holding the GIL
     (CI 2026-11-27: faulthandler's backstop, then a whole-job restart)."""
-    from kerastrain.cli.launch import latest_step
+    from kerastrain.cli.faults import latest_step
     directory = tmp_path / "checkpoints"
     directory.mkdir()
     assert latest_step(str(tmp_path)) is None and latest_step(None) is None
@@ -153,6 +153,7 @@ def test_a_faults_line_comes_before_any_tasks_answer_to_it(monkeypatch):
     import sys
     import threading
 
+    from kerastrain.cli import faults as faults_lib
     from kerastrain.cli import launch
     tasks = [launch.Task("chief", 0, "{}", [sys.executable, "-c", "pass"]),
              launch.Task("ps", 0, "{}", [sys.executable, "-c", "pass"])]
@@ -176,8 +177,8 @@ def test_a_faults_line_comes_before_any_tasks_answer_to_it(monkeypatch):
         pump.start()
         pump.join(timeout=0.5)   # without the lock held across the kill, it is written now
 
-    monkeypatch.setattr(launch, "_signal_group", kill_and_the_chief_answers)
-    faults = launch.Faults(launcher, [launch.parse_fault("kill ps:0 at 0s", tasks, False)])
+    monkeypatch.setattr(faults_lib, "signal_group", kill_and_the_chief_answers)
+    faults = faults_lib.Faults(launcher, [faults_lib.parse_fault("kill ps:0 at 0s", tasks, False)])
     faults._apply(faults.pending[0])
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:

@@ -388,7 +388,6 @@ def _run(args, train):
 
 def _launch(args):
     from kerastrain.cli import launch
-
     if args.max_restarts < 0:
         print(f"kerastrain: error: --max-restarts must be >= 0. Received: {args.max_restarts}",
               file=sys.stderr)
@@ -426,7 +425,8 @@ def _launch_job(args, launch, interrupts):
                                multihost=multihost or bool(args.ray))
     service_tasks, sets = launch.service_tasks(args.service_workers, args.set, multihost)
     tasks = service_tasks + launch.tasks_for(spec, args.recipe, sets)
-    faults = [launch.parse_fault(text, tasks, multihost) for text in args.fault]
+    from kerastrain.cli.faults import parse_fault
+    faults = [parse_fault(text, tasks, multihost) for text in args.fault]
     if args.dry_run:
         launch.dry_run(tasks)
         return 0

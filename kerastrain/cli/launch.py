@@ -27,6 +27,7 @@ import threading
 import time
 
 from kerastrain._lifetime import LAUNCHER_PID
+from kerastrain.cli import faults as faults_lib
 from kerastrain.cli import hosts as hosts_lib
 from kerastrain.loop import stalls
 from kerastrain.distribute import network as network_lib
@@ -186,140 +187,6 @@ def warn_if_exposed(spec: dict, network: str, out=None) -> None:
     line = network_lib.exposure_line(ports(spec), how, who="the tasks' servers")
     if line:
         print(f"[launch] {line}", file=out or sys.stdout, flush=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    """One scheduled fault: `freeze`/`partition` a task's host for `duration` seconds, or
-    `kill` its process, once `at` seconds have passed since the tasks started or once the
-    chief has a checkpoint of step `step` or later."""
-    action: str
-    task: str
-    at: float | None
-    step: int | None
-    duration: float | None
-    text: str
-
-
-_FAULT = re.compile(r"^(freeze|partition|kill)\s+([a-z_]+:\d+)\s+at\s+(?:(\d+(?:\.\d+)?)s|"
-                    r"step\s+(\d+))(?:\s+for\s+(\d+(?:\.\d+)?)s)?$")
-FAULT_FORM = ("'freeze TASK at Ns for Ns', 'partition TASK at Ns for Ns' or 'kill TASK at Ns' "
-              "('at step N' instead of 'at Ns': once a checkpoint of step N or later is complete)")
-
-
-def parse_fault(text: str, tasks, multihost: bool) -> Fault:
-    """A `--fault` value, checked against the job's tasks.
-
-    Raises:
-        ValueError: not of the form, an unknown task, or a partition without `--network
-            multihost` (only there does a task have a link of its own to cut).
-    """
-    match = _FAULT.match(" ".join(str(text).split()))
-    if not match:
-        raise ValueError(f"`--fault` must read {FAULT_FORM}. Received: {text!r}")
-    action, task, at, step, duration = match.groups()
-    names = [t.name for t in tasks]
-    if task not in names:
-        raise ValueError(f"`--fault` names {task!r}, which this job does not have; its tasks "
-                         f"are {', '.join(names)}. Received: {text!r}")
-    if (duration is None) != (action == "kill"):
-        raise ValueError(f"`--fault` {action} {'takes no' if action == 'kill' else 'needs a'} "
-                         f"duration ('for Ns'); the form is {FAULT_FORM}. Received: {text!r}")
-    if action == "partition" and not multihost:
-        raise ValueError("`--fault partition` cuts a host's own link, which only `--network "
-                         f"multihost` gives each task. Received: {text!r}")
-    return Fault(action, task, None if at is None else float(at),
-                 None if step is None else int(step),
-                 None if duration is None else float(duration), " ".join(text.split()))
-
-
-def latest_step(model_dir) -> int | None:
-    """The step of the newest complete checkpoint in `model_dir` (None: none yet, or no
-    model_dir): one the checkpoint state file names, which the chief writes once a save has
-    returned. (Its `.index` file appears before: a fault at a step then landed inside the
-    save, where TensorFlow's call to each worker, removing a function, blocks holding the
-    GIL when a worker is frozen, CI 2026-11-27.)"""
-    if not model_dir:
-        return None
-    try:
-        with open(os.path.join(model_dir, "checkpoints", "checkpoint")) as f:
-            named = f.read()
-    except OSError:
-        return None
-    return max((int(step) for step in re.findall(r'ckpt-(\d+)"', named)), default=None)
-
-
-class Faults:
-    """Applies a fault plan while the job runs, from a thread of the launcher."""
-
-    def __init__(self, launcher, plan, model_dir=None, poll_secs=0.2):
-        self.launcher = launcher
-        self.pending = list(plan)
-        self.model_dir = model_dir
-        self.poll_secs = poll_secs
-        self._ends = []           # (monotonic time, fault, process) to undo
-        self._stop = threading.Event()
-        self._thread = None
-        self._started = None
-
-    def __enter__(self):
-        if self.pending:
-            self._started = time.monotonic()
-            self._thread = threading.Thread(target=self._run, name="kerastrain-faults",
-                                            daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        for _, fault, process in self._ends:  # a job that ends first: hosts joined again
-            self._undo(fault, process)
-        self._ends = []
-        return False
-
-    def _due(self, fault) -> bool:
-        if fault.at is not None:
-            return time.monotonic() - self._started >= fault.at
-        step = latest_step(self.model_dir)
-        return step is not None and step >= fault.step
-
-    def _run(self):
-        while not self._stop.wait(self.poll_secs):
-            for fault in [f for f in self.pending if self._due(f)]:
-                self.pending.remove(fault)
-                self._apply(fault)
-            now = time.monotonic()
-            for end in [e for e in self._ends if e[0] <= now]:
-                self._ends.remove(end)
-                self._undo(end[1], end[2])
-            if not self.pending and not self._ends:
-                return
-
-    def _apply(self, fault):
-        task = self.launcher.task(fault.task)
-        process, say = task.process, self.launcher.say
-        if fault.action != "partition" and (process is None or process.poll() is not None):
-            say(f"fault: {fault.text}: {fault.task} is not running; skipped")
-            return
-        what = {"freeze": "froze", "partition": "cut off the network:", "kill": "killed"}
-        say(f"fault: {what[fault.action]} {fault.task}" + (
-            f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})",
-            act=lambda: self.launcher.hosts.partition(task.host, True)
-            if fault.action == "partition" else _signal_group(
-                process, signal.SIGSTOP if fault.action == "freeze" else signal.SIGKILL))
-        if fault.duration:
-            self._ends.append((time.monotonic() + fault.duration, fault, process))
-
-    def _undo(self, fault, process):
-        if fault.action == "partition":
-            host = self.launcher.task(fault.task).host
-            self.launcher.say(f"fault: {fault.task} is on the network again",
-                              act=lambda: self.launcher.hosts.partition(host, False))
-        elif process.poll() is None:
-            self.launcher.say(f"fault: {fault.task} runs again",
-                              act=lambda: _signal_group(process, signal.SIGCONT))
 
 
 # What faulthandler.dump_traceback_later writes first (the stall watch's backstop).
@@ -483,7 +350,7 @@ class Launcher:
             if task is not None and task.process is not None and task.process.poll() is None:
                 self.say(f"{name} answers the chief no request: ending it (pid "
                          f"{task.process.pid}) to restart it")
-                _signal_group(task.process, signal.SIGKILL)
+                faults_lib.signal_group(task.process, signal.SIGKILL)
 
     def _deferred(self):
         return self.interrupts.deferred() if self.interrupts else contextlib.nullcontext()
@@ -497,13 +364,13 @@ class Launcher:
             # A stopped (frozen) task cannot act on SIGTERM until it runs again, and then it
             # would save with peers that are gone: it gets SIGKILL at once.
             frozen = _process_state(task.process) in ("T", "t")
-            _signal_group(task.process, signal.SIGKILL if frozen else signal.SIGTERM)
+            faults_lib.signal_group(task.process, signal.SIGKILL if frozen else signal.SIGTERM)
         deadline = time.monotonic() + KILL_AFTER_SECS
         for task in live:
             try:
                 task.process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(task.process, signal.SIGKILL)
+                faults_lib.signal_group(task.process, signal.SIGKILL)
                 task.process.wait()
         for thread in self._threads:
             thread.join(timeout=2)
@@ -618,7 +485,7 @@ class Launcher:
         if own:
             self.interrupts = Interrupts().__enter__()
         attempt = 0
-        faults = Faults(self, self.faults, self.model_dir)
+        faults = faults_lib.Faults(self, self.faults, self.model_dir)
         try:
             while True:
                 # The fault plan's clock starts once the first attempt's tasks have.
@@ -678,16 +545,6 @@ def _frozen_note(tasks):
 def _tf_log_level_set_by_user():
     import kerastrain
     return kerastrain._TF_LOG_LEVEL_SET_BY_USER
-
-
-def _signal_group(process, signum):
-    if hasattr(process, "signal_group"):   # a Ray task: its actor signals it on its node
-        process.signal_group(signum)
-        return
-    try:
-        os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _describe(code):
