@@ -1,6 +1,5 @@
 """The `kerastrain` logger: visible by default, yet routable and silenceable by users."""
 
-import contextlib
 import logging
 import os
 import re
@@ -21,32 +20,12 @@ def ensure_visible():
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("kerastrain: %(message)s"))
-    handler.kerastrain_own = True  # `quiet` may raise its level; a user's handler it leaves
     logger.addHandler(handler)
     # TensorFlow's absl may give the root logger a handler later; without this,
     # every line would then print twice.
     logger.propagate = False
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
-
-
-@contextlib.contextmanager
-def quiet(hold_back: bool):
-    """With `hold_back` (a Trainer's or a call's `verbose=0`, where `model.fit` prints
-    nothing), the lines kerastrain prints by itself show warnings and errors only while
-    inside; logging the application configured (its handlers, this logger's level) is left
-    as it is."""
-    ensure_visible()
-    own = [h for h in logger.handlers if getattr(h, "kerastrain_own", False)]
-    levels = [h.level for h in own]
-    if hold_back:
-        for handler in own:
-            handler.setLevel(max(handler.level, logging.WARNING))
-    try:
-        yield
-    finally:
-        for handler, level in zip(own, levels):
-            handler.setLevel(level)
 
 
 # What TensorFlow's C++ side prints while it loads, before it reads TF_CPP_MIN_LOG_LEVEL

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
 import logging
 
 from kerastrain import _compat
@@ -34,22 +32,6 @@ from kerastrain.step import models as models_lib
 from kerastrain.step import precision
 
 logger = logging.getLogger("kerastrain")
-
-
-def _quiet_at_verbose_0(method):
-    """kerastrain's own INFO lines are held back while `method` runs at verbose=0 (the call's
-    `verbose`, else the Trainer's), as `model.fit(verbose=0)` prints nothing; warnings and
-    errors still print."""
-    default = inspect.signature(method).parameters["verbose"].default
-
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        verbose = kwargs.get("verbose", default)
-        if verbose is None:
-            verbose = getattr(self, "_verbose", "auto")
-        with _logging.quiet(verbose == 0):
-            return method(self, *args, **kwargs)
-    return call
 
 
 class Trainer:
@@ -123,7 +105,6 @@ class Trainer:
         >>> history.history["loss"]
     """
 
-    @_quiet_at_verbose_0
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
                  model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
                  metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
@@ -286,7 +267,6 @@ class Trainer:
 
     # -- training -------------------------------------------------------------
 
-    @_quiet_at_verbose_0
     def fit(self, dataset_fn=None, y=None, *, epochs=1, steps_per_epoch=None,
             validation_dataset_fn=None, validation_steps=None, callbacks=None, verbose=None,
             initial_epoch=0, batch_size=None, validation_freq=1, actions=None, **keras_args):
@@ -392,7 +372,6 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------
 
-    @_quiet_at_verbose_0
     def evaluate(self, dataset_fn=None, y=None, *, batch_size=None, steps=None,
                  sample_weight=None, return_dict=True, verbose=0, callbacks=None, x=None):
         """Evaluate the model exactly over the data and return `{"loss": ..., ...}` floats.
@@ -426,7 +405,6 @@ class Trainer:
 
     # -- prediction -----------------------------------------------------------
 
-    @_quiet_at_verbose_0
     def predict(self, x, *, batch_size=None, steps=None, verbose=None, callbacks=None):
         """The model's outputs for `x`, NumPy arrays nested like its outputs, in input order.
 

@@ -261,37 +261,3 @@ def test_validation_batch_size_and_a_zero_validation_split_mean_what_they_mean_i
     theirs = reference.fit(verbose=0, **kwargs).history
     for key in theirs:
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, err_msg=key)
-
-
-def test_verbose_0_prints_none_of_kerastrains_own_lines_as_fit_prints_nothing():
-    """`Trainer(verbose=0)` or `fit(verbose=0)`: no strategy or tuning line (`model.fit(verbose=0)`
-    is silent); a warning still prints; other verbosities keep the INFO lines."""
-    import helpers
-    script = """
-import logging, sys
-import numpy as np, kerastrain as kt
-from kerastrain import examples
-x = np.zeros((64, 8), 'float32'); y = np.zeros((64, 1), 'float32')
-def phase(name):
-    sys.stderr.write(f'=== {name}\\n'); sys.stderr.flush()
-phase('trainer verbose=0')
-t = kt.Trainer(lambda: examples.build_mlp(8, 8), strategy='one_device', verbose=0)
-t.fit(x, y, epochs=1)
-t.fit(x, y, epochs=2, steps_per_epoch=3)   # the data ends inside an epoch: a warning
-phase('fit verbose=0')
-kt.Trainer(lambda: examples.build_mlp(8, 8), strategy='one_device').fit(x, y, verbose=0)
-phase('fit verbose=2')
-kt.Trainer(lambda: examples.build_mlp(8, 8), strategy='one_device').fit(x, y, verbose=2)
-"""
-    proc = helpers.run_python(script, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    parts = dict(part.split("\n", 1) for part in proc.stderr.split("=== ")[1:])
-    quiet_trainer, quiet_fit, loud = (parts["trainer verbose=0"], parts["fit verbose=0"],
-                                      parts["fit verbose=2"])
-    assert "kerastrain: strategy: one_device" in loud and "kerastrain: tuning:" in loud, loud
-    assert "kerastrain: strategy" not in quiet_trainer and "tuning" not in quiet_trainer, \
-        quiet_trainer
-    assert "kerastrain: the training data ended inside an epoch" in quiet_trainer, quiet_trainer  # a warning
-    # The strategy line belongs to the Trainer (its verbose "auto"); fit's own lines do not.
-    assert "kerastrain: strategy: one_device" in quiet_fit and "tuning:" not in quiet_fit, \
-        quiet_fit
