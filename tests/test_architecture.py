@@ -106,10 +106,10 @@ def test_functions_stay_short_and_fit_reads_in_one_screen():
 # is listed with its size: it may shrink, never grow, and nothing new joins the list.
 CLASS_LINES, MODULE_LINES = 300, 500
 OVERSIZED_CLASSES = {"trainer.py:Trainer": 404, "step/loops.py:Step": 430,
-                     "data/inputs.py:DistributedInput": 348, "loop/driver.py:PSDriver": 324}
+                     "data/inputs.py:DistributedInput": 348, "loop/ps_driver.py:PSDriver": 324}
 OVERSIZED_MODULES = {
     "_compat.py": 844, "data/inputs.py": 883, "cli/config.py": 699, "cli/launch.py": 556,
-    "step/loops.py": 689, "loop/driver.py": 654, "cli/recipes.py": 631,
+    "step/loops.py": 689, "cli/recipes.py": 631,
     "step/models.py": 585, "io/summaries.py": 550, "cli/command.py": 548,
     "distribute/strategies.py": 541}
 

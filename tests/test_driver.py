@@ -5,6 +5,7 @@ import types
 import numpy as np
 
 from kerastrain.loop import driver
+from kerastrain.loop import ps_driver as ps_driver_lib
 
 
 class FakeCoordinator:
@@ -33,7 +34,7 @@ def ps_driver(coordinator, assigned, **kwargs):
     # The step counter reads back what was assigned: no loop ran twice.
     counter = types.SimpleNamespace(assign=assigned.append,
                                     numpy=lambda: assigned[-1] if assigned else 0)
-    return driver.PSDriver(None, coordinator, counter, **kwargs)
+    return ps_driver_lib.PSDriver(None, coordinator, counter, **kwargs)
 
 
 DATA = types.SimpleNamespace(per_worker_iterator=lambda: None)
@@ -146,7 +147,7 @@ def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restar
     # The step counter counts every step run: those scheduled, and any run twice.
     counter = types.SimpleNamespace(assign=assigned.append, numpy=lambda: sum(
         len(p) for p in coordinator.positions) + counted["extra"])
-    ps = driver.PSDriver(None, coordinator, counter, stop_requested=lambda: False,
+    ps = ps_driver_lib.PSDriver(None, coordinator, counter, stop_requested=lambda: False,
                          positions_loop=lambda r, fresh=False: "loop")
     list(ps.run_epoch(data, 3, 2, 0, lambda step: None))
     assert coordinator.positions == [[0, 1], [2]]
@@ -156,7 +157,7 @@ def test_ps_loops_carry_consecutive_positions_and_the_position_survives_a_restar
     assert ps.repeated_steps == 2
     assert "2 step(s) (their batches) were trained twice" in caplog.text
     assert (ps.passes, ps.offset) == (2, 2)              # as a checkpoint keeps it
-    again = driver.PSDriver(None, PositionsCoordinator(), counter, stop_requested=lambda: False,
+    again = ps_driver_lib.PSDriver(None, PositionsCoordinator(), counter, stop_requested=lambda: False,
                             positions_loop=lambda r, fresh=False: "loop")
     again.fast_forward(data, ps.passes, ps.offset)
     assert again.cursor == 6
@@ -177,7 +178,7 @@ def test_a_later_fit_begins_the_next_pass_or_goes_on_along_an_infinite_stream():
         coordinators = []
         for _ in range(2):
             coordinators.append(PositionsCoordinator())
-            ps = driver.PSDriver(None, coordinators[-1], counter, stop_requested=lambda: False,
+            ps = ps_driver_lib.PSDriver(None, coordinators[-1], counter, stop_requested=lambda: False,
                                  positions_loop=lambda r, fresh=False: "loop")
             list(ps.run_epoch(data, steps, 2, 0, lambda step: None))
         return [c.positions for c in coordinators], (ps.passes, ps.offset)
@@ -208,7 +209,7 @@ def test_a_retried_loop_behind_its_new_worker_runs_again_from_a_fresh_copy(caplo
                                                         int(behind)))
 
     counter = types.SimpleNamespace(assign=lambda v: None, numpy=lambda: 4)
-    ps = driver.PSDriver(None, Coordinator(), counter, stop_requested=lambda: False,
+    ps = ps_driver_lib.PSDriver(None, Coordinator(), counter, stop_requested=lambda: False,
                          positions_loop=lambda r, fresh=False: "fresh" if fresh else "loop")
     results = list(ps.run_epoch(data, 4, 2, 0, lambda step: None))
     # The behind loop ran again, fresh, at the same positions; steps count once.

@@ -758,7 +758,7 @@ class DistributedInput:
     def drains(self) -> bool:
         """Under parameter servers through the tf.data service: an epoch of
         `steps_per_epoch=None` is one pass of a job every worker reads to its end
-        (`driver.PSDriver.run_pass`)."""
+        (`ps_driver.PSDriver.run_pass`)."""
         return self._service is not None and self._built.is_parameter_server
 
     def pass_iterators(self):

@@ -9,7 +9,7 @@ Trainer wires the same pieces in the same order and never tests which strategy i
   agree where loops stop, so none stops on its own flag and none measures its own loop
   length; TensorFlow's `PreemptionCheckpointHandler` owns SIGTERM; a lost peer is one error.
 - `ParameterServers`: loops scheduled on workers by a `ClusterCoordinator`
-  (`driver.PSDriver`); a loop at most one worker's share of an epoch; results arrive after
+  (`ps_driver.PSDriver`); a loop at most one worker's share of an epoch; results arrive after
   joins (running summaries are not timed); evaluation runs on the chief; a stall names the
   worker that does not answer.
 
@@ -26,6 +26,7 @@ from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.data import inputs as data_lib
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import preemption
+from kerastrain.loop import ps_driver
 from kerastrain.loop import stalls
 
 logger = logging.getLogger("kerastrain")
@@ -170,7 +171,7 @@ class ParameterServers(Synchronous):
     def driver(self, step, *, stop_requested, callbacks, steps_per_loop, global_step,
                checkpointer, latest_checkpoint):
         workers = self.built.num_workers
-        return driver_lib.PSDriver(
+        return ps_driver.PSDriver(
             step.train_loop(), self.built.coordinator, global_step,
             stop_requested=stop_requested,
             join_at=None if checkpointer is None else (
