@@ -145,3 +145,21 @@ def test_user_actions_see_exactly_the_steps_they_ask_for_and_can_stop_training(s
     with pytest.raises(TypeError, match=r"`actions` must be a list of kerastrain.Action "
                                         r"instances .* Received an item of type function"):
         trainer.fit(epochs=1, actions=[lambda progress: None])
+
+
+def test_one_callback_or_action_needs_no_list_as_in_model_fit():
+    """`model.fit(callbacks=EarlyStopping(...))` takes one callback (Keras flattens what it
+    is given); so does `Trainer.fit`, and `actions=` takes one action likewise."""
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=1, min_delta=10.0)
+    seen = []
+
+    class Ends(kt.Action):
+        def __call__(self, progress):
+            if progress.epoch_end:
+                seen.append(progress.epoch)
+
+    history = make().fit(epochs=10, callbacks=stop, actions=Ends())
+    assert len(history.history["loss"]) == 2 and stop.stopped_epoch == 1
+    assert seen == [0, 1]
+    with pytest.raises(TypeError, match=r"Received an item of type int: 5"):
+        make().fit(epochs=1, callbacks=[[stop], 5])

@@ -292,8 +292,9 @@ class UserActions(Action):
 
 
 def check_user_actions(actions):
-    """`fit(actions=...)`: a list of `Action` instances (None: none)."""
-    actions = list(actions or [])
+    """`fit(actions=...)`: one `Action` or a list of them (None: none), as a list."""
+    actions = list(actions) if isinstance(actions, (list, tuple)) else \
+        [] if actions is None else [actions]
     for action in actions:
         if not isinstance(action, Action):
             raise TypeError(

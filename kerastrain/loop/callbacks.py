@@ -32,7 +32,9 @@ def wants_every_batch(callback) -> bool:
 
 
 def check_callbacks(callbacks):
-    callbacks = list(callbacks or [])
+    """The callbacks as a list: one callback, or a (nested) list of them, as `model.fit`
+    takes them (Keras flattens them)."""
+    callbacks = keras.tree.flatten(callbacks) if callbacks else []
     for cb in callbacks:
         if not isinstance(cb, keras.callbacks.Callback):
             raise TypeError(
