@@ -166,6 +166,11 @@ def test_bad_arguments_show_the_value():
         kt.Trainer(helpers.build_model, strategy="default").fit()
     with pytest.raises(TypeError, match="`model` must be a compiled keras.Model"):
         kt.Trainer("model.keras", dataset_fn)
+    x, y = helpers.arrays(32)
+    with pytest.raises(ValueError, match=r"`class_weight` must be a non-empty dict \{class "
+                                         r"index: weight \(a number\)\}.*Received: "
+                                         r"class_weight=\{0: 'a'\}"):
+        trainer.fit(x, y, class_weight={0: "a"})  # NumPy's "could not convert string" before
 
 
 @pytest.mark.parametrize("raw, fragment", [

@@ -171,9 +171,11 @@ def _arrays(data, y, sample_weight):
 
 def _with_class_weight(data, form, class_weight):
     if not isinstance(class_weight, dict) or not class_weight or not all(
-            is_int(k) for k in class_weight):
-        raise ValueError("`class_weight` must be a non-empty dict {class index: weight}, as in "
-                         f"`model.fit`. Received: class_weight={class_weight!r}")
+            is_int(k) for k in class_weight) or not all(
+            is_number(w) for w in class_weight.values()):
+        raise ValueError("`class_weight` must be a non-empty dict {class index: weight (a "
+                         "number)}, as in `model.fit`. Received: "
+                         f"class_weight={class_weight!r}")
     if form == "numpy":
         if len(data) == 3:
             raise ValueError("You cannot give `class_weight` and `sample_weight` at the same "
