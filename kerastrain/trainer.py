@@ -330,6 +330,7 @@ class Trainer:
         """This fit's `fitting.Epochs`, the model and its step built for `train_input`. With
         the user's callbacks, the user's own model object takes the weights at each epoch end
         before they run, as under `model.fit` (a callback may close over that object)."""
+        actions = actions_lib.check_user_actions(actions)  # refused before anything is built
         if train_input is not None:
             self._state.ensure_built(train_input.element_spec)
         user, sync = self._user_model, None
@@ -343,7 +344,7 @@ class Trainer:
             stall_timeout=self._stall_timeout,
             nonfinite=self._nonfinite, steps_per_loop=self._steps_per_loop,
             loop_sizer=self._loop_sizer, tuning=self._tuning, before_epoch_end=sync,
-            user_actions=actions_lib.check_user_actions(actions))
+            user_actions=actions)
 
     def _training_ended(self, progress, first_step):
         """Unless the loss diverged: export after training, or when the export is missing or

@@ -37,7 +37,7 @@ class TrainingState:
         precision_policy: the mixed precision policy (`precision.check`).
         workdir: the `workdir.WorkDir` whose checkpoint options and outputs the run uses.
         jit_compile, tuning: as the Trainer's options.
-        compile_overrides: the Trainer's `optimizer`, `loss` and `metrics`.
+        optimizer, loss, metrics: the Trainer's, overriding what the model was compiled with.
     """
 
     def __init__(self, built, model, *, detached, precision_policy, workdir, jit_compile,
