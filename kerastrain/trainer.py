@@ -297,6 +297,7 @@ class Trainer:
                       validation_steps=validation_steps, validation_freq=validation_freq)
         data = fit_args.of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args,
                                     default=self._dataset_fn)
+        actions = actions_lib.check_user_actions(actions)  # refused before anything is used
         callbacks = self._workdir.use_backup(callbacks_lib.check_callbacks(callbacks))
         train_input = self._feeds.get(data.train, "dataset_fn", "training", batch_size,
                                       shuffle=data.shuffle)
@@ -330,7 +331,6 @@ class Trainer:
         """This fit's `fitting.Epochs`, the model and its step built for `train_input`. With
         the user's callbacks, the user's own model object takes the weights at each epoch end
         before they run, as under `model.fit` (a callback may close over that object)."""
-        actions = actions_lib.check_user_actions(actions)  # refused before anything is built
         if train_input is not None:
             self._state.ensure_built(train_input.element_spec)
         user, sync = self._user_model, None
@@ -344,7 +344,7 @@ class Trainer:
             stall_timeout=self._stall_timeout,
             nonfinite=self._nonfinite, steps_per_loop=self._steps_per_loop,
             loop_sizer=self._loop_sizer, tuning=self._tuning, before_epoch_end=sync,
-            user_actions=actions)
+            user_actions=actions or ())
 
     def _training_ended(self, progress, first_step):
         """Unless the loss diverged: export after training, or when the export is missing or
