@@ -186,3 +186,31 @@ def test_a_faults_line_comes_before_any_tasks_answer_to_it(monkeypatch):
     assert out.getvalue().splitlines() == [
         "[launch] fault: killed ps:0 (kill ps:0 at 0s)",
         "[chief:0] kerastrain: error: Lost contact"], out.getvalue()
+
+
+def test_a_fault_on_a_ray_task_signals_it_without_holding_the_launchers_output():
+    """A Ray task is signalled through its actor (a remote call, up to 30 s): the launcher's
+    output lock is not held for it, so no task's output waits on it."""
+    import io
+    import sys
+
+    from kerastrain.cli import faults as faults_lib
+    from kerastrain.cli import launch
+    tasks = [launch.Task("chief", 0, "{}", [sys.executable, "-c", "pass"]),
+             launch.Task("worker", 0, "{}", [sys.executable, "-c", "pass"])]
+    launcher = launch.Launcher(tasks, out=io.StringIO(), env={})
+    held = []
+
+    class RayTask:
+        def poll(self):
+            return None
+
+        def signal_group(self, signum):
+            held.append(launcher._lock.locked())
+
+    tasks[1].process = RayTask()
+    faults = faults_lib.Faults(launcher, [faults_lib.parse_fault("kill worker:0 at 0s", tasks,
+                                                                 False)])
+    faults._apply(faults.pending[0])
+    assert held == [False]
+    assert launcher.out.getvalue() == "[launch] fault: killed worker:0 (kill worker:0 at 0s)\n"

@@ -127,27 +127,40 @@ class Faults:
 
     def _apply(self, fault):
         task = self.launcher.task(fault.task)
-        process, say = task.process, self.launcher.say
+        process = task.process
         if fault.action != "partition" and (process is None or process.poll() is not None):
-            say(f"fault: {fault.text}: {fault.task} is not running; skipped")
+            self.launcher.say(f"fault: {fault.text}: {fault.task} is not running; skipped")
             return
         what = {"freeze": "froze", "partition": "cut off the network:", "kill": "killed"}
-        say(f"fault: {what[fault.action]} {fault.task}" + (
-            f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})",
-            act=lambda: self.launcher.hosts.partition(task.host, True)
-            if fault.action == "partition" else signal_group(
-                process, signal.SIGSTOP if fault.action == "freeze" else signal.SIGKILL))
+        text = f"fault: {what[fault.action]} {fault.task}" + (
+            f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})"
+        if fault.action == "partition":
+            self._say(text, lambda: self.launcher.hosts.partition(task.host, True))
+        else:
+            self._say(text, lambda: signal_group(
+                process, signal.SIGSTOP if fault.action == "freeze" else signal.SIGKILL), process)
         if fault.duration:
             self._ends.append((time.monotonic() + fault.duration, fault, process))
 
     def _undo(self, fault, process):
         if fault.action == "partition":
             host = self.launcher.task(fault.task).host
-            self.launcher.say(f"fault: {fault.task} is on the network again",
-                              act=lambda: self.launcher.hosts.partition(host, False))
+            self._say(f"fault: {fault.task} is on the network again",
+                      lambda: self.launcher.hosts.partition(host, False))
         elif process.poll() is None:
-            self.launcher.say(f"fault: {fault.task} runs again",
-                              act=lambda: signal_group(process, signal.SIGCONT))
+            self._say(f"fault: {fault.task} runs again",
+                      lambda: signal_group(process, signal.SIGCONT), process)
+
+    def _say(self, text, act, process=None):
+        """`act()`, then the line `text`, no task's line between them (`Launcher.say`). A Ray
+        task is signalled through its actor, a remote call of up to 30 s that the launcher's
+        output lock is not held for (every task's output would wait): its lines come through
+        the actor, in no order to keep with the launcher's."""
+        if hasattr(process, "signal_group"):
+            act()
+            self.launcher.say(text)
+        else:
+            self.launcher.say(text, act=act)
 
 
 def signal_group(process, signum):
