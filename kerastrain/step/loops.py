@@ -33,12 +33,13 @@ def unpack(data):
     return data_lib.split_batch(data)
 
 
-def say_masked_loss(model, y_pred, replicas):
+def say_masked_loss(model, y_pred, replicas, weighted=False):
     """One line when the loss averages over unmasked entries only (a Keras mask on an
     output, as `Embedding(mask_zero=True)` gives sequence outputs, or a loss's
     `ignore_class`): each replica then averages over its own share's unmasked entries,
     and its weight is its share of the batch's examples, not of the unmasked entries,
-    so the step differs slightly from one device's (Keras fit weights replicas alike)."""
+    so the step differs slightly from one device's (Keras fit weights replicas alike). The
+    same for a loss divided by the batch's sample weights (`weighted`: the batch has them)."""
     import tensorflow as tf
     masked = [i for i, t in enumerate(tf.nest.flatten(y_pred))
               if _compat.keras_mask(t) is not None]
@@ -51,6 +52,14 @@ def say_masked_loss(model, y_pred, replicas):
             "averages over its own share's, weighted by its share of the examples, so losses "
             "and updates differ slightly from one device's (as under Keras fit with this "
             "strategy); one device trains it exactly", what, replicas)
+    if weighted and any(getattr(loss, "reduction", None) == "mean_with_sample_weight"
+                        for loss in tf.nest.flatten(getattr(model, "loss", None))):
+        logger.info(
+            "the loss divides by the batch's sum of sample weights "
+            "(reduction='mean_with_sample_weight'): under %d replicas each divides by its own "
+            "share's, weighted by its share of the examples, so losses and updates differ "
+            "slightly from one device's (as under Keras fit with this strategy); the default "
+            "reduction ('sum_over_batch_size') or one device trains exactly", replicas)
 
 
 def log_value(value):
@@ -327,7 +336,7 @@ class Step:
             y_pred, forward = self._forward(x, training=True)
             if replicas > 1 and not self._said_masked:   # decided once, while tracing
                 self._said_masked = True
-                say_masked_loss(self.model, y_pred, replicas)
+                say_masked_loss(self.model, y_pred, replicas, weighted=sw is not None)
             loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True,
                                                    forward=forward)
             # Keras returned (local mean + regularization) / replicas. Weighting each
