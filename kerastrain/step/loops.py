@@ -20,6 +20,7 @@ import logging
 import numpy as np
 
 from kerastrain import _compat
+from kerastrain.step import inexact
 from kerastrain.step import updates
 from kerastrain.distribute.ps import worker_steps
 from kerastrain.data import inputs as data_lib
@@ -31,35 +32,6 @@ logger = logging.getLogger("kerastrain")
 def unpack(data):
     """`(x, y, sample_weight)` of a batch, as Keras unpacks it (x-only batches: y is None)."""
     return data_lib.split_batch(data)
-
-
-def say_masked_loss(model, y_pred, replicas, weighted=False):
-    """One line when the loss averages over unmasked entries only (a Keras mask on an
-    output, as `Embedding(mask_zero=True)` gives sequence outputs, or a loss's
-    `ignore_class`): each replica then averages over its own share's unmasked entries,
-    and its weight is its share of the batch's examples, not of the unmasked entries,
-    so the step differs slightly from one device's (Keras fit weights replicas alike). The
-    same for a loss divided by the batch's sample weights (`weighted`: the batch has them)."""
-    import tensorflow as tf
-    masked = [i for i, t in enumerate(tf.nest.flatten(y_pred))
-              if _compat.keras_mask(t) is not None]
-    ignoring = [loss for loss in tf.nest.flatten(getattr(model, "loss", None))
-                if getattr(loss, "ignore_class", None) is not None]
-    if masked or ignoring:
-        what = "a Keras mask on output(s) %s" % masked if masked else "`ignore_class`"
-        logger.info(
-            "the loss averages over unmasked entries only (%s): under %d replicas each "
-            "averages over its own share's, weighted by its share of the examples, so losses "
-            "and updates differ slightly from one device's (as under Keras fit with this "
-            "strategy); one device trains it exactly", what, replicas)
-    if weighted and any(getattr(loss, "reduction", None) == "mean_with_sample_weight"
-                        for loss in tf.nest.flatten(getattr(model, "loss", None))):
-        logger.info(
-            "the loss divides by the batch's sum of sample weights "
-            "(reduction='mean_with_sample_weight'): under %d replicas each divides by its own "
-            "share's, weighted by its share of the examples, so losses and updates differ "
-            "slightly from one device's (as under Keras fit with this strategy); the default "
-            "reduction ('sum_over_batch_size') or one device trains exactly", replicas)
 
 
 def log_value(value):
@@ -336,7 +308,7 @@ class Step:
             y_pred, forward = self._forward(x, training=True)
             if replicas > 1 and not self._said_masked:   # decided once, while tracing
                 self._said_masked = True
-                say_masked_loss(self.model, y_pred, replicas, weighted=sw is not None)
+                inexact.say_losses(self.model, y_pred, replicas, weighted=sw is not None)
             loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True,
                                                    forward=forward)
             # Keras returned (local mean + regularization) / replicas. Weighting each
