@@ -302,7 +302,8 @@ class Trainer:
         train_input = self._feeds.get(data.train, "dataset_fn", "training", batch_size,
                                       shuffle=data.shuffle)
         validation = self._validation(data, validation_steps, batch_size, validation_freq)
-        run = self._epochs = self._new_epochs(train_input, callbacks, actions)
+        self._state.ensure_built(train_input.element_spec)
+        run = self._epochs = self._new_epochs(callbacks, actions)
         steps_per_epoch = run.epoch_length(train_input, steps_per_epoch)
         verbose = self._resolve_verbose(verbose)
         cbs = callbacks_lib.callback_list(callbacks, model=self.model, verbose=verbose,
@@ -327,12 +328,10 @@ class Trainer:
         self._training_ended(progress, first_step)
         return callbacks_lib.history_of(cbs, self._user_model)
 
-    def _new_epochs(self, train_input=None, callbacks=(), actions=None):
-        """This fit's `fitting.Epochs`, the model and its step built for `train_input`. With
-        the user's callbacks, the user's own model object takes the weights at each epoch end
-        before they run, as under `model.fit` (a callback may close over that object)."""
-        if train_input is not None:
-            self._state.ensure_built(train_input.element_spec)
+    def _new_epochs(self, callbacks=(), actions=None):
+        """This fit's `fitting.Epochs` (the model and its step are built). With the user's
+        callbacks, the user's own model object takes the weights at each epoch end before
+        they run, as under `model.fit` (a callback may close over that object)."""
         user, sync = self._user_model, None
         if user is not None and callbacks:
             def sync():

@@ -105,7 +105,7 @@ def test_functions_stay_short_and_fit_reads_in_one_screen():
 # today (2026-11-27, after the Trainer's epochs, outputs and the model's own step moved out)
 # is listed with its size: it may shrink, never grow, and nothing new joins the list.
 CLASS_LINES, MODULE_LINES = 300, 500
-OVERSIZED_CLASSES = {"trainer.py:Trainer": 404, "step/loops.py:Step": 430,
+OVERSIZED_CLASSES = {"trainer.py:Trainer": 400, "step/loops.py:Step": 430,
                      "data/inputs.py:DistributedInput": 348, "loop/ps_driver.py:PSDriver": 324}
 OVERSIZED_MODULES = {
     "_compat.py": 844, "data/inputs.py": 883, "cli/config.py": 699, "cli/launch.py": 556,
