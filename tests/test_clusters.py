@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -15,6 +16,7 @@ import helpers
 from kerastrain.cli import command as cli
 from kerastrain.distribute import cluster
 from kerastrain.cli import manifests
+from kerastrain.cli.interrupts import Interrupts
 
 RECIPES = os.path.join(helpers.REPO, "recipes")
 QUICKSTART = os.path.join(RECIPES, "quickstart.yaml")
@@ -323,6 +325,32 @@ def test_ctrl_c_before_any_task_starts(tmp_path):
     run.wait_for(r"^slow import: started")
     assert _interrupt_and_check(run) == []
     assert "[launch] interrupted before any task started" in run.text
+
+
+def test_a_signal_another_thread_took_still_interrupts_a_main_thread_blocked_in_c():
+    # The kernel may hand a process-directed SIGINT to any thread (NumPy's OpenBLAS pool is
+    # there once a recipe imports NumPy), and one landing just before a blocking call is only
+    # noted: CPython runs the handler when the main thread's call (a recipe module sleeping or
+    # downloading in its import) returns. Here the helper thread takes it and the main thread
+    # sleeps 30 s: the watcher must wake it (0.2 s) long before the sleep would end.
+    def take_it_once_main_sleeps():
+        wchan = f"/proc/self/task/{threading.main_thread().native_id}/wchan"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "nanosleep" not in open(wchan).read():
+            time.sleep(0.01)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    taker = threading.Thread(target=take_it_once_main_sleeps)
+    with Interrupts() as interrupts:
+        interrupts.watch()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            taker.start()
+            time.sleep(30)
+        waited = time.monotonic() - start
+    taker.join()
+    assert waited < 10, f"the main thread heard SIGINT only after {waited:.1f} s"
+    assert interrupts.exit_code == 130
 
 
 class LaunchStub(helpers.Child):

@@ -413,10 +413,9 @@ def _launch_job(args, launch, interrupts):
     network = args.network or launch.recipe_network(tree)
     multihost = network == hosts_lib.MULTIHOST
     _check_ray(args, network)
-    if not args.dry_run:
-        # First: the tasks inherit the namespace, and validating the recipe imports its
-        # modules, whose threads would keep Linux from moving this process.
+    if not args.dry_run:  # first: the tasks inherit it, and Linux moves one thread only
         launch.isolate(network, tree)
+    interrupts.watch()  # then threads: this watcher's, those of the recipe's modules
     # Every task would fail the same way: say it once.
     model_dir = None if script else recipes.load(args.recipe, args.set)[0].trainer.model_dir
     # Under --ray the addresses come from the actors (below): host names stand in until then,

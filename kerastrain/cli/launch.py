@@ -29,6 +29,7 @@ import time
 from kerastrain._lifetime import LAUNCHER_PID
 from kerastrain.cli import faults as faults_lib
 from kerastrain.cli import hosts as hosts_lib
+from kerastrain.cli.interrupts import Interrupts
 from kerastrain.loop import stalls
 from kerastrain.distribute import network as network_lib
 from kerastrain.distribute.cluster import free_port, ports
@@ -206,63 +207,6 @@ def dry_run(tasks: list[Task], out=None) -> None:
     for task in tasks:
         print(f"[{task.name}] TF_CONFIG='{task.tf_config}'", file=out)
         print(f"[{task.name}] {' '.join(task.command)}", file=out)
-
-
-class Interrupts:
-    """SIGINT and SIGTERM become one `KeyboardInterrupt` in the main thread, from `__enter__` on.
-
-    Installed explicitly, not inherited: a shell starts a background job (`cmd &`, CI runners,
-    `nohup`) with SIGINT ignored, and Python keeps an ignored SIGINT ignored, so a launcher
-    relying on Python's default would not hear Ctrl-C at all and would train on to the end.
-    Only the first signal raises: a second Ctrl-C must not cut short the stopping of the tasks
-    that the first one asked for (`Launcher.stop_all` kills what is left after a few seconds).
-    Inside `deferred()` the signal is only noted, and raised when the block ends, so a task
-    is never half started (forked but not yet known to the launcher).
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum = None
-        self._deferring = 0
-        self._pending = False
-        self._previous = {}
-
-    def __enter__(self):
-        self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
-        for s in self.SIGNALS:
-            signal.signal(s, self._on_signal)
-        return self
-
-    def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        return False
-
-    def _on_signal(self, signum, frame):
-        if self.signum is not None:
-            return
-        self.signum = signum
-        if self._deferring:
-            self._pending = True
-        else:
-            raise KeyboardInterrupt
-
-    @contextlib.contextmanager
-    def deferred(self):
-        self._deferring += 1
-        try:
-            yield
-        finally:
-            self._deferring -= 1
-        if self._pending and not self._deferring:
-            self._pending = False
-            raise KeyboardInterrupt
-
-    @property
-    def exit_code(self) -> int:
-        """128 + the signal's number, as a shell reports a job stopped by it (130: Ctrl-C)."""
-        return 128 + int(self.signum or signal.SIGINT)
 
 
 class Launcher:
@@ -482,8 +426,7 @@ class Launcher:
         signal's number (130 for Ctrl-C).
         """
         own = self.interrupts is None
-        if own:
-            self.interrupts = Interrupts().__enter__()
+        self.interrupts = (self.interrupts or Interrupts().__enter__()).watch()
         attempt = 0
         faults = faults_lib.Faults(self, self.faults, self.model_dir)
         try:
