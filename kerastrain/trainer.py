@@ -392,7 +392,7 @@ class Trainer:
         dataset_fn = fit_args.of_evaluate_call(dataset_fn, x, y, sample_weight, defaults=(
             self._eval_dataset_fn, self._dataset_fn))
         eval_input = self._feeds.get(dataset_fn, "dataset_fn", "evaluation", batch_size)
-        self._state.ensure_built(eval_input.element_spec)
+        self._state.ensure_built(eval_input.element_spec, state_lib.EVALUATION_STEPS)
         cbs = callbacks_lib.callback_list(
             callbacks_lib.check_callbacks(callbacks), model=self.model, history=False,
             verbose=self._resolve_verbose(verbose), epochs=1, steps=steps)

@@ -71,6 +71,13 @@ def test_dataset_with_wrong_structure():
     with pytest.raises(ValueError, match=r"The batches hold inputs \(x\) only, but the model "
                                          r"was compiled with a loss.*element_spec=Tensor"):
         trainer.fit(only_x)  # x-only batches are for models with their own losses
+    # Validation and evaluation data too (Keras: "None values not supported", deep in the loss).
+    x, y = helpers.arrays(32)
+    for x_only in [(x,), only_x]:
+        with pytest.raises(ValueError, match=r"The batches hold inputs \(x\) only"):
+            trainer.fit(x, y, batch_size=8, validation_data=x_only)
+    with pytest.raises(ValueError, match=r"The batches hold inputs \(x\) only"):
+        trainer.evaluate(x, batch_size=8)
 
     def four(ctx):
         import tensorflow as tf
@@ -295,3 +302,22 @@ def test_a_py_dataset_or_a_generator_is_refused_saying_how_to_feed_it():
         with pytest.raises(TypeError, match=r"A keras.utils.PyDataset, a generator.*"
                                             r"tf.data.Dataset.from_generator.*Received: "):
             kt.Trainer(helpers.build_model, data, strategy="default", verbose=0)
+
+
+def test_x_only_evaluation_data_is_for_a_model_whose_own_test_step_takes_it():
+    # A model overriding test_step alone decides what its evaluation batches hold: x-only
+    # validation and evaluation data are its to take, though it trains on (x, y).
+    class OwnTest(keras.Sequential):
+        def test_step(self, data):
+            return {"mean_output": keras.ops.mean(self(data, training=False))}
+
+    def build():
+        model = OwnTest([keras.Input((6,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        return model
+
+    x, y = helpers.arrays(32)
+    trainer = kt.Trainer(build, strategy="one_device", verbose=0)
+    history = trainer.fit(x, y, batch_size=8, validation_data=(x,))
+    assert "val_mean_output" in history.history
+    assert "mean_output" in trainer.evaluate(x, batch_size=8)

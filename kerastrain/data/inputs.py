@@ -848,8 +848,9 @@ def _check_usable_here(dataset, argument):
             f"{e.message.splitlines()[0]}") from None
 
 
-def check_against_model(element_spec, model):
-    """Catch the commonest mismatch (unbatched data) before Keras fails deep inside."""
+def check_against_model(element_spec, model, steps=("train_step", "compute_loss")):
+    """Catch the commonest mismatches (unbatched data, no targets) before Keras fails deep
+    inside; a model overriding one of `steps` decides itself what its batches need."""
     import tensorflow as tf
 
     inputs = getattr(model, "inputs", None)
@@ -857,7 +858,7 @@ def check_against_model(element_spec, model):
         expected = [len(t.shape) for t in tf.nest.flatten(inputs)] if inputs else None
     except (AttributeError, TypeError, ValueError):
         expected = None
-    _check_targets(element_spec, model)
+    _check_targets(element_spec, model, steps)
     got = [s.shape.rank for s in tf.nest.flatten(split_batch(element_spec)[0])]
     if expected and len(expected) == len(got) and all(
             g is not None and g == e - 1 for g, e in zip(got, expected)):
@@ -867,14 +868,13 @@ def check_against_model(element_spec, model):
             "Did you forget `.batch(...)` in the dataset_fn?")
 
 
-def _check_targets(element_spec, model):
-    """x-only batches train a model whose losses are its own, not a compiled loss."""
+def _check_targets(element_spec, model, steps):
+    """x-only batches train (or evaluate) a model whose losses are its own, not a compiled one."""
     import keras
     x_only = split_batch(element_spec)[1] is None
     if not x_only or getattr(model, "loss", None) is None:
         return
-    if any(getattr(type(model), name) is not getattr(keras.Model, name)
-           for name in ("train_step", "compute_loss")):
+    if any(getattr(type(model), name) is not getattr(keras.Model, name) for name in steps):
         return  # the model decides what its loss needs
     raise ValueError(
         "The batches hold inputs (x) only, but the model was compiled with a loss, which needs "

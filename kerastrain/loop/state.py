@@ -24,6 +24,9 @@ from kerastrain.step import models as models_lib
 from kerastrain.step import own_step
 from kerastrain.step import precision
 
+# The methods of a model that, overridden, decide what its evaluation batches need.
+EVALUATION_STEPS = ("test_step", "compute_loss")
+
 
 class TrainingState:
     """The model, the global step, the run state and the stop flag of one Trainer.
@@ -92,13 +95,14 @@ class TrainingState:
         """The global step as a Python int."""
         return int(self.global_step.numpy())
 
-    def ensure_built(self, element_spec):
+    def ensure_built(self, element_spec, steps=("train_step", "compute_loss")):
         """The model's, optimizer's and metrics' variables for batches of `element_spec`,
-        and the compiled step (once)."""
+        and the compiled step (once); every input is checked against the model (`steps`:
+        those of its methods that, overridden, decide what its batches need)."""
+        data_lib.check_against_model(element_spec, self.model, steps)
         if self.step is not None:
             return
         model, built = self.model, self.built
-        data_lib.check_against_model(element_spec, model)
         models_lib.check_resources_placed(model, built)
         with self.strategy.scope():
             partitioned = models_lib.build_state(model, built, element_spec)
@@ -138,6 +142,7 @@ class TrainingState:
         if steps is None and eval_input.cardinality == data_lib.INFINITE:
             raise ValueError("The evaluation data is infinite (it repeats): pass `steps` "
                              "(`validation_steps` in fit). Received: steps=None")
+        data_lib.check_against_model(eval_input.element_spec, self.model, EVALUATION_STEPS)
         loop, iterator = self.mode.evaluation(self.step, eval_input)
         self.step.start_epoch()
         totals = driver_lib.run_to_end(loop, iterator, steps, self.step.width,
