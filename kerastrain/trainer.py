@@ -28,7 +28,7 @@ from kerastrain.loop import stalls
 from kerastrain.loop import state as state_lib
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.loop import workdir as workdir_lib
-from kerastrain.step import models as models_lib
+from kerastrain.step import instances
 from kerastrain.step import precision
 
 logger = logging.getLogger("kerastrain")
@@ -130,7 +130,7 @@ class Trainer:
         _logging.ensure_visible()
         # A model instance is read before the strategy exists (a ps cluster, once
         # connected, makes the instance's variables unreadable here).
-        detached = models_lib.detach(model)
+        detached = instances.detach(model)
         # Checks names and options before TensorFlow does anything heavy.
         with stalls.connecting(self._stall_timeout, bool(stalls.cluster_workers())):
             built = strategies.build_strategy(strategy, strategy_options)
@@ -259,7 +259,7 @@ class Trainer:
             yield
         finally:
             if self._user_model is not None:
-                models_lib.hand_back(self.model, self._user_model)
+                instances.hand_back(self.model, self._user_model)
 
     def _resolve_verbose(self, verbose):
         return callbacks_lib.resolve_verbose(verbose, default=self._verbose,
@@ -335,7 +335,7 @@ class Trainer:
         user, sync = self._user_model, None
         if user is not None and callbacks:
             def sync():
-                models_lib.hand_back(self.model, user, keep_functions=True)
+                instances.hand_back(self.model, user, keep_functions=True)
         state = self._state
         return fitting.Epochs(
             step=state.step, model=state.model, global_step=state.global_step, run=state.run,

@@ -60,6 +60,10 @@ def run(job, out):
         import keras
         keras.utils.set_random_seed(0)
         model = helpers.build_model()
+        # Metric objects given to compile (keras.io's way) are made with their variables,
+        # before the Trainer connects to a cluster.
+        model.compile(optimizer="adam", loss="binary_crossentropy",
+                      metrics=["accuracy", keras.metrics.AUC(name="auc")])
         if job.get("prior") == "both":
             x, y = helpers.arrays(16)
             model.predict(x, verbose=0)

@@ -20,6 +20,7 @@ from kerastrain.loop import preemption
 from kerastrain.loop import run_state
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.step import loops as loops_lib
+from kerastrain.step import instances
 from kerastrain.step import models as models_lib
 from kerastrain.step import own_step
 from kerastrain.step import precision
@@ -36,7 +37,7 @@ class TrainingState:
             cannot be copied into it: `built` is then the one in use).
         model: a model function or a model instance (see `models_lib.materialize`).
         detached: the instance's weights and optimizer state read before the strategy
-            existed (`models_lib.detach`), or None.
+            existed (`instances.detach`), or None.
         precision_policy: the mixed precision policy (`precision.check`).
         workdir: the `workdir.WorkDir` whose checkpoint options and outputs the run uses.
         jit_compile, tuning: as the Trainer's options.
@@ -106,7 +107,7 @@ class TrainingState:
         models_lib.check_resources_placed(model, built)
         with self.strategy.scope():
             partitioned = models_lib.build_state(model, built, element_spec)
-            models_lib.carry_optimizer(model, self._detached)
+            instances.carry_optimizer(model, self._detached)
             self._detached = None  # its copies of the weights and slots are no longer needed
             if not loops_lib.overrides(model, "train_step"):
                 loops_lib.MetricState(model).check_sums(model, element_spec)

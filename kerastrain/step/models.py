@@ -8,6 +8,7 @@ import logging
 import keras
 
 from kerastrain import _compat
+from kerastrain.step import instances
 
 logger = logging.getLogger("kerastrain")
 
@@ -22,167 +23,9 @@ def _created_in_scope(strategy, variable) -> bool:
     return strategy.extended.variable_created_in_scope(getattr(variable, "value", variable))
 
 
-class _FromConfig:
-    """An optimizer or metric read as (class, config), to be made again in a scope."""
-
-    def __init__(self, obj):
-        self.cls, self.config = type(obj), obj.get_config()
-
-    def make(self):
-        return self.cls.from_config(self.config)
-
-
-class Detached:
-    """What kerastrain needs of a user's model instance, read before the strategy exists.
-
-    Connecting to a parameter-server cluster moves this process's eager work off
-    `/job:localhost`, where the instance's variables live; after that they (and the
-    optimizer's learning rate, which `get_config` reads) cannot be read. So the
-    weights and the compile arguments (optimizer and metrics as configs) are read
-    first, and the model is rebuilt in scope from them.
-    """
-
-    def __init__(self, model):
-        self.weights = model.get_weights()
-        # The random layers' seed states (Dropout, RandomFlip... unseeded: drawn when the
-        # layer was made): the copy goes on with the user's random stream, not a new one.
-        weights = {id(v) for v in model.weights}
-        self.states = [v.numpy() for v in model.variables if id(v) not in weights]
-        # Lookup tables are not variables: read their vocabularies, and the layers'
-        # configs (TextVectorization's reads its table), while they can be read.
-        self.vocabularies = [layer.get_vocabulary() for layer in _compat.lookup_layers(model)]
-        self.layer_configs = {id(layer): layer.get_config() for layer in model.layers}
-        args = _compat.compile_args(model) if getattr(model, "compiled", False) else None
-        self.compile_args = None if args is None else {
-            k: _as_config(v) for k, v in args.items()}
-        # A model trained before (by `model.fit`) has its optimizer's state: step count,
-        # learning rate, slots. The copy's fresh optimizer goes on from it (`carry_optimizer`).
-        self.optimizer = getattr(model, "optimizer", None)
-        self.optimizer_state = [v.numpy() for v in self.optimizer.variables] \
-            if self.optimizer is not None and self.optimizer.built else None
-
-
-def _as_config(obj):
-    if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
-        return _FromConfig(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_as_config(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _as_config(v) for k, v in obj.items()}
-    return obj
-
-
-def detach(model):
-    """`Detached(model)` for a model instance; None for a model function."""
-    return Detached(model) if isinstance(model, keras.Model) else None
-
-
-def hand_back(trained, user_model, *, keep_functions=False):
-    """Put what `trained` holds into the user's own model object, so that everything code
-    written for `model.fit` does next works on it: `predict`, `evaluate`, `fit`, `save`.
-
-    - Its variables (weights and random seeds' states) and its optimizer's (step count,
-      learning rate, slots; built first if the user's never was) take `trained`'s values.
-    - Under parameter servers the user's variables, optimizer and metrics made before this
-      process connected to the cluster sit on a device that is gone ("Client for target
-      /job:localhost... not found"): they get new storage here.
-    - Keras's cached train / test / predict functions were traced for those devices and the
-      old values: they are dropped, and Keras traces them again on next use. With
-      `keep_functions` (an epoch end: callbacks may use the user's object, as under
-      `model.fit`) they are dropped only if a variable got new storage.
-    """
-    moved = []
-    values = _values_if_paired(user_model.variables, trained.variables)
-    if values is not None:
-        _assign(user_model.variables, values, moved)
-    else:  # a partitioned model's variables are shards: its weights pair up
-        _assign(user_model.weights, trained.get_weights(), moved)
-    mine, theirs = user_model.optimizer, getattr(trained, "optimizer", None)
-    if mine is not None:
-        _compat.rekey_optimizer(mine)  # its model's variables may have new storage now
-    if mine is not None and theirs is not None and getattr(theirs, "built", False):
-        _rehome_unreadable(mine.variables, moved)
-        if not mine.built:
-            # A model made in a strategy's scope of the user's own (keras.io's multi-GPU
-            # guide) has an optimizer that builds only in that scope.
-            with _compat.optimizer_strategy_scope(mine):
-                mine.build(user_model.trainable_variables)
-            moved.append(mine)
-        values = _values_if_paired(mine.variables, theirs.variables)
-        if values is not None:
-            _assign(mine.variables, values, moved)
-    _rehome_unreadable(user_model.metrics_variables, moved)
-    if moved or not keep_functions:
-        user_model.train_function = user_model.test_function = user_model.predict_function = None
-
-
-def carry_optimizer(model, detached):
-    """Put the user's optimizer state into the optimizer kerastrain built for its copy of
-    the model (call in scope, once built), so that training goes on as a second
-    `model.fit` would: Adam's moments and step count, not fresh ones. Nothing when the
-    model was not copied, its optimizer never built, or another optimizer was given."""
-    if detached is None or detached.optimizer_state is None or model.optimizer is None or \
-            model.optimizer is detached.optimizer or \
-            type(model.optimizer) is not type(detached.optimizer):
-        return
-    mine, values = model.optimizer.variables, detached.optimizer_state
-    if len(mine) != len(values) or any(tuple(v.shape) != tuple(a.shape)
-                                       for v, a in zip(mine, values)):
-        logger.warning(
-            "the model's optimizer had trained before (%d variables), and its state does not "
-            "fit the optimizer built for training here (%d variables): training starts with "
-            "a fresh optimizer state, unlike a second model.fit", len(values), len(mine))
-        return
-    _assign(mine, values, [])
-
-
-def _values_if_paired(mine, theirs):
-    """`theirs`' values when the two lists pair up one to one by shape, else None."""
-    if len(mine) != len(theirs) or any(tuple(a.shape) != tuple(b.shape)
-                                       for a, b in zip(mine, theirs)):
-        return None
-    try:
-        return [v.numpy() for v in theirs]
-    except (AttributeError, TypeError, ValueError):  # e.g. a partitioned variable's shards
-        return None
-
-
-def _assign(variables, values, moved):
-    """Assign each value; a variable that cannot take it (its device is gone) gets new
-    storage, and is added to `moved`."""
-    import numpy as np
-    for variable, value in zip(variables, values):
-        value = np.asarray(value)
-        if not _set(variable, value):
-            _compat.replace_storage([variable], [value])
-            moved.append(variable)
-
-
-def _set(variable, value) -> bool:
-    import tensorflow as tf
-    try:
-        variable.assign(value)
-        return True
-    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
-        return False
-
-
-def _rehome_unreadable(variables, moved):
-    """New storage, holding zeros, for variables on a device that is gone (metric states,
-    an optimizer's count: their values there cannot be read); added to `moved`."""
-    import numpy as np
-    import tensorflow as tf
-    for variable in variables:
-        try:
-            variable.numpy()
-        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
-            _compat.replace_storage([variable], [np.zeros(variable.shape, variable.dtype)])
-            moved.append(variable)
-
-
 def _fresh(obj):
     """A copy of an optimizer or metric instance, so its variables are made in scope."""
-    if isinstance(obj, _FromConfig):
+    if isinstance(obj, instances.FromConfig):
         return obj.make()
     if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
         return obj.__class__.from_config(obj.get_config())
@@ -196,7 +39,7 @@ def _fresh(obj):
 def materialize(model, built, *, detached=None, optimizer=None, loss=None, metrics=None):
     """Return a compiled `keras.Model` built under `built.strategy`'s scope.
 
-    Call inside `strategy.scope()`. `detached` is `detach(model)`, read before the
+    Call inside `strategy.scope()`. `detached` is `instances.detach(model)`, read before the
     strategy was built; a model instance made outside the scope is rebuilt from it.
 
     Raises:
@@ -212,10 +55,10 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
         if needs_scope and instance.variables and not all(
                 _created_in_scope(strategy, v) for v in instance.variables):
             with _explained(built):
-                instance = _rebuild(instance, detached or Detached(instance))
+                instance = _rebuild(instance, detached or instances.Detached(instance))
         elif needs_scope and getattr(instance, "optimizer", None) is not None and not all(
                 _created_in_scope(strategy, v) for v in instance.optimizer.variables):
-            _recompile(instance, (detached or Detached(instance)).compile_args or {}, fresh=True)
+            _recompile(instance, (detached or instances.Detached(instance)).compile_args or {}, fresh=True)
     elif callable(model):
         with _explained(built):
             instance = model()
@@ -462,7 +305,7 @@ def _rebuild(model, detached):
     states = [v for v in clone.variables if id(v) not in weights]
     if len(states) == len(detached.states) and all(
             tuple(v.shape) == a.shape for v, a in zip(states, detached.states)):
-        _assign(states, detached.states, [])
+        instances.assign(states, detached.states, [])
     _normalize_with_its_variables(clone)
     # In scope: each table is made again where the strategy wants it (per worker under ps).
     for layer, vocabulary in zip(_compat.lookup_layers(clone), detached.vocabularies):
