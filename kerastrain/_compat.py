@@ -93,11 +93,8 @@ def wait_at_barrier(name: str, timeout_ms: int) -> bool:
 
 
 def compile_metrics(model):
-    """The model's `CompileMetrics` container (or None).
-
-    Keras 3 exposes it only as `model._compile_metrics`; we need the container
-    itself to drive its stateless update with our own cross-replica reduction.
-    """
+    """The model's `CompileMetrics` container (or None): Keras 3 keeps it private, and
+    kerastrain drives its stateless update with its own cross-replica reduction."""
     return getattr(model, "_compile_metrics", None)
 
 
@@ -210,13 +207,11 @@ def class_weight_map_fn(class_weight):
 def compute_loss(model, x, y, y_pred, sample_weight, training):
     """`model.compute_loss`, also when a user's override has no `training` argument.
 
-    Keras 3.3 added `training=`; `Trainer._compute_loss` calls an override with or
-    without it, as `model.fit` does. (Keras < 3.3 has no `_compute_loss`.)
+    Keras 3.3 added `training=`; its `_compute_loss` calls an override with or without
+    it, as `model.fit` does (kerastrain needs Keras >= 3.10, which has it).
     """
-    helper = getattr(model, "_compute_loss", None)
-    if helper is None:
-        return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
-    return helper(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
+    return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                               training=training)
 
 
 def learning_rate_schedule(optimizer):
@@ -226,9 +221,7 @@ def learning_rate_schedule(optimizer):
     evaluates it at the *next* step, and we log the rate a step actually used.
     """
     lr = getattr(optimizer, "_learning_rate", None)
-    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-        return lr
-    return None
+    return lr if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule) else None
 
 
 def stop_preemption_handler(handler):
@@ -687,6 +680,14 @@ def learning_rate_at(optimizer, iteration):
 # -- gradient clipping of the summed gradient -----------------------------------------------
 
 _CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
+
+
+def moving_averages(optimizer) -> list:
+    """(variable, its moving average) of an optimizer with `use_ema=True`, else []."""
+    if not getattr(optimizer, "use_ema", False):
+        return []
+    return [(v, a) for v, a in zip(optimizer._trainable_variables,
+                                   optimizer._model_variables_moving_average) if a is not None]
 
 
 def clips_gradients(optimizer) -> bool:

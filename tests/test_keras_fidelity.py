@@ -725,6 +725,32 @@ def test_clipping_and_ema_optimizers_train_the_weights_of_one_device_fit(name, s
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.multiprocess
+def test_ema_averages_under_parameter_servers_start_at_the_weights():
+    """Keras's first EMA step copies the weights into the averages (momentum 0 at step 0);
+    under ps two workers' first steps run at once, and one that read the zero averages could
+    write over the other's copy: in 1 of 3 runs the averages (then the weights, at the end)
+    held ~5% of the weights, the model's loss ln 2. Started at the weights, no race can
+    leave them near zero; without a race training is as before (step 0 copies anyway)."""
+    import helpers
+    code = """
+import numpy as np, keras, kerastrain as kt
+def build():
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    m.compile(keras.optimizers.Adam(use_ema=True), "mse")
+    return m
+x, y = np.ones((32, 4), "float32"), np.ones((32, 1), "float32")
+t = kt.Trainer(build, strategy={"name": "ps", "num_workers": 2, "num_ps": 1}, verbose=0)
+t.build((x, y), batch_size=8)
+o = t.model.optimizer
+pairs = list(zip(o._trainable_variables, o._model_variables_moving_average))
+print("PAIRS", len(pairs), "GAP", max(float(np.max(np.abs(v.numpy() - a.numpy())))
+                                      for v, a in pairs))
+"""
+    proc = helpers.run_python(code)
+    assert "PAIRS 4 GAP 0.0" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
 def test_lists_of_arrays_for_several_inputs_and_outputs_train_as_under_fit(strategy):
     """`fit([x_a, x_b], [y_a, y_b])`, keras.io's multi-input and multi-output form: Keras

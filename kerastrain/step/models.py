@@ -176,6 +176,12 @@ def _build_state(model, built, element_spec):
         partitioned.build_optimizers(optimizer, model.trainable_variables)
     elif optimizer is not None and not optimizer.built:
         optimizer.build(model.trainable_variables)
+    if ps:
+        # Keras's first EMA step copies the weights (momentum 0 at step 0), but workers' first
+        # steps run at once: one reading the zero averages can write over another's copy,
+        # leaving averages at ~1% of the weights. Starting them at the weights, no read can.
+        for variable, average in _compat.moving_averages(optimizer):
+            average.assign(variable)
     _read_rows_if_lazy(model, optimizer)
     return partitioned or None
 
