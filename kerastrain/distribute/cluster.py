@@ -133,6 +133,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 _LOWEST = 20000
+# Ports are drawn from a generator of their own: Keras seeds its initializers from Python's
+# `random`, which `keras.utils.set_random_seed` seeds; draws from it here (as many as ports
+# turned out taken) gave a seeded script other initial weights on each run under ps.
+_PORT_DRAWS = random.Random()
 _PORTS_LOCK = threading.Lock()
 _RESERVED: set = set()
 _reservations = None  # the open reservation file (closing it would drop every reservation)
@@ -146,7 +150,7 @@ def _candidate():
         return None
     if ephemeral - _LOWEST < 1000:
         return None
-    return random.randrange(_LOWEST, ephemeral)
+    return _PORT_DRAWS.randrange(_LOWEST, ephemeral)
 
 
 def _bindable(port):
