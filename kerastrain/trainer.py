@@ -368,7 +368,7 @@ class Trainer:
                                     data.validation_batch(batch_size))
         self._eval_dataset_fn = data.validation
         return actions_lib.Validation(lambda: self._evaluate_input(val_input, validation_steps),
-                                      every=every)
+                                      every=every, steps=validation_steps)
 
     # -- evaluation -----------------------------------------------------------
 

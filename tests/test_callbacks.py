@@ -163,3 +163,34 @@ def test_one_callback_or_action_needs_no_list_as_in_model_fit():
     assert seen == [0, 1]
     with pytest.raises(TypeError, match=r"Received an item of type int: 5"):
         make().fit(epochs=1, callbacks=[[stop], 5])
+
+
+def test_validation_inside_fit_runs_the_callbacks_test_hooks_as_model_fit_does():
+    # Keras's fit validates through `evaluate` with the fit's callbacks: on_test_begin, then
+    # on_test_end with the validation logs, before on_epoch_end (TensorBoard writes its
+    # `evaluation_*_vs_iterations` there). They were not called at all.
+    class Record(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def on_test_begin(self, logs=None):
+            self.calls.append("test_begin")
+
+        def on_test_end(self, logs=None):
+            self.calls.append(("test_end", {k: round(float(v), 5) for k, v in logs.items()}))
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.calls.append(("epoch_end", sorted(logs)))
+
+    x, y = helpers.arrays(64)
+    theirs, ours = Record(), Record()
+    keras.utils.set_random_seed(0)
+    helpers.build_model().fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                              validation_data=(x[:32], y[:32]), callbacks=[theirs])
+    keras.utils.set_random_seed(0)
+    kt.Trainer(helpers.build_model, strategy="one_device", verbose=0).fit(
+        x, y, batch_size=16, epochs=2, shuffle=False, validation_data=(x[:32], y[:32]),
+        callbacks=[ours])
+    assert ours.calls == theirs.calls
+    assert ours.calls[0] == "test_begin"

@@ -175,15 +175,30 @@ class StopOnNonFinite(Action):
 
 class Validation(Action):
     """At the end of every `every`-th epoch, evaluates and adds `val_*` to the epoch's logs
-    (`validation_freq` in `model.fit`)."""
+    (`validation_freq` in `model.fit`). The callbacks' test hooks run around it, as around
+    `model.fit`'s validation (TensorBoard writes `evaluation_*_vs_iterations` in
+    `on_test_end`); the batch hooks once, at the end, as in `Trainer.evaluate`."""
 
-    def __init__(self, evaluate, every=1):
+    def __init__(self, evaluate, every=1, steps=None, callbacks=None):
         self.evaluate = evaluate  # () -> logs
         self.every = cadence.Every(epochs=every)
+        self.steps = steps
+        self.callbacks = callbacks  # a keras CallbackList, or None
+
+    def with_callbacks(self, callbacks):
+        return Validation(self.evaluate, self.every.epochs, self.steps, callbacks)
 
     def __call__(self, p):
         if p.epoch_end and self.every.at_epoch_end(p.epoch):
-            p.logs.update({f"val_{k}": v for k, v in self.evaluate().items()})
+            hooks = self.callbacks
+            if hooks is not None:
+                hooks.on_test_begin()
+                hooks.on_test_batch_begin(0)
+            logs = self.evaluate()
+            if hooks is not None:
+                hooks.on_test_batch_end((self.steps or 1) - 1, logs)
+                hooks.on_test_end(logs)
+            p.logs.update({f"val_{k}": v for k, v in logs.items()})
 
 
 class Summaries(Action):

@@ -132,7 +132,7 @@ class Epochs:
         listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
                   self.recovery or actions_lib.StopOnNonFinite(self.model)]
         if validation is not None:
-            listed.append(validation)
+            listed.append(validation.with_callbacks(callback_list))
         # Listed on every task: only the chief's monitor has a writer, but every worker
         # of a multi-worker job must end its loops at the same log steps (a loop that
         # reads on to the data's end alone waits forever for the others' collectives).
