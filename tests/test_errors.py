@@ -163,6 +163,30 @@ def test_subclassed_model_outside_scope_asks_for_a_factory(two_cpus):
         kt.Trainer(model, dataset_fn, strategy={"name": "mirrored", **two_cpus})
 
 
+def test_a_model_function_returning_a_model_built_outside_the_scope_is_refused(two_cpus):
+    # A builder returning a model made before the Trainer (a global, a closure): under
+    # mirrored the replicas cannot share its weights, and Keras failed with a bare
+    # AssertionError deep in the step. Weights only read (an adapted Normalization made
+    # outside) still train, as they always did.
+    outside = helpers.build_model()
+    with pytest.raises(ValueError, match=r"returned a model whose weights were made outside "
+                                         r"the strategy's scope.*Build the model inside"):
+        kt.Trainer(lambda: outside, dataset_fn, strategy={"name": "mirrored", **two_cpus},
+                   verbose=0).fit()
+    x, y = helpers.arrays(32)
+    norm = keras.layers.Normalization()
+    norm.adapt(x)
+
+    def with_outside_norm():
+        model = keras.Sequential([keras.Input((x.shape[1],)), norm, keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        return model
+
+    history = kt.Trainer(with_outside_norm, strategy={"name": "mirrored", **two_cpus},
+                         verbose=0).fit(x, y, batch_size=8)
+    assert len(history.history["loss"]) == 1
+
+
 def test_bad_arguments_show_the_value():
     with pytest.raises(ValueError, match=r"steps_per_loop=0"):
         kt.Trainer(helpers.build_model, dataset_fn, strategy="default", steps_per_loop=0)

@@ -62,10 +62,7 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
     elif callable(model):
         with _explained(built):
             instance = model()
-        if not isinstance(instance, keras.Model):
-            raise TypeError(
-                "The model function must return a keras.Model. "
-                f"Received: an object of type {type(instance).__name__} from {model!r}")
+        _check_built_by_function(instance, model, built)
     else:
         raise TypeError(
             "`model` must be a compiled keras.Model or a zero-argument function returning one. "
@@ -108,6 +105,25 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
     if instance.optimizer is not None and own_step:
         _check_accumulation(instance.optimizer, built.name)
     return instance
+
+
+def _check_built_by_function(instance, model, built):
+    """What the model function `model` returned is a Keras model the strategy can train."""
+    if not isinstance(instance, keras.Model):
+        raise TypeError(
+            "The model function must return a keras.Model. "
+            f"Received: an object of type {type(instance).__name__} from {model!r}")
+    if built.name in ("mirrored", "multi_worker_mirrored") and not all(
+            _created_in_scope(built.strategy, v) for v in instance.trainable_variables):
+        # Replicas would each update a weight that is not theirs (Keras failed with a bare
+        # AssertionError deep in the step); weights only read (an adapted Normalization's)
+        # may come from outside.
+        raise ValueError(
+            "The model function returned a model whose weights were made outside the "
+            "strategy's scope (a model built before the Trainer, e.g. a global the function "
+            "returns): the replicas cannot share them. Build the model inside the function, "
+            "or pass the model itself (`Trainer(model, ...)`), which kerastrain copies into "
+            f"the scope. Received: model {instance.name!r} from {model!r}")
 
 
 def _own_step_with_parts_built(model) -> bool:
