@@ -179,6 +179,26 @@ def test_kubernetes_manifest_structure(capsys):
         assert container["livenessProbe"]["exec"]["command"][:2] == ["python", "-c"]
 
 
+def test_an_exported_job_that_would_fail_in_every_task_is_refused_saying_what_to_do(capsys):
+    # Each of these printed a manifest or script whose every task failed at start (a ps
+    # recipe without ps replicas: "TF_CONFIG has no `ps` tasks"), or that Slurm rejects.
+    for args, said in [
+            (["k8s", "recipes/parameter_server.yaml", "--workers", "2"],
+             "the recipe's strategy is 'ps', which needs parameter servers: pass --ps N"),
+            (["k8s", "recipes/multi_worker.yaml", "--workers", "2", "--ps", "1"],
+             "--ps 1 gives parameter servers to a recipe whose strategy is "
+             "'multi_worker_mirrored', which does not use them: drop --ps"),
+            (["slurm", "recipes/multi_worker.yaml", "--nodes", "0"],
+             "`--nodes` must be an int >= 1 (one worker each). Received: --nodes 0")]:
+        assert cli.main(["export", *args, "--volume", "runs"] if args[0] == "k8s" else
+                        ["export", *args]) == 2, args
+        assert said in capsys.readouterr().err, args
+    # An `auto` recipe takes its strategy from TF_CONFIG: parameter servers are its choice.
+    assert cli.main(["export", "k8s", "recipes/quickstart.yaml", "--workers", "2", "--ps",
+                     "1", "--volume", "runs"]) == 0
+    assert "PS" in yaml.safe_load(capsys.readouterr().out)["spec"]["tfReplicaSpecs"]
+
+
 @pytest.mark.parametrize("recipe", ["multi_worker", "parameter_server", "embeddings"])
 def test_each_cluster_recipe_exports_a_job_that_keeps_its_work(recipe, capsys, tmp_path):
     """A local model_dir is refused (a rescheduled chief would start over); a URL stays as

@@ -497,7 +497,7 @@ def _export(args):
             args.recipe, workers=args.workers, ps=args.ps, chief=args.chief,
             evaluator=args.evaluator, image=args.image or manifests.IMAGE, name=args.name,
             namespace=args.namespace, sets=args.set, model_dir=model_dir,
-            volume=args.volume)), end="")
+            volume=args.volume, strategy=recipe.strategy["name"])), end="")
     else:
         print(manifests.slurm_script(args.recipe, nodes=args.nodes, sets=args.set,
                                      model_dir=model_dir), end="")

@@ -21,6 +21,7 @@ def _name(text):
 
 
 from kerastrain import __version__
+from kerastrain._options import is_int
 
 IMAGE = f"kerastrain:{__version__}"  # what the Dockerfile builds (docs/clusters.md)
 MOUNT = "/kerastrain-shared"  # where `--volume` mounts the shared claim in every replica
@@ -56,7 +57,7 @@ def shared_model_dir(model_dir, volume=None, *, target="k8s"):
 
 def tfjob(recipe_path, *, workers, ps=0, chief=False, evaluator=False,
           image=IMAGE, name=None, namespace=None, sets=(), model_dir=None, volume=None,
-          cpu="2", memory="4Gi", gpus=0, restart_policy="OnFailure") -> dict:
+          cpu="2", memory="4Gi", gpus=0, restart_policy="OnFailure", strategy="auto") -> dict:
     """A `kubeflow.org/v1` TFJob running the recipe on every replica.
 
     Parameter-server jobs get a Chief (the coordinator). The recipe file must be
@@ -67,6 +68,7 @@ def tfjob(recipe_path, *, workers, ps=0, chief=False, evaluator=False,
     """
     if workers < 1:
         raise ValueError(f"`workers` must be >= 1. Received: workers={workers}")
+    _check_ps_for(strategy, ps)
     shared = shared_model_dir(model_dir, volume)
     command = ["kerastrain", "run", recipe_path]
     for item in sets:
@@ -111,6 +113,18 @@ def tfjob(recipe_path, *, workers, ps=0, chief=False, evaluator=False,
             "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": specs}}
 
 
+def _check_ps_for(strategy, ps):
+    """Parameter servers exactly where the recipe's strategy (`strategy.name`) uses them: a
+    mismatch would fail in every pod at start ("TF_CONFIG has no `ps` tasks")."""
+    if strategy == "ps" and ps < 1:
+        raise ValueError("export k8s: the recipe's strategy is 'ps', which needs parameter "
+                         f"servers: pass --ps N (N >= 1). Received: --ps {ps}")
+    if ps and strategy not in ("ps", "auto"):
+        raise ValueError(f"export k8s: --ps {ps} gives parameter servers to a recipe whose "
+                         f"strategy is {strategy!r}, which does not use them: drop --ps, or "
+                         f"--set strategy.name=ps. Received: --ps {ps}")
+
+
 def dump(manifest) -> str:
     return yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
 
@@ -125,6 +139,9 @@ def slurm_script(recipe_path, *, nodes, sets=(), time_limit="01:00:00", model_di
     `model_dir` must be on a file system every node mounts: none, or one in a node's
     /tmp, is refused.
     """
+    if not is_int(nodes, 1):
+        raise ValueError(f"export slurm: `--nodes` must be an int >= 1 (one worker each). "
+                         f"Received: --nodes {nodes}")
     if not model_dir or model_dir.split("/")[1:2] in (["tmp"], ["dev"]) or \
             model_dir.startswith("/var/tmp"):
         raise ValueError(
