@@ -1,7 +1,9 @@
-"""Option dataclasses: one field declares an option's default, check and doc; coercion.
+"""Options: one dataclass field declares an option's default, check and doc.
 
 The recipe schema and its commented template (`kerastrain.cli.config`) are generated
-from these fields, so an option's default is written in exactly one place.
+from these fields, and `Trainer` and `fit` check their arguments by the same fields
+(`check_arguments`), so an option's default and allowed values are written in one place;
+a recipe error and a Python error word the same check in YAML's and Python's words.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ def option(default=None, doc: str = "", *, check=None, example=None, section=Non
     Args:
         default: the option's default (its one and only statement).
         doc: one line for the template's comment and error messages.
-        check: `value -> value`, raising `config._Bad(expected)` (recipe sections whose
-            dataclass does not check itself in `__post_init__`).
+        check: `value -> value`, raising `Bad(expected)` (from the check builders below:
+            `ints`, `choice`, `number`...; recipe sections whose dataclass does not check
+            itself in `__post_init__`).
         example: a value the template shows for a required option (no default).
         section: the option dataclass of a nested recipe section.
     """
@@ -68,12 +71,9 @@ def check_choice(name: str, value, choices):
     A bool is a choice only where one is listed (Python counts True as 1, so `verbose=True`
     would otherwise pass for 1).
     """
-    listed = any(value == c and isinstance(value, bool) == isinstance(c, bool)
-                 for c in choices if c is not None) or (value is None and None in choices)
-    if not listed:
-        names = [repr(c) for c in choices]
-        wanted = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-        raise ValueError(f"`{name}` must be {wanted}. Received: {name}={value!r}")
+    if not _listed(value, choices):
+        raise ValueError(f"`{name}` must be {_or_list([repr(c) for c in choices])}. "
+                         f"Received: {name}={value!r}")
 
 
 def check_int(name: str, value, *, minimum=None, optional=False, also=None):
@@ -114,3 +114,162 @@ def coerce(cls, value, argument: str):
         return cls(**value)
     raise TypeError(f"`{argument}` must be True, False, a dict of options or {cls.__name__}. "
                     f"Received: {argument}={value!r}")
+
+
+# -- checks shared by recipe keys and Python arguments -----------------------------------------
+# Each builder returns `check(value) -> value`, raising `Bad` with what was expected, in a
+# recipe's words (null, true) and in Python's (None, True).
+
+class Bad(Exception):
+    """A value a check refuses: `expected` in YAML's words, `python` in Python's."""
+
+    def __init__(self, expected: str, python: str | None = None):
+        super().__init__(expected)
+        self.expected = expected
+        self.python = python if python is not None else _python_words(expected)
+
+
+def _python_words(text: str) -> str:
+    import re
+    words = {"null": "None", "true": "True", "false": "False"}
+    return re.sub(r"\b(null|true|false)\b", lambda m: words[m.group(1)], text)
+
+
+def _listed(value, choices) -> bool:
+    """`value` is one of `choices`; a bool only where one is listed (Python counts True as 1)."""
+    return any(value == c and isinstance(value, bool) == isinstance(c, bool)
+               for c in choices if c is not None) or (value is None and None in choices)
+
+
+def _or_list(names) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def ints(minimum=None, optional=False):
+    """An int (never a bool) >= `minimum`; with `optional`, also null."""
+    def check(value):
+        if (value is None and optional) or is_int(value, minimum):
+            return value
+        raise Bad(f"an int{'' if minimum is None else f' >= {minimum}'}"
+                  f"{' or null' if optional else ''}")
+    return check
+
+
+def choice(*choices, extra=None, recipe=None):
+    """One of `choices`, or what the check `extra` accepts. `recipe` words the choices for
+    a recipe's error where YAML spells them otherwise."""
+    def check(value):
+        if _listed(value, choices):
+            return value
+        if extra is not None:
+            try:
+                return extra(value)
+            except Bad:
+                pass
+        more = " or an int >= 1" if extra else ""
+        listed = ", ".join("null" if c is None else repr(c) for c in choices)
+        raise Bad(recipe or f"one of {listed}{more}",
+                  _or_list([repr(c) for c in choices]) + more)
+    return check
+
+
+def booleans(optional=False):
+    def check(value):
+        if (value is None and optional) or isinstance(value, bool):
+            return value
+        raise Bad("true or false" + (" or null" if optional else ""))
+    return check
+
+
+def strings(optional=False):
+    """A non-empty string; with `optional`, also null."""
+    def check(value):
+        if (value is None and optional) or (isinstance(value, str) and value):
+            return value
+        raise Bad("a non-empty string" + (" or null" if optional else ""))
+    return check
+
+
+def numbers(above=None, optional=False):
+    """A finite number (never a bool) over `above`; with `optional`, also null."""
+    def check(value):
+        if (value is None and optional) or is_number(value, above=above):
+            return value
+        raise Bad("a number" + ("" if above is None else f" > {above:g}")
+                  + (" or null" if optional else ""))
+    return check
+
+
+def _jit_compile(value):
+    return choice(None, "auto", True, False, recipe="true, false, auto or null")(value)
+
+
+def _stall_timeout(value):
+    if value is None or value == "auto" or is_number(value, above=0):
+        return value
+    raise Bad("'auto', a number of seconds > 0, or null (never)")
+
+
+def _model_dir(value):
+    value = strings(optional=True)(value)
+    if value is not None:
+        from kerastrain.io import files  # pure Python: TensorFlow is not asked here
+        advice = files.scheme_advice(value, ask_tensorflow=False)
+        if advice:
+            raise Bad("a local path or a URL whose file system TensorFlow implements "
+                      f"('{files.scheme(value)}://': {advice})")
+    return value
+
+
+def check_arguments(cls, **values):
+    """Check Python arguments by the checks of `cls`'s fields of the same names.
+
+    Raises:
+        ValueError: "`name` must be <what the field accepts>. Received: name=value".
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name, value in values.items():
+        try:
+            fields[name].metadata["check"](value)
+        except Bad as e:
+            raise ValueError(f"`{name}` must be {e.python}. Received: {name}={value!r}") from None
+
+
+# -- the training loop's options: `Trainer`'s and `fit`'s arguments, a recipe's `trainer:` -----
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    epochs: int = option(1, "epochs to train", check=ints(0))
+    steps_per_epoch: int | None = option(None, "null: to the end of the data",
+                                         check=ints(1, optional=True))
+    validation_steps: int | None = option(None, "null: all the validation data",
+                                          check=ints(1, optional=True))
+    steps_per_loop: int | str = option("auto", "steps per compiled call",
+                                       check=choice("auto", extra=ints(1)))
+    seed: int | None = option(None, "seeds Python, NumPy, TensorFlow and Keras",
+                              check=ints(0, optional=True))
+    model_dir: str | None = option(None, "checkpoints, logs, export and the resolved recipe go "
+                                         "here; reruns resume (a path, or a URL such as gs://)",
+                                   check=_model_dir)
+    verbose: int | str = option("auto", "0 silent, 1 progress bar, 2 one line per epoch",
+                                check=choice(0, 1, 2, "auto"))
+    jit_compile: bool | str | None = option(
+        None, "XLA for each step; null follows the model's compile setting; auto: on with a "
+              "GPU (Keras's rule), off under strategies that place variables",
+        check=_jit_compile)
+    mixed_precision: str | None = option(
+        None, "null, mixed_float16 (with loss scaling) or mixed_bfloat16",
+        check=choice(None, "mixed_float16", "mixed_bfloat16"))
+    on_nonfinite: str = option(
+        "stop", "a NaN/inf loss: stop, or recover (restore the last good checkpoint or epoch "
+                "start, skip the bad batch, go on)", check=choice("stop", "recover"))
+    max_recoveries: int = option(3, "with recover: recoveries per run before it gives up",
+                                 check=ints(1))
+    spike_factor: float | None = option(
+        None, "with recover: also a loop loss over k x the running median (null: off)",
+        check=numbers(above=1, optional=True))
+    stall_timeout: float | str | None = option(
+        "auto", "a task with no training progress for this long writes who stalled and its "
+                "stacks, and exits 75 (auto: multi-worker and ps only, max(5 min, 20 x the slowest "
+                "loop); null: never)",
+        check=_stall_timeout)

@@ -8,7 +8,7 @@ import logging
 
 from kerastrain import _compat
 from kerastrain import _logging
-from kerastrain._options import check_choice, check_int
+from kerastrain._options import TrainerConfig, check_arguments, check_int
 from kerastrain.data import feeds as feeds_lib
 from kerastrain.data import fit_args
 from kerastrain.data import inputs as data_lib
@@ -29,7 +29,6 @@ from kerastrain.loop import state as state_lib
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.loop import workdir as workdir_lib
 from kerastrain.step import instances
-from kerastrain.step import precision
 
 logger = logging.getLogger("kerastrain")
 
@@ -114,9 +113,10 @@ class Trainer:
         if dataset_fn is not None:
             data_lib.input_form(dataset_fn)
         self._shard = sharding.check_policy(shard)
-        _check_init_options(steps_per_loop=steps_per_loop, verbose=verbose,
-                            jit_compile=jit_compile, seed=seed, writers=writers)
-        self._precision = precision.check(mixed_precision)
+        check_arguments(TrainerConfig, steps_per_loop=steps_per_loop, verbose=verbose,
+                        jit_compile=jit_compile, seed=seed, mixed_precision=mixed_precision)
+        _check_writers(writers)
+        self._precision = mixed_precision
         self._nonfinite = dict(on_nonfinite=on_nonfinite, max_recoveries=max_recoveries,
                                spike_factor=spike_factor)
         recovery_lib.check_options(**self._nonfinite)
@@ -436,19 +436,15 @@ class Trainer:
         return self._state.evaluate(eval_input, steps, beat=self._epochs and self._epochs.beat)
 
 
-def _check_counts(**counts):
-    """`epochs` and `initial_epoch` are ints >= 0; the other counts ints >= 1 or None."""
-    for name, value in counts.items():
-        at_least_one = name not in ("epochs", "initial_epoch")
-        check_int(name, value, minimum=int(at_least_one), optional=at_least_one)
+def _check_counts(*, epochs, steps_per_epoch, validation_steps, initial_epoch, validation_freq):
+    """fit's counts: those a recipe's `trainer:` has by their `TrainerConfig` fields."""
+    check_arguments(TrainerConfig, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                    validation_steps=validation_steps)
+    check_int("initial_epoch", initial_epoch, minimum=0)
+    check_int("validation_freq", validation_freq, minimum=1)
 
 
-def _check_init_options(*, steps_per_loop, verbose, jit_compile, seed, writers):
-    if steps_per_loop != "auto":
-        check_int("steps_per_loop", steps_per_loop, minimum=1, also="'auto'")
-    check_choice("verbose", verbose, callbacks_lib.VERBOSE)
-    check_choice("jit_compile", jit_compile, (None, "auto", True, False))
-    check_int("seed", seed, optional=True)
+def _check_writers(writers):
     for w in writers or []:
         if not isinstance(w, summaries.MetricWriter):
             raise TypeError("`writers` must be kerastrain.io.summaries.MetricWriter instances. "

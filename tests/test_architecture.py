@@ -244,6 +244,46 @@ def test_a_recipe_option_and_its_python_argument_have_one_default():
     assert not unmatched, unmatched
 
 
+def test_the_trainer_and_fit_check_each_option_by_its_recipe_field():
+    """One source for what an option accepts: for every `trainer:` key, a value its
+    `TrainerConfig` field refuses is refused by `Trainer(...)` or `fit(...)` with the words
+    of that field's check (`model_dir` alone is checked by `files.normalize_model_dir`,
+    which also takes `os.PathLike` objects, that no recipe can hold)."""
+    import dataclasses
+
+    import keras
+    import pytest
+
+    from kerastrain import _options, trainer
+
+    def refused(field):
+        for probe in (-1, 0, "x", True, 0.5, 1.5, [1]):
+            try:
+                field.metadata["check"](probe)
+            except _options.Bad as e:
+                return probe, e.python
+        raise AssertionError(f"no probe value is refused by {field.name}")
+
+    def build():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    fit_args = {"epochs", "steps_per_epoch", "validation_steps"}
+    fitted = trainer.Trainer(build, strategy="one_device", checkpoint=False, tensorboard=False)
+    for field in dataclasses.fields(_options.TrainerConfig):
+        if field.name == "model_dir":
+            continue
+        value, words = refused(field)
+        expected = f"`{field.name}` must be {words}. Received: {field.name}={value!r}"
+        with pytest.raises(ValueError) as raised:
+            if field.name in fit_args:
+                fitted.fit(([[0.0, 0.0]], [[0.0]]), **{field.name: value})
+            else:
+                trainer.Trainer(build, strategy="one_device", **{field.name: value})
+        assert str(raised.value) == expected, (field.name, str(raised.value))
+
+
 def test_the_trainer_asks_its_mode_instead_of_testing_the_strategy():
     """What differs between kinds of strategy lives in `kerastrain.loop.modes`; the
     Trainer and its training state only hand the strategy's kind on to the run state."""

@@ -9,7 +9,7 @@ import yaml
 
 import helpers
 from kerastrain.cli import command as cli
-from kerastrain.cli import config
+from kerastrain.cli import config, template
 from kerastrain.cli import recipes
 
 RECIPES = sorted(glob.glob(os.path.join(helpers.REPO, "recipes", "*.yaml")))
@@ -146,7 +146,7 @@ def test_yaml_scalars_follow_yaml_1_2(tmp_path):
 def test_template_validates_and_names_every_key(tmp_path, capsys):
     assert cli.main(["run", "--print-config"]) == 0
     text = capsys.readouterr().out
-    assert text == config.template()
+    assert text == template.template()
     recipe, _ = recipes.load(_write_text(tmp_path, text), [])
     assert recipe.trainer.epochs == 1
     for section, spec in config.schema().items():
@@ -164,7 +164,7 @@ def test_schema_and_template_take_defaults_and_docs_from_the_option_dataclasses(
     monkeypatch.setattr(keep, "default", 9)
     assert config.schema()["trainer"].section["epochs"].default == 7
     assert config.schema()["trainer"].section["epochs"].doc == "how many epochs, changed"
-    text = config.template()
+    text = template.template()
     assert re.search(r"^  epochs: 7 +# how many epochs, changed$", text, re.M)
     assert re.search(r"^  max_to_keep: 9 +#", text, re.M)
 

@@ -8,7 +8,7 @@ import pytest
 
 import helpers
 import kerastrain as kt
-from kerastrain.cli import config
+from kerastrain.cli import config, template
 from kerastrain.cli import recipes
 from kerastrain.loop import recovery
 from test_monitoring import read_scalars
@@ -140,8 +140,8 @@ def test_options_are_checked_with_the_value_received():
                  "trainer.max_recoveries: expected an int >= 1. Received: 0",
                  "trainer.spike_factor: expected a number > 1 or null. Received: 0.5"):
         assert line in text, text
-    template = config.template()
-    assert "  on_nonfinite: stop " in template and "  max_recoveries: 3 " in template
+    written = template.template()
+    assert "  on_nonfinite: stop " in written and "  max_recoveries: 3 " in written
     tree["trainer"] = {"spike_factor": 10}
     with pytest.raises(config.RecipeError, match="trainer.spike_factor: acts only with "
                                                  "trainer.on_nonfinite: recover"):

@@ -17,7 +17,7 @@ import pytest
 import _service_worker
 import helpers
 import kerastrain as kt
-from kerastrain.cli import config
+from kerastrain.cli import config, template
 from kerastrain.data import service
 
 N, BATCH = 512, 16
@@ -67,7 +67,7 @@ def test_recipe_data_service_key_parses_and_is_checked():
         config.validate(bad, imports=False)
     assert "data.service: expected null, 'local', 'grpc://host:port' or a mapping" in str(e.value)
     assert "Received: workers=-1" in str(e.value)
-    assert "service:" in config.template()
+    assert "service:" in template.template()
 
 
 def test_local_service_is_isolated_by_kerastrain_run_and_multi_worker_mirrored_is_refused():

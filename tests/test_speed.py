@@ -7,7 +7,7 @@ import pytest
 from helpers import FEATURES, arrays, build_model
 
 import kerastrain as kt
-from kerastrain.cli import config
+from kerastrain.cli import config, template
 from kerastrain.distribute import strategies
 from kerastrain.data import pipelines
 from kerastrain.loop import tuning
@@ -376,7 +376,7 @@ def test_recipe_takes_the_speed_options():
     text = str(e.value)
     assert "trainer.jit_compile" in text and "trainer.mixed_precision" in text
     assert "tuning.input_options" in text
-    assert "tuning:" in config.template()
+    assert "tuning:" in template.template()
 
 
 def test_compiled_metric_results_read_a_variable_returned_by_result():

@@ -322,7 +322,7 @@ def _raw_tree(args) -> dict:
 
 
 def _run(args, train):
-    from kerastrain.cli import config
+    from kerastrain.cli import config, template
     from kerastrain.distribute import network
     from kerastrain.cli import recipes
     from kerastrain.data import service
@@ -330,7 +330,7 @@ def _run(args, train):
 
     if args.recipe is None:
         if getattr(args, "print_config", False):
-            print(config.template(), end="")
+            print(template.template(), end="")
             return 0
         print("kerastrain: error: `run` needs a RECIPE file (or --print-config for a template)",
               file=sys.stderr)

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import re
 from typing import Any, Callable, Mapping
 
-from kerastrain._options import REQUIRED, default_of, is_int, is_number, option
+from kerastrain._options import REQUIRED, Bad, TrainerConfig, default_of, is_number
+from kerastrain.cli.sections import (BuilderConfig, CompileConfig, DataConfig, ModelConfig,
+                                     Recipe, _import_path, _import_path_unimported,
+                                     resolve)
 
 # Keras's built-in optimizers and learning-rate schedules, by the names recipes use.
 # (Checked by name here, so that a typo fails before TensorFlow is imported.)
@@ -64,11 +66,9 @@ class RecipeError(ValueError):
         super().__init__("\n".join([head] + [f"  {p}" for p in self.problems]))
 
 
-# -- checks: each returns the checked value or raises _Bad(expected) -------------------------
-
-class _Bad(Exception):
-    pass
-
+# -- checks: each returns the checked value or raises Bad(expected) --------------------------
+# (ints, choices, numbers: `kerastrain._options`, shared with the Trainer's arguments; import
+# paths and the sections' own: `kerastrain.cli.sections`)
 
 def _describe(value):
     if isinstance(value, str):
@@ -78,248 +78,6 @@ def _describe(value):
     if value is None:
         return "null"
     return repr(value)
-
-
-def _int(minimum=None, optional=False):
-    def check(value):
-        if value is None and optional:
-            return None
-        if not is_int(value):
-            raise _Bad(f"an int{'' if minimum is None else f' >= {minimum}'}"
-                       f"{' or null' if optional else ''}")
-        if minimum is not None and value < minimum:
-            raise _Bad(f"an int >= {minimum}")
-        return value
-    return check
-
-
-def _choice(*choices, extra=None):
-    def check(value):
-        if value in choices and not isinstance(value, bool):
-            return value
-        if extra is not None:
-            try:
-                return extra(value)
-            except _Bad:
-                pass
-        listed = ", ".join(_describe(c) for c in choices)
-        raise _Bad(f"one of {listed}" + (" or an int >= 1" if extra else ""))
-    return check
-
-
-def _jit(value):
-    if value is None or isinstance(value, bool) or value == "auto":
-        return value
-    raise _Bad("true, false, auto or null")
-
-
-def _bool(optional=False):
-    def check(value):
-        if value is None and optional:
-            return None
-        if not isinstance(value, bool):
-            raise _Bad("true or false" + (" or null" if optional else ""))
-        return value
-    return check
-
-
-def _string(optional=False):
-    def check(value):
-        if value is None and optional:
-            return None
-        if not isinstance(value, str) or not value:
-            raise _Bad("a non-empty string" + (" or null" if optional else ""))
-        return value
-    return check
-
-
-def _model_dir(value):
-    value = _string(optional=True)(value)
-    if value is not None:
-        from kerastrain.io import files  # pure Python: TensorFlow is not asked here
-        advice = files.scheme_advice(value, ask_tensorflow=False)
-        if advice:
-            raise _Bad("a local path or a URL whose file system TensorFlow implements "
-                       f"('{files.scheme(value)}://': {advice})")
-    return value
-
-
-def _number_over_one(value):
-    if value is None:
-        return None
-    if not is_number(value, above=1):
-        raise _Bad("a number > 1 or null")
-    return value
-
-
-def _stall_timeout(value):
-    if value is None or value == "auto":
-        return value
-    if not is_number(value, above=0):
-        raise _Bad("'auto', a number of seconds > 0, or null (never)")
-    return value
-
-
-def _service(value):
-    from kerastrain.data import service  # pure Python until a Trainer starts it
-    try:
-        options = service.ServiceOptions.coerce(value)
-    except (ValueError, TypeError) as e:
-        raise _Bad(f"null, 'local', 'grpc://host:port' or a mapping ({e})") from None
-    return None if options is None else dataclasses.asdict(options)
-
-
-def _mapping(value):
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise _Bad("a mapping of keyword arguments")
-    return dict(value)
-
-
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-
-
-def resolve(path: str) -> Callable:
-    """Import `package.module:attribute`; raise _Bad with the reason if it does not resolve."""
-    if not isinstance(path, str) or not _IMPORT_PATH.match(path):
-        raise _Bad("an import path 'package.module:function'")
-    module_name, attribute = path.split(":")
-    try:
-        obj = importlib.import_module(module_name)
-    except Exception as e:  # the user's module may fail in any way while importing
-        raise _Bad(f"an importable module; importing {module_name!r} failed with "
-                   f"{type(e).__name__}: {e}") from None
-    for part in attribute.split("."):
-        if not hasattr(obj, part):
-            names = [n for n in dir(obj) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise _Bad(f"a name defined in {module_name!r}; it has no {part!r}{hint}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise _Bad(f"a callable; {path!r} is a {type(obj).__name__}")
-    return obj
-
-
-def _import_path(value):
-    resolve(value)
-    return value
-
-
-def _import_path_unimported(value):
-    """`_import_path` for `validate --no-import`: the form only, the module is not imported."""
-    if not isinstance(value, str) or not _IMPORT_PATH.match(value):
-        raise _Bad("an import path 'package.module:function'")
-    return value
-
-
-def _as_given(value):
-    return value  # checked as a whole elsewhere (`_check_compile`)
-
-
-# -- the config objects: each field states its default, check and doc once -------------
-
-@dataclasses.dataclass(frozen=True)
-class BuilderConfig:
-    """A function named by import path, with keyword arguments."""
-    builder: str = option(REQUIRED, "import path 'package.module:function'", check=_import_path,
-                          example="kerastrain.examples:synthetic_data")
-    args: Mapping[str, Any] = option({}, "keyword arguments for the builder", check=_mapping)
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileConfig:
-    """Overrides of what the model builder compiled (None: keep the builder's)."""
-    optimizer: Any = option(None, "'adam', or {name: adam, learning_rate: 0.001}; learning_rate "
-                                  "may be {schedule: cosine_decay, ...}; lazy_adam, lazy_adamw, "
-                                  "lazy_adagrad, lazy_lion update only an embedding's touched "
-                                  "rows", check=_as_given)
-    loss: Any = option(None, "a Keras loss name, or {name: ..., **kwargs}; null keeps the "
-                             "builder's", check=_as_given)
-    metrics: tuple | None = option(None, "a list of Keras metric names; null keeps the builder's",
-                                   check=_as_given)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    builder: str = option(REQUIRED, "returns a keras.Model (compiled, or compiled via "
-                                    "model.compile)", check=_import_path,
-                          example="kerastrain.examples:build_mlp")
-    args: Mapping[str, Any] = option({}, "keyword arguments for the builder", check=_mapping)
-    compile: CompileConfig = option(CompileConfig(), "overrides of what the builder compiled; "
-                                                     "omit to keep the builder's",
-                                    section=CompileConfig)
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    train: BuilderConfig = option(REQUIRED, "training data: the builder returns NumPy arrays "
-                                            "(x, y), a tf.data.Dataset, a function of no "
-                                            "arguments, or a dataset_fn(ctx)",
-                                  section=BuilderConfig)
-    validation: BuilderConfig | None = option(None, "validation data (optional), same forms",
-                                              section=BuilderConfig)
-    batch_size: int | None = option(None, "global batch size: for NumPy data (default 32), and "
-                                          "passed to builders that take `batch_size`",
-                                    check=_int(1, optional=True))
-    shard: str = option("auto", "sharding across workers: auto, file, data or off",
-                        check=_choice("auto", "file", "data", "off"))
-    service: Any = option(None, "tf.data service for the training data: null, local, "
-                                "grpc://host:port, or {dispatcher, workers, processing_mode}",
-                          check=_service)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainerConfig:
-    epochs: int = option(1, "epochs to train", check=_int(0))
-    steps_per_epoch: int | None = option(None, "null: to the end of the data",
-                                         check=_int(1, optional=True))
-    validation_steps: int | None = option(None, "null: all the validation data",
-                                          check=_int(1, optional=True))
-    steps_per_loop: int | str = option("auto", "steps per compiled call",
-                                       check=_choice("auto", extra=_int(1)))
-    seed: int | None = option(None, "seeds Python, NumPy, TensorFlow and Keras",
-                              check=_int(0, optional=True))
-    model_dir: str | None = option(None, "checkpoints, logs, export and the resolved recipe go "
-                                         "here; reruns resume (a path, or a URL such as gs://)",
-                                   check=_model_dir)
-    verbose: int | str = option("auto", "0 silent, 1 progress bar, 2 one line per epoch",
-                                check=_choice("auto", 0, 1, 2))
-    jit_compile: bool | str | None = option(
-        None, "XLA for each step; null follows the model's compile setting; auto: on with a "
-              "GPU (Keras's rule), off under strategies that place variables",
-        check=_jit)
-    mixed_precision: str | None = option(
-        None, "null, mixed_float16 (with loss scaling) or mixed_bfloat16",
-        check=_choice(None, "mixed_float16", "mixed_bfloat16"))
-    on_nonfinite: str = option(
-        "stop", "a NaN/inf loss: stop, or recover (restore the last good checkpoint or epoch "
-                "start, skip the bad batch, go on)", check=_choice("stop", "recover"))
-    max_recoveries: int = option(3, "with recover: recoveries per run before it gives up",
-                                 check=_int(1))
-    spike_factor: float | None = option(
-        None, "with recover: also a loop loss over k x the running median (null: off)",
-        check=_number_over_one)
-    stall_timeout: float | str | None = option(
-        "auto", "a task with no training progress for this long writes who stalled and its "
-                "stacks, and exits 75 (auto: multi-worker and ps only, max(5 min, 20 x the slowest "
-                "loop); null: never)",
-        check=_stall_timeout)
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """A validated recipe. `strategy` is `{"name": ..., **options}`; `checkpoints`,
-    `tensorboard` and `mlflow` are option mappings, True, or False when switched off."""
-    model: ModelConfig
-    data: DataConfig
-    strategy: Mapping[str, Any]
-    trainer: TrainerConfig = TrainerConfig()
-    checkpoints: Any = True
-    tensorboard: Any = True
-    tuning: Any = True
-    mlflow: Any = False
 
 
 # -- the schema, generated from the config objects ----------------------------------------
@@ -421,7 +179,7 @@ class _Checker:
                 if check is _import_path and not self.imports:
                     check = _import_path_unimported
                 out[key] = check(value[key])
-            except _Bad as e:
+            except Bad as e:
                 self.bad(path + (key,), value[key], e.args[0])
                 out[key] = spec.default
         return out
@@ -453,7 +211,7 @@ def _check_builder_args(checker, path, builder, args, injected=()):
     try:
         fn = resolve(builder)
         signature = inspect.signature(fn)
-    except (_Bad, TypeError, ValueError):
+    except (Bad, TypeError, ValueError):
         return
     params = signature.parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
@@ -506,7 +264,7 @@ def _check_compile(checker, value):
         if isinstance(name, str) and ":" in name:
             try:
                 (resolve if checker.imports else _import_path_unimported)(name)
-            except _Bad as e:
+            except Bad as e:
                 checker.bad(path + ("name",), name, e.args[0])
         elif not isinstance(name, str) or name.lower() not in OPTIMIZERS + LAZY_OPTIMIZERS:
             close = difflib.get_close_matches(str(name).lower(), OPTIMIZERS + LAZY_OPTIMIZERS,
@@ -630,70 +388,3 @@ def to_tree(recipe: Recipe) -> dict:
         del tree["data"]["validation"]
     return tree
 
-
-_HEADER = """\
-# A kerastrain recipe: every key, its default, and what it is for (docs/recipes.md).
-# Check it with `kerastrain validate RECIPE`, run it with `kerastrain run RECIPE`.
-# include: base.yaml          # optional: start from another recipe; this file's keys win
-"""
-_COMMENT_COLUMN = 30
-
-
-def _yaml_value(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
-    return str(value)
-
-
-def _line(indent, key, value, doc):
-    text = "  " * indent + f"{key}:" + (f" {value}" if value else "")
-    return f"{text:<{_COMMENT_COLUMN - 2}}  # {doc}" if doc else text
-
-
-def _template_lines(cls, indent=1):
-    lines = []
-    for f in dataclasses.fields(cls):
-        meta, default = f.metadata, default_of(f)
-        if meta.get("section") and default is not None:
-            lines.append(_line(indent, f.name, "", meta["doc"]))
-            lines.extend(_template_lines(meta["section"], indent + 1))
-        elif default is REQUIRED:
-            lines.append(_line(indent, f.name, _yaml_value(meta["example"]),
-                               "required: " + meta["doc"]))
-        else:
-            lines.append(_line(indent, f.name, _yaml_value(default), meta["doc"]))
-    return lines
-
-
-def template() -> str:
-    """Every key with its default and what it means: a recipe to start from.
-
-    Generated from the option dataclasses, so it always shows their defaults.
-    """
-    from kerastrain.io.checkpoints import CheckpointOptions
-    from kerastrain.io.summaries import TensorBoardOptions
-    from kerastrain.loop.tuning import TuningOptions
-
-    parts = [_HEADER]
-    for name, cls in (("model", ModelConfig), ("data", DataConfig)):
-        parts.append("\n".join([f"{name}:"] + _template_lines(cls)) + "\n")
-    parts.append(_line(0, "strategy", "auto", "or {name: mirrored, cpu_devices: 2}, "
-                                             "{name: ps, num_workers: 2}, ...") + "\n")
-    parts.append("\n".join(["trainer:"] + _template_lines(TrainerConfig)) + "\n")
-    for name, cls in (("checkpoints", CheckpointOptions), ("tensorboard", TensorBoardOptions),
-                      ("tuning", TuningOptions)):
-        head = _line(0, name, "", "or false" + ("" if name == "tuning" else
-                                               " (needs trainer.model_dir)"))
-        parts.append("\n".join([head] + _template_lines(cls)) + "\n")
-    from kerastrain.io.tracking import MLflowOptions
-    head = _line(0, "mlflow", "false", "or true, or these fields (pip install "
-                                      "'kerastrain[mlflow]')")
-    parts.append("\n".join([head] + ["# " + line for line in _template_lines(MLflowOptions)])
-                 + "\n")
-    return "\n".join(parts)

@@ -34,11 +34,9 @@ import numpy as np
 
 from kerastrain import _compat
 from kerastrain.loop import actions
-from kerastrain._options import is_number
 
 logger = logging.getLogger("kerastrain")
 
-ON_NONFINITE = ("stop", "recover")
 SPIKE_HISTORY = 20     # loops whose mean losses make the running median
 SPIKE_MIN_HISTORY = 5  # loops seen before a spike can be called one
 
@@ -48,20 +46,12 @@ class TooManyRecoveries(RuntimeError):
 
 
 def check_options(*, on_nonfinite, max_recoveries, spike_factor):
-    """Raise a ValueError naming the option and the value received."""
-    from kerastrain._options import check_int
-    if on_nonfinite not in ON_NONFINITE:
-        raise ValueError("`on_nonfinite` must be 'stop' (end training, the default) or 'recover' "
-                         "(restore the last good state and skip the bad batch). Received: "
-                         f"on_nonfinite={on_nonfinite!r}")
-    check_int("max_recoveries", max_recoveries, minimum=1)
-    if spike_factor is None:
-        return
-    if not is_number(spike_factor, above=1):
-        raise ValueError("`spike_factor` must be a number > 1 (a loop whose mean loss is over "
-                         "that many times the running median counts as bad) or None. "
-                         f"Received: spike_factor={spike_factor!r}")
-    if on_nonfinite != "recover":
+    """Raise a ValueError naming the option and the value received (each option by its
+    `TrainerConfig` field; then the rule between them)."""
+    from kerastrain._options import TrainerConfig, check_arguments
+    check_arguments(TrainerConfig, on_nonfinite=on_nonfinite, max_recoveries=max_recoveries,
+                    spike_factor=spike_factor)
+    if spike_factor is not None and on_nonfinite != "recover":
         raise ValueError("`spike_factor` acts only with on_nonfinite='recover': set it, or "
                          f"remove spike_factor. Received: spike_factor={spike_factor!r}, "
                          f"on_nonfinite={on_nonfinite!r}")

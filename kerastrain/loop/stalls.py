@@ -31,7 +31,6 @@ import sys
 import threading
 import time
 
-from kerastrain._options import is_number
 
 logger = logging.getLogger("kerastrain")
 
@@ -49,15 +48,10 @@ class LostPeer(RuntimeError):
 
 
 def check(stall_timeout):
-    """`"auto"`, None (off) or a positive number of seconds."""
-    if stall_timeout is None or stall_timeout == "auto":
-        return stall_timeout
-    if not is_number(stall_timeout, above=0):
-        raise ValueError(
-            "`stall_timeout` must be 'auto' (the larger of 5 minutes and 20 x the slowest "
-            "loop), a positive number of seconds, or None (never). Received: "
-            f"stall_timeout={stall_timeout!r}")
-    return float(stall_timeout)
+    """`"auto"`, None (off) or a positive number of seconds (as a float)."""
+    from kerastrain._options import TrainerConfig, check_arguments
+    check_arguments(TrainerConfig, stall_timeout=stall_timeout)
+    return stall_timeout if stall_timeout in (None, "auto") else float(stall_timeout)
 
 
 def task_name() -> str:

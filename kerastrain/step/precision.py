@@ -16,15 +16,6 @@ import logging
 
 logger = logging.getLogger("kerastrain")
 
-POLICIES = ("mixed_float16", "mixed_bfloat16")
-
-
-def check(mixed_precision):
-    if mixed_precision is not None and mixed_precision not in POLICIES:
-        raise ValueError(f"`mixed_precision` must be None, 'mixed_float16' or 'mixed_bfloat16'. "
-                         f"Received: mixed_precision={mixed_precision!r}")
-    return mixed_precision
-
 
 @contextlib.contextmanager
 def policy(mixed_precision, model):
