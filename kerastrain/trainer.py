@@ -130,7 +130,7 @@ class Trainer:
         _logging.ensure_visible()
         # A model instance is read before the strategy exists (a ps cluster, once
         # connected, makes the instance's variables unreadable here).
-        detached = instances.detach(model)
+        detached, optimizer = instances.detach(model), instances.detach_optimizer(optimizer)
         # Checks names and options before TensorFlow does anything heavy.
         with stalls.connecting(self._stall_timeout, bool(stalls.cluster_workers())):
             built = strategies.build_strategy(strategy, strategy_options)

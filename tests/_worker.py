@@ -69,7 +69,12 @@ def run(job, out):
             model.predict(x, verbose=0)
             model.fit(x, y, batch_size=8, verbose=0)
         initial = model.get_weights()
+    if job.get("optimizer_object"):
+        # An optimizer object made the ordinary way, before the Trainer (and its cluster).
+        import keras
+        job["optimizer"] = keras.optimizers.Adam(learning_rate=job["optimizer_object"])
     trainer = kt.Trainer(model, dataset_fn, strategy=job["strategy"], seed=0,
+                         optimizer=job.get("optimizer"),
                          verbose=job.get("verbose", 0), model_dir=job.get("model_dir"),
                          steps_per_loop=job.get("steps_per_loop", "auto"),
                          tensorboard=job.get("tensorboard", True),
@@ -95,6 +100,8 @@ def run(job, out):
         "iterations": (int(trainer.model.optimizer.iterations.numpy())
                        if trainer.model.optimizer else None),
         "is_chief": trainer.is_chief,
+        "optimizer": [type(trainer.model.optimizer).__name__,
+                      float(trainer.model.optimizer.learning_rate.numpy())],
         "ckpt_background": getattr(trainer._state.run.checkpointer, "background", None),
         "stop_flag_device": trainer._state.stop_flag.device,
         # Every variable's place, or its shards' places when it is partitioned.

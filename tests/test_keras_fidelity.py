@@ -151,6 +151,30 @@ def test_the_users_model_instance_holds_the_trained_weights(strategy, prior, tmp
     helpers.check_use_after_fit(helpers.use_after_fit(model, trainer, tmp_path))
 
 
+def test_an_optimizer_state_that_does_not_fit_the_copy_is_said_and_left(caplog):
+    """A user's trained optimizer whose slots do not match those of the optimizer built for
+    kerastrain's copy of the model: a warning says the state starts fresh (that warning
+    itself raised a NameError), nothing is assigned."""
+    import helpers
+    from kerastrain.step import instances
+    user = _instance()
+    x, y = helpers.arrays(16)
+    user.fit(x, y, batch_size=8, verbose=0)
+    detached = instances.Detached(user)
+    copy = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(3),
+                             keras.layers.Dense(1)])
+    copy.compile(optimizer=type(user.optimizer)(), loss="mse")
+    copy.optimizer.build(copy.trainable_variables)
+    before = [v.numpy() for v in copy.optimizer.variables]
+    logging.getLogger("kerastrain").addHandler(caplog.handler)
+    try:
+        instances.carry_optimizer(copy, detached)
+    finally:
+        logging.getLogger("kerastrain").removeHandler(caplog.handler)
+    assert "its state does not fit the optimizer built for training here" in caplog.text
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, copy.optimizer.variables))
+
+
 def test_the_users_model_instance_is_updated_when_training_stops_early():
     """Diverged (a NaN label): the user's object holds the weights of the steps taken."""
     import helpers

@@ -44,6 +44,9 @@ def local_cluster(tmp_path_factory):
             # or repeated: the exact counts of check_result).
             "steps_per_loop": 5, "tuning": {"unroll_steps": True},
             "evaluate": True, "model_dir": str(tmp / "run"),
+            # `Adam(learning_rate=0.001)` is the model's own "adam", as an object made
+            # before the cluster starts.
+            "optimizer_object": 0.001,
             "tensorboard": {"log_every_steps": 6}},
         "fresh_restore": {
             "strategy": {"name": "ps", "num_workers": 2, "num_ps": 1},
@@ -113,6 +116,15 @@ def test_a_layer_that_counts_with_assign_add_counts_exactly_under_two_ps_workers
     result, _ = local_cluster["counting"]
     assert result["global_step"] == 3 * 512 // 16
     assert result["count"] == 3 * 512  # every example of every epoch, once
+
+
+def test_an_optimizer_object_made_before_the_trainer_trains_under_ps(local_cluster):
+    """`Trainer(build, strategy="ps", optimizer=keras.optimizers.Adam(1e-3))`: the object's
+    learning rate is a variable of this process, unreadable once it joined the cluster
+    ("Client for target /job:localhost/replica:0/task:0 not found")."""
+    result, _ = local_cluster["without_cluster"]
+    assert result["optimizer"] == ["Adam", pytest.approx(0.001)]  # float32
+    assert result["iterations"] == result["global_step"] > 0
 
 
 def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):

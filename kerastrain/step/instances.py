@@ -9,16 +9,21 @@ variable made before it on a device that is gone.
 
 from __future__ import annotations
 
+import logging
+
 import keras
 
 from kerastrain import _compat
 
+logger = logging.getLogger("kerastrain")
+
 
 class FromConfig:
-    """An optimizer or metric read as (class, config), to be made again in a scope."""
+    """An optimizer or metric read as (class, config), to be made again in a scope
+    (`original`: the object itself, used where no copy is needed)."""
 
     def __init__(self, obj):
-        self.cls, self.config = type(obj), obj.get_config()
+        self.cls, self.config, self.original = type(obj), obj.get_config(), obj
 
     def make(self):
         return self.cls.from_config(self.config)
@@ -67,6 +72,14 @@ def _as_config(obj):
 def detach(model):
     """`Detached(model)` for a model instance; None for a model function."""
     return Detached(model) if isinstance(model, keras.Model) else None
+
+
+def detach_optimizer(optimizer):
+    """An optimizer object given beside the model (`Trainer(optimizer=Adam(1e-3))`), read
+    before the strategy exists, as a model instance is: its learning rate is a variable that
+    a parameter-server cluster, once connected, makes unreadable here."""
+    return FromConfig(optimizer) if isinstance(optimizer, keras.optimizers.Optimizer) \
+        else optimizer
 
 
 def hand_back(trained, user_model, *, keep_functions=False):

@@ -303,6 +303,8 @@ def _check_accumulation(optimizer, strategy_name):
 
 def _recompile(model, args, *, fresh):
     args = dict(args)
+    if isinstance(args.get("optimizer"), instances.FromConfig) and not fresh:
+        args["optimizer"] = args["optimizer"].original  # the user's object, as compile takes it
     if fresh:
         # Optimizer and metric objects hold variables made when they were created;
         # copies made here get them inside the strategy's scope.
