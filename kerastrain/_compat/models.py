@@ -1,0 +1,163 @@
+"""Keras model internals: compile state, losses, metrics, a model's layers and lookup tables."""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+
+
+def compile_metrics(model):
+    """The model's `CompileMetrics` container (or None): Keras 3 keeps it private, and
+    kerastrain drives its stateless update with its own cross-replica reduction."""
+    return getattr(model, "_compile_metrics", None)
+
+
+def compile_loss(model):
+    """The model's `CompileLoss` (holds per-output loss trackers), or None."""
+    return getattr(model, "_compile_loss", None)
+
+
+def layer_metrics(model):
+    """Metrics the model's layers own and update in `call` (keras.io's endpoint layer:
+    `self.accuracy_fn.update_state(...)`), which `model.metrics` lists after the compiled
+    ones and `fit` logs: every metric with variables in `model.metrics` but the loss
+    tracker, the compiled metrics container and the compiled loss's trackers."""
+    loss = compile_loss(model)
+    compiled = {id(m) for m in [getattr(model, "_loss_tracker", None), compile_metrics(model),
+                                *(getattr(loss, "metrics", None) or [])] if m is not None}
+    return [m for m in model.metrics if id(m) not in compiled and m.variables]
+
+
+def symbolic_build(model, element_spec):
+    """Create model, metric, loss and optimizer state from shapes only.
+
+    `model.fit` does the same through `Trainer._symbolic_build`; calling it inside
+    `strategy.scope()` places every variable the way the strategy wants before
+    the first compiled step (creating them inside a `tf.function` under mirrored
+    fails).
+    """
+    import tensorflow as tf
+
+    def to_zeros(spec):
+        shape = [1 if d is None else d for d in spec.shape]
+        return tf.zeros(shape, spec.dtype)
+
+    batch = tf.nest.map_structure(to_zeros, element_spec)
+    model._symbolic_build(data_batch=batch)
+
+
+def compile_args(model):
+    """The arguments the user passed to `compile()`, as live objects.
+
+    `get_compile_config()` serialises them, which fails for unregistered custom
+    losses and metrics; the raw objects are kept in `_compile_config.config`.
+    """
+    config = getattr(model, "_compile_config", None)
+    if config is None:
+        return None
+    return dict(getattr(config, "config", {}) or {})
+
+
+def stateless_scope(mapping):
+    return keras.StatelessScope(state_mapping=mapping)
+
+
+@contextlib.contextmanager
+def model_losses(model, losses):
+    """While active, `model.losses` is `losses` (computed by the forward pass outside).
+
+    kerastrain computes the compiled loss and metric deltas inside a stateless
+    scope, where `Layer.losses` only sees losses recorded *in* that scope, so the
+    `add_loss` / activity-regularizer losses of a forward pass run outside it
+    would be dropped. Keras's own stateless (JAX) trainer hands them over the
+    same way, through `Layer._losses_override`.
+    """
+    model._losses_override = list(losses)
+    try:
+        yield
+    finally:
+        model._losses_override = []
+
+
+def compute_loss(model, x, y, y_pred, sample_weight, training):
+    """`model.compute_loss`, also when a user's override has no `training` argument.
+
+    Keras 3.3 added `training=`; its `_compute_loss` calls an override with or without
+    it, as `model.fit` does (kerastrain needs Keras >= 3.10, which has it).
+    """
+    return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                               training=training)
+
+
+def flatten_metrics_in_order(model, logs):
+    """`model.evaluate(..., return_dict=False)`'s list (or scalar) from a logs dict.
+
+    Keras orders the values by the model's metrics, its compiled metrics expanded,
+    in `Trainer._flatten_metrics_in_order` (checked on Keras 3.10-3.15).
+    """
+    return model._flatten_metrics_in_order(logs)
+
+
+def model_supports_jit(model):
+    """Keras's own test of whether every layer supports XLA (and op determinism is off):
+    `keras.src.trainers.trainer.model_supports_jit`, private in Keras 3.3-3.15; the
+    rule behind `jit_compile="auto"`."""
+    from keras.src.trainers.trainer import model_supports_jit as supports
+    return supports(model)
+
+
+def keras_mask(tensor):
+    """The Keras mask a layer attached to `tensor` (`Embedding(mask_zero=True)` and the
+    layers after it), or None: `keras.src.backend.get_keras_mask` (Keras 3.5-3.15), not
+    exported."""
+    from keras.src.backend import get_keras_mask
+    return get_keras_mask(tensor)
+
+
+def all_layers(model):
+    """Every layer nested in `model`, itself excluded (Keras 3's own walk, `_flatten_layers`,
+    Keras 3.10-3.15)."""
+    return list(model._flatten_layers(include_self=False))
+
+
+def sublayers_built(model) -> bool:
+    """Whether every layer inside `model` (not the model itself) has its variables.
+
+    `Layer._flatten_layers` is Keras's own walk over nested layers (Keras 3.10-3.15).
+    """
+    return all(layer.built for layer in model._flatten_layers(include_self=False))
+
+
+def variable_owners(model) -> dict:
+    """{id(variable): layer} for the innermost layer that owns each of the model's variables.
+
+    Keras 3 walks sublayers only through `_flatten_layers` and keeps a layer's own
+    variables in `_trainable_variables` / `_non_trainable_variables`; errors about a
+    partitioned variable name its layer.
+    """
+    owners = {}
+    for layer in model._flatten_layers(include_self=True):
+        for v in list(getattr(layer, "_trainable_variables", [])) + list(
+                getattr(layer, "_non_trainable_variables", [])):
+            owners[id(v)] = layer
+    return owners
+
+
+def lookup_layers(model):
+    """Keras's lookup layers in `model` (StringLookup, IntegerLookup, the one inside
+    TextVectorization). Their vocabulary is a `tf.lookup` table, not a variable, so
+    `get_weights`/`set_weights` and `clone_model` do not carry an adapted one; the class
+    is `keras.src.layers.preprocessing.index_lookup.IndexLookup` (Keras 3.3-3.15)."""
+    from keras.src.layers.preprocessing.index_lookup import IndexLookup
+    return [layer for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, IndexLookup)]
+
+
+def table_job(table):
+    """The job of a lookup table's resource (None for a per-worker `DistributedTable`)."""
+    import tensorflow as tf
+    if getattr(table, "is_distributed_table", False):
+        return None
+    handle = getattr(table, "_resource_handle", None)
+    return tf.DeviceSpec.from_string(getattr(handle, "device", "") or "").job
