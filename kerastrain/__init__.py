@@ -30,7 +30,7 @@ _EXPORTS = {
     "MultiWriter": "kerastrain.io.summaries",
     "Preempted": "kerastrain.loop.preemption",
     "ServiceOptions": "kerastrain.data.service",
-    "TensorBoardOptions": "kerastrain.io.summaries",
+    "TensorBoardOptions": "kerastrain.io.monitor",
     "TensorBoardWriter": "kerastrain.io.summaries",
     "TooManyRecoveries": "kerastrain.loop.recovery",
     "Trainer": "kerastrain.trainer",

@@ -554,7 +554,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
             form of their import paths (see `import_paths` for what was left unchecked).
     """
     from kerastrain.io.checkpoints import CheckpointOptions
-    from kerastrain.io.summaries import TensorBoardOptions
+    from kerastrain.io.monitor import TensorBoardOptions
     from kerastrain.io.tracking import MLflowOptions
     from kerastrain.loop.tuning import TuningOptions
 
@@ -677,7 +677,7 @@ def template() -> str:
     Generated from the option dataclasses, so it always shows their defaults.
     """
     from kerastrain.io.checkpoints import CheckpointOptions
-    from kerastrain.io.summaries import TensorBoardOptions
+    from kerastrain.io.monitor import TensorBoardOptions
     from kerastrain.loop.tuning import TuningOptions
 
     parts = [_HEADER]
