@@ -35,7 +35,7 @@ _EXPORTS = {
     "TooManyRecoveries": "kerastrain.loop.recovery",
     "Trainer": "kerastrain.trainer",
     "build_strategy": "kerastrain.distribute.strategies",
-    "configure_cpu_devices": "kerastrain.distribute.strategies",
+    "configure_cpu_devices": "kerastrain.distribute.devices",
     "isolate_network": "kerastrain.distribute.network",
     "serve": "kerastrain.distribute.cluster",
 }
