@@ -16,6 +16,7 @@ from kerastrain.data import service as service_lib
 from kerastrain.data import sharding
 from kerastrain.distribute import strategies
 from kerastrain.io import checkpoints
+from kerastrain.io import monitor as monitor_lib
 from kerastrain.io import outputs as outputs_lib
 from kerastrain.io import summaries
 from kerastrain.loop import actions as actions_lib
@@ -155,7 +156,7 @@ class Trainer:
         self._workdir = workdir_lib.WorkDir(
             model_dir, is_chief=built.is_chief,
             checkpoint=checkpoints.CheckpointOptions.coerce(checkpoint),
-            tensorboard=summaries.TensorBoardOptions.coerce(tensorboard), writers=writers,
+            tensorboard=monitor_lib.TensorBoardOptions.coerce(tensorboard), writers=writers,
             moved=lambda *args: self._state.move(*args))
         self._state = state_lib.TrainingState(
             built, model, detached=detached, precision_policy=self._precision,

@@ -308,7 +308,7 @@ def test_every_secs_and_every_steps_cadence():
 def test_one_cadence_rule_in_steps_seconds_and_epochs():
     from kerastrain.loop import actions
     from kerastrain.io import cadence
-    from kerastrain.io import summaries
+    from kerastrain.io import monitor
     now = [0.0]
     every = cadence.Every(steps=4, secs=10, clock=lambda: now[0])
     assert [every.steps_to_boundary(s) for s in (0, 1, 3, 4, 5)] == [4, 3, 1, 4, 3]
@@ -327,8 +327,8 @@ def test_one_cadence_rule_in_steps_seconds_and_epochs():
     c = checkpoints.Checkpointer(None, checkpoints.CheckpointOptions(every_steps=6),
                                  is_chief=False)
     assert actions.Checkpoints(c, save=None, steps_per_epoch=None).steps_to_boundary(4) == 2
-    schedule = summaries.Schedule(log_every_steps=5, profile_steps=(2, 3),
-                                  histograms_every_epochs=2)
+    schedule = monitor.Schedule(log_every_steps=5, profile_steps=(2, 3),
+                                histograms_every_epochs=2)
     assert [schedule.steps_to_boundary(s) for s in (0, 2, 3, 9)] == [2, 1, 2, 1]
     assert schedule.log_due(10) and not schedule.log_due(0)
     assert schedule.histograms.at_epoch_end(1) and not schedule.histograms.at_epoch_end(0)

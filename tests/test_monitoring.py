@@ -15,6 +15,7 @@ import pytest
 
 import helpers
 import kerastrain as kt
+from kerastrain.io import monitor as monitor_lib
 from kerastrain.io import summaries
 
 EPOCHS, N = 2, 96  # 6 steps per epoch
@@ -144,7 +145,7 @@ def test_tensorboard_false_and_no_model_dir_write_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"Unknown tensorboard option\(s\) \['log_every'\]"):
         kt.Trainer(helpers.build_model, strategy="default", tensorboard={"log_every": 5})
     with pytest.raises(ValueError, match=r"profile_steps=\(5, 2\)"):
-        summaries.TensorBoardOptions(profile_steps=(5, 2))
+        monitor_lib.TensorBoardOptions(profile_steps=(5, 2))
 
 
 def test_pluggable_writers_receive_the_same_scalars(tmp_path):
@@ -179,7 +180,7 @@ def test_monitor_throughput_with_a_fake_clock():
         def write_scalars(self, step, scalars):
             written.append((step, scalars))
 
-    monitor = summaries.Monitor(W(), summaries.TensorBoardOptions(log_every_steps=10),
+    monitor = monitor_lib.Monitor(W(), monitor_lib.TensorBoardOptions(log_every_steps=10),
                                 learning_rate_fn=lambda s: 0.1, weights_fn=dict,
                                 clock=lambda: next(times))
     monitor.start(0)
@@ -284,9 +285,9 @@ def test_hparams_from_python_show_in_tensorboards_table_beside_the_runs_metrics(
     assert "loss" in read_scalars(str(tmp_path / "logs" / "train"))
     with pytest.raises(ValueError, match=r"`hparams` must map names to numbers, strings or "
                                          r"booleans.*not allowed: \{'layers': \[8, 8\]\}"):
-        summaries.TensorBoardOptions(hparams={"units": 8, "layers": [8, 8]})
+        monitor_lib.TensorBoardOptions(hparams={"units": 8, "layers": [8, 8]})
     with pytest.raises(ValueError, match=r"Received: hparams=\[1, 2\]"):
-        summaries.TensorBoardOptions(hparams=[1, 2])
+        monitor_lib.TensorBoardOptions(hparams=[1, 2])
 
 
 def test_each_recipe_run_logs_its_values_flattened_so_set_variants_compare(tmp_path, capsys):

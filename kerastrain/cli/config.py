@@ -312,7 +312,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
             form of their import paths (see `import_paths` for what was left unchecked).
     """
     from kerastrain.io.checkpoints import CheckpointOptions
-    from kerastrain.io.summaries import TensorBoardOptions
+    from kerastrain.io.monitor import TensorBoardOptions
     from kerastrain.io.tracking import MLflowOptions
     from kerastrain.loop.tuning import TuningOptions
 

@@ -58,7 +58,7 @@ def template() -> str:
     Generated from the option dataclasses, so it always shows their defaults.
     """
     from kerastrain.io.checkpoints import CheckpointOptions
-    from kerastrain.io.summaries import TensorBoardOptions
+    from kerastrain.io.monitor import TensorBoardOptions
     from kerastrain.loop.tuning import TuningOptions
 
     parts = [_HEADER]

@@ -9,6 +9,8 @@ from typing import Any, Callable, Mapping
 
 from kerastrain.distribute import cluster as cluster_lib
 from kerastrain.distribute import network as network_lib
+from kerastrain.distribute.devices import (  # configure_cpu_devices: public here too
+    configure_cpu_devices, gpus, local_devices, on_one_device)
 from kerastrain.distribute.ps import partitioning
 from kerastrain._options import is_int
 
@@ -208,18 +210,6 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
     return built
 
 
-def on_one_device(model, device) -> bool:
-    """Whether every variable of `model` lives on `device` (type and index)."""
-    import tensorflow as tf
-    there = tf.DeviceSpec.from_string(device)
-    for v in model.variables:
-        here = tf.DeviceSpec.from_string(getattr(v, "value", v).device or "")
-        if (here.device_type, here.device_index or 0) != (there.device_type,
-                                                          there.device_index or 0):
-            return False
-    return True
-
-
 def default_for_instance(built, model):
     """Under `one_device`, the default strategy for a model instance Keras cannot clone into
     its scope (a subclassed model) whose variables already live on its device: training on
@@ -246,65 +236,6 @@ def _asynchronous_note(built):
     return (f"; its {built.num_workers} workers update the variables asynchronously, each "
             "step reading weights others may be updating: losses differ from one device's "
             "and from run to run (one worker runs the steps in order)")
-
-
-# ---------------------------------------------------------------------------
-# Devices
-
-
-def configure_cpu_devices(n: int) -> None:
-    """Split the host CPU into `n` logical devices (before TensorFlow initialises).
-
-    Raises:
-        RuntimeError: TensorFlow already runs with a different number of CPU devices.
-    """
-    import tensorflow as tf
-
-    cpus = tf.config.list_physical_devices("CPU")
-    try:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
-        return
-    except RuntimeError:
-        pass  # Already initialised: fine if the layout is the one asked for.
-    current = len(_this_process(tf.config.list_logical_devices("CPU")))
-    if current != n:
-        raise RuntimeError(
-            f"`cpu_devices={n}` must be set before TensorFlow initialises its devices, but "
-            f"TensorFlow already runs with {current} logical CPU device(s). Create the Trainer "
-            f"(or call kerastrain.configure_cpu_devices({n})) before running any TensorFlow "
-            f"operation, or start a new Python process. Received: cpu_devices={n}")
-
-
-def _this_process(devices):
-    """Of TensorFlow's logical devices, this process's own.
-
-    Once this process started or joined a parameter-server cluster (an in-process local
-    cluster included), TensorFlow lists every task's devices as logical devices
-    (`/job:worker/replica:0/task:1/device:CPU:0`...), and a MirroredStrategy over them
-    failed: "In-graph multi-worker training with MirroredStrategy is not supported in
-    eager mode". Without a cluster every name has one prefix and nothing runs here.
-    """
-    if len({d.name.rsplit("/device:", 1)[0] for d in devices}) <= 1:
-        return devices
-    import tensorflow as tf
-    own = tf.constant(0).device.rsplit("/device:", 1)[0]   # where eager ops run: this task
-    return [d for d in devices if d.name.startswith(own + "/")]
-
-
-def gpus():
-    """This process's logical GPU devices."""
-    import tensorflow as tf
-    return _this_process(tf.config.list_logical_devices("GPU"))
-
-
-def _local_devices():
-    """All GPUs, else every logical CPU device (this process's own)."""
-    import tensorflow as tf
-    found = gpus()
-    if found:
-        return [d.name for d in found]
-    return [d.name for d in _this_process(tf.config.list_logical_devices("CPU"))]
 
 
 # ---------------------------------------------------------------------------
@@ -389,7 +320,7 @@ def _nccl_available():
            cross_device_ops=_check_choice(*_CROSS_DEVICE_OPS))
 def _build_mirrored(devices=None, cross_device_ops=None, cpu_devices=None):
     import tensorflow as tf
-    devices = devices or _local_devices()
+    devices = devices or local_devices()
     # One strategy per device set for the whole process: each MirroredStrategy numbers
     # its collective groups and instances from the same start, so a second one over the
     # same devices reuses the first one's keys, and two models of different shapes then
@@ -409,7 +340,7 @@ def _build_mirrored(devices=None, cross_device_ops=None, cpu_devices=None):
 @_register("central_storage", compute_devices=_check_devices, parameter_device=_check_str)
 def _build_central_storage(compute_devices=None, parameter_device=None, cpu_devices=None):
     import tensorflow as tf
-    devices = compute_devices or _local_devices()
+    devices = compute_devices or local_devices()
     strategy = tf.distribute.experimental.CentralStorageStrategy(
         compute_devices=devices, parameter_device=parameter_device)
     return BuiltStrategy(strategy, "central_storage",

@@ -1,2 +1,2 @@
 """What a run writes, when, and who keeps it: outputs (the chief rule), cadence, checkpoints,
-summaries, files, locks."""
+monitor and summaries, files, locks."""

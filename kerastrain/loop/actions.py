@@ -202,7 +202,7 @@ class Validation(Action):
 
 
 class Summaries(Action):
-    """Running values every `log_every_steps`, epoch values at epoch ends (`summaries.Monitor`)."""
+    """Running values every `log_every_steps`, epoch values at epoch ends (`monitor.Monitor`)."""
 
     def __init__(self, monitor, results, timed=True):
         self.monitor = monitor

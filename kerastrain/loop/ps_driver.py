@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from kerastrain.loop.driver import LoopResult, _tasks, cluster_errors, loop_size
+from kerastrain.loop.ps_position import DataPosition
 
 logger = logging.getLogger("kerastrain")
 
@@ -73,87 +74,40 @@ class PSDriver:
         self._join_at = join_at or (lambda step: False)
         self._max_in_flight = max_in_flight
         self._on_lost = on_lost or (lambda e: e)
-        self._per_pass = None
+        self._position = DataPosition()  # where the data stands: what a checkpoint keeps
         self._width = width
         self._batches = accumulation
-        self._reader = None
         self.repeated_steps = 0   # steps run twice (loops retried after a worker failed)
         self.refetched = 0        # batches retried loops read from a fresh copy of the data
         self.scheduled = 0        # batches the workers were asked to read, in all
         self.last_loop = None     # loops are not replayed one step at a time (kerastrain.loop.recovery)
-        # Epochs of one pass of a shared job (`run_pass`): passes read to their end, the
-        # workers whose reader of the current pass has ended, steps the pass trained.
-        self._drained = 0
+        # Epochs of one pass of a shared job (`run_pass`): the workers whose reader of the
+        # current pass has ended, where the pass began, its examples (passes read to their
+        # end and steps the pass trained are the position's `drained` and `pass_steps`).
         self._ended = set()
-        self._pass_start, self._pass_steps, self._pass_examples = 0, 0, 0.0
+        self._pass_start, self._pass_examples = 0, 0.0
 
     @property
     def passes(self):
-        """Passes over the data begun (as `SyncDriver.passes`; 1 when its size is unknown)."""
-        if self._drained:
-            return self._drained
-        if self._per_pass is None:
-            return 0
-        if not self._per_pass:
-            return 1 if self.cursor else 0
-        return self.cursor // self._per_pass + (1 if self.cursor % self._per_pass else 0)
+        """Passes over the data begun (`DataPosition.passes`)."""
+        return self._position.passes
 
     @property
     def offset(self):
-        """Batches into the current pass (all batches so far when its size is unknown)."""
-        if self._drained:
-            return self._pass_steps
-        if not self._per_pass:
-            return self.cursor if self._per_pass is not None else 0
-        return self.cursor % self._per_pass
+        """Batches into the current pass (`DataPosition.offset`)."""
+        return self._position.offset
 
     @property
     def cursor(self):
-        """Global batches scheduled since the first pass began (0 before any reader)."""
-        return self._reader.cursor if self._reader is not None else 0
+        """Global batches scheduled since the first pass began (`DataPosition.cursor`)."""
+        return self._position.cursor
 
     @cursor.setter
     def cursor(self, value):
-        self._reader.cursor = value
-
-    def _use(self, reader):
-        """Read `reader`'s positions; the first time, begin where its last fit stopped.
-
-        Starting again at position 0 would put every loop behind the workers'
-        iterators: each would run as a fresh loop (new iterators that read up to
-        its positions), one at a time.
-        """
-        self._per_pass = reader.positions.per_pass or 0
-        if self._reader is reader:
-            return
-        self._reader = reader
-        if self._per_pass and self.cursor % self._per_pass:
-            self.cursor += self._per_pass - self.cursor % self._per_pass
+        self._position.cursor = value
 
     def fast_forward(self, train_input, passes, offset):
-        if train_input.drains:
-            # A shared job cannot be rejoined where it stood: the next epoch reads pass
-            # `passes` (a new order for NumPy data) from its beginning.
-            self._drained = train_input.passes_read = passes
-            if offset:
-                logger.warning(
-                    "resumed %d step(s) into an epoch read through the tf.data service: the "
-                    "epoch reads a whole new pass, so the examples of those steps are trained "
-                    "again in it (a service job cannot be rejoined where it stood)", offset)
-            return
-        reader = train_input.reader()
-        if reader is None:
-            return
-        self._use(reader)
-        per_pass = self._per_pass
-        if per_pass:  # a synchronous run counts a group the pass ended early as k batches
-            offset = min(offset, per_pass)
-        self.cursor = (passes - (1 if offset else 0)) * per_pass + offset if per_pass else offset
-        where = (f"pass {self.cursor // per_pass + 1}, batch {self.cursor % per_pass} of "
-                 f"{per_pass}" if per_pass else f"batch {self.cursor} of its stream")
-        logger.info("the data continues at %s: no batch of the epoch is skipped; batches the "
-                    "stopped run trained after this checkpoint are trained again (none after a "
-                    "SIGTERM, which saves once its loops in flight finish)", where)
+        self._position.fast_forward(train_input, passes, offset)
 
     resume = fast_forward  # a checkpoint's offset counts batches, as `cursor` does
 
@@ -171,7 +125,7 @@ class PSDriver:
     @property
     def replay_note(self):
         """Why a recovery skips the batches since its restore point instead of replaying them."""
-        if self._per_pass is None:
+        if self._position.per_pass is None:
             return "parameter-server workers read their own data, with no position to go back to"
         return ("parameter-server loops are not replayed: the data goes on from where it "
                 "stood, so those batches are not trained in this pass")
@@ -206,14 +160,14 @@ class PSDriver:
                            "trained; the epoch's loss and metrics leave those steps out",
                            steps, ", ".join(f"{job}:{i}" for job, i in lost if job == "worker"))
             if fresh is _PASS:
-                self._pass_steps += steps  # at most; the steps it ran are not known
+                self._position.pass_steps += steps  # at most; the steps it ran are not known
             return LoopResult(np.zeros(self._width, np.float64), steps, in_sync)
         if fresh is _PASS:
             # A pass loop: fewer steps than asked means its worker's reader of the job
             # has ended (and stays ended).
             if int(ran) < steps:
                 self._ended.add(int(extra[0]))
-            self._pass_steps += int(ran)
+            self._position.pass_steps += int(ran)
             self._pass_examples += float(part[1])
         elif extra and int(extra[0]):
             # Run again after a worker failed, on a worker already past its batches: it
@@ -235,7 +189,7 @@ class PSDriver:
         results = [self._fetch(loop) for loop in in_flight]
         in_flight.clear()
         if step is None:
-            step = self._pass_start + self._pass_steps
+            step = self._pass_start + self._position.pass_steps
         try:
             counted = int(self._global_step.numpy())
         except cluster_errors() as e:
@@ -275,7 +229,7 @@ class PSDriver:
             return
         reader = train_input.reader() if self._positions_loop is not None else None
         if reader is not None:
-            self._use(reader)
+            self._position.use(reader)
         in_flight = collections.deque()
         done = 0
         while done < steps_per_epoch and not self._stop_requested():
@@ -306,9 +260,9 @@ class PSDriver:
         """
         import tensorflow as tf
         iterator, worker = train_input.pass_iterators()
-        self._drained = train_input.passes_read
+        self._position.drained = train_input.passes_read
         self._ended = set()
-        self._pass_start, self._pass_steps, self._pass_examples = step, 0, 0.0
+        self._pass_start, self._position.pass_steps, self._pass_examples = step, 0, 0.0
         in_flight = collections.deque()
         rounds = 0
 
@@ -331,7 +285,7 @@ class PSDriver:
             step += n
             if self._join_at(step):
                 yield from self._join(in_flight, None)
-                step = self._pass_start + self._pass_steps
+                step = self._pass_start + self._position.pass_steps
             while len(in_flight) > self._max_in_flight:
                 yield self._fetch(in_flight.popleft())
         yield from self._join(in_flight, None)
@@ -341,7 +295,7 @@ class PSDriver:
         if missing:
             logger.warning("tf.data service: worker(s) %s never reported the end of pass %d "
                            "after %d rounds; batches they held are not trained in this epoch",
-                           missing, self._drained, rounds)
+                           missing, self._position.drained, rounds)
         train_input.pass_ended(self._pass_examples)
 
 

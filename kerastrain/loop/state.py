@@ -13,6 +13,7 @@ import contextlib
 
 from kerastrain import _logging
 from kerastrain.data import inputs as data_lib
+from kerastrain.distribute import devices
 from kerastrain.distribute import strategies
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import modes
@@ -114,7 +115,7 @@ class TrainingState:
         models_lib.say_unsynchronized_batchnorm(model, self.strategy)
         jit, why = tuning_lib.resolve_jit_compile(
             self._jit_compile, model, places_variables=built.places_variables,
-            has_gpu=bool(strategies.gpus()))
+            has_gpu=bool(devices.gpus()))
         _logging.tuning(f"jit_compile {jit}", "jit_compile: %s (%s)", jit, why)
         # Where workers must agree on where to stop (collectives would hang otherwise),
         # no per-worker stop inside their loops.

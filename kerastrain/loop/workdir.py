@@ -11,6 +11,7 @@ import logging
 
 from kerastrain.io import checkpoints
 from kerastrain.io import files
+from kerastrain.io import monitor as monitor_lib
 from kerastrain.io import outputs as outputs_lib
 from kerastrain.io import summaries
 from kerastrain.loop import callbacks as callbacks_lib
@@ -25,7 +26,7 @@ class WorkDir:
         model_dir: normalized (`outputs.normalize_model_dir`), or None: nowhere.
         is_chief: whether this task keeps files.
         checkpoint: a `checkpoints.CheckpointOptions`, or None.
-        tensorboard: a `summaries.TensorBoardOptions`, or None.
+        tensorboard: a `monitor.TensorBoardOptions`, or None.
         writers: the user's more `summaries.MetricWriter`s.
         moved: called as `moved(model_dir, outputs, options)` when the run's state goes to
             another place (a backup_dir, and back).
@@ -75,7 +76,7 @@ class WorkDir:
         return self._writer
 
     def monitor(self, model, step, element_spec):
-        """The chief's `summaries.Monitor` for one fit, started at `step`."""
+        """The chief's `monitor.Monitor` for one fit, started at `step`."""
         import yaml
         if self._settings_text is None:
             # The settings this run resolved to, next to what it wrote (chief only); once
@@ -83,7 +84,7 @@ class WorkDir:
             self._settings_text = yaml.safe_dump(self.settings, sort_keys=False)
             self.outputs.replace_text("config.yaml", self._settings_text)
         writer = self.metric_writer()
-        return summaries.model_monitor(
+        return monitor_lib.model_monitor(
             model, writer, self.tensorboard, step=step, settings=self._settings_text,
             element_spec=element_spec,
             train_logdir=self._tb_writer.train_dir if self._tb_writer is not None else None)
