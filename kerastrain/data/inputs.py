@@ -6,7 +6,8 @@ The four forms a user may pass wherever data is expected:
    `tf.distribute.InputContext`; returns per-replica batches and shards itself.
 2. A zero-argument function returning a `tf.data.Dataset` of **global** batches.
 3. A `tf.data.Dataset` of global batches.
-4. NumPy arrays `(x, y)` or `(x, y, sample_weight)` with a `batch_size`.
+4. NumPy arrays `(x, y)` or `(x, y, sample_weight)` with a `batch_size`
+   (`kerastrain.data.numpy_data`).
 
 Batches are read as Keras reads them (`split_batch`): `(x, y)`, `(x, y,
 sample_weight)`, or the inputs alone (`x` or `(x,)`), for a model whose loss
@@ -23,20 +24,18 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import os
 import random
 import warnings
 
 import numpy as np
 
 from kerastrain import _compat, _logging
-from kerastrain._tracing import unconverted
 from kerastrain.data import instep
 from kerastrain.data import pipelines as pipeline_lib
 from kerastrain.data import sharding
 from kerastrain.distribute.ps import visits
 from kerastrain.data import service as service_lib
-from kerastrain._options import is_int
+from kerastrain.data.numpy_data import NumpyData
 
 logger = logging.getLogger("kerastrain")
 
@@ -172,304 +171,6 @@ def cardinality(dataset) -> int:
         return UNKNOWN
     n = int(n)
     return {tf.data.INFINITE_CARDINALITY: INFINITE, tf.data.UNKNOWN_CARDINALITY: UNKNOWN}.get(n, n)
-
-
-# -- NumPy input ----------------------------------------------------------------
-
-def keras_arrays(structure):
-    """Arrays as Keras's array adapter hands them to a model (`array_slicing`, Keras
-    3.15): lists become tuples (tf.data would stack a list `y = [y_a, y_b]`, a model's
-    two targets, into one tensor) and floats other than Keras's floatx (NumPy's
-    default float64) become floatx, so a step, a loss or a metric sees float32."""
-    import keras
-    import tensorflow as tf
-
-    def one(leaf):
-        array = np.asarray(leaf)
-        if array.dtype.kind == "f" and array.dtype != np.dtype(keras.backend.floatx()):
-            array = array.astype(keras.backend.floatx())
-        return array
-    return tf.nest.map_structure(one, _lists_to_tuples(structure))
-
-
-def _lists_to_tuples(structure):
-    if isinstance(structure, (list, tuple)) and not hasattr(structure, "_fields"):
-        return tuple(_lists_to_tuples(item) for item in structure)
-    if isinstance(structure, dict):
-        return type(structure)((k, _lists_to_tuples(v)) for k, v in structure.items())
-    return structure
-
-
-class NumpyData:
-    """NumPy arrays held in host variables, read by a tf.data pipeline of global batches.
-
-    The arrays live in non-trainable variables on this task's CPU, not in the
-    dataset graph, so a pipeline serialised for another worker stays small (the
-    2 GB GraphDef limit of embedded constants). Each pass shuffles the example
-    indices with the seed and gathers whole batches: the batches are those of
-    `tf.data.Dataset.from_tensor_slices(arrays).shuffle(len(x), seed).batch(batch_size)`.
-    """
-
-    def __init__(self, arrays, batch_size, *, shuffle, seed, argument="dataset_fn"):
-        import tensorflow as tf
-
-        if not is_int(batch_size, 1):
-            raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
-        structure = keras_arrays(tuple(arrays))
-        lengths = {leaf.shape[0] if leaf.ndim else None for leaf in tf.nest.flatten(structure)}
-        if None in lengths or len(lengths) != 1:
-            raise ValueError(
-                f"The arrays in `{argument}` must all have the same number of examples (first "
-                f"dimension). Received shapes: "
-                f"{tf.nest.map_structure(lambda a: list(a.shape), structure)}")
-        self.num_examples = lengths.pop()
-        if self.num_examples == 0:
-            raise ValueError(f"The arrays in `{argument}` are empty (0 examples).")
-        self.batch_size = int(batch_size)
-        self.shuffle = shuffle
-        self.seed = seed
-        with tf.init_scope(), tf.device("/cpu:0"):
-            self._variables = tf.nest.map_structure(
-                lambda a: tf.Variable(a, trainable=False, name="numpy_data"), structure)
-
-    def constants(self):
-        """The arrays as constants (for a pipeline that runs in another process)."""
-        import tensorflow as tf
-        return tf.nest.map_structure(lambda v: tf.constant(v.numpy()), self._variables)
-
-    def indices(self, pipeline=0):
-        """The batches of example indices of one pass (shuffled: seeded, anew each pass).
-
-        A shuffled pass is one permutation op (`stateless_shuffle`, its key drawn anew each
-        time the pipeline is iterated, from `seed`) cut into batches: per-batch work only.
-        `Dataset.range(n).shuffle(n)` did per-example work: with the gathers, 0.13 against
-        0.08 CPU-seconds per pass of 65,536 examples (2026-11-23, `bench/numpy_order.py`).
-        The passes' orders are a function of `seed` alone, so every worker and every fresh
-        copy of the pipeline (resume, a retried ps loop) reads them alike.
-        """
-        import tensorflow as tf
-
-        n, size = self.num_examples, self.batch_size
-        batches = -(-n // size)
-        if not self.shuffle:
-            return tf.data.Dataset.range(n).batch(size)
-
-        @unconverted
-        def one_pass(order):
-            return tf.data.Dataset.range(batches).map(
-                unconverted(lambda k: order[k * size:tf.minimum((k + 1) * size, n)]))
-        return self.orders().flat_map(one_pass).apply(
-            tf.data.experimental.assert_cardinality(batches))
-
-    def orders(self):
-        """A dataset whose every iteration yields the next pass's permutation of the
-        examples (`stateless_shuffle` keyed by a draw from `seed`): the order of
-        `indices` (and of `kerastrain.data.instep`, which reads the batches in the loop)."""
-        return self._pass_keys().map(unconverted(self._permutation))
-
-    def order_drawer(self):
-        """`() -> the next pass's permutation`: the orders `orders()` yields, pass after
-        pass, with the permutation computed by a compiled function instead of inside a
-        tf.data iterator made per pass (1.3 against 4.5 ms of CPU per pass of 65,536)."""
-        import tensorflow as tf
-        keys, permutation = self._pass_keys(), tf.function(self._permutation, autograph=False)
-        return lambda: permutation(next(iter(keys)))
-
-    def _pass_keys(self):
-        """Every iteration: one key, drawn anew from `seed` (the next pass's)."""
-        import tensorflow as tf
-        return tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True).take(1)
-
-    def _permutation(self, key):
-        import tensorflow as tf
-        n = tf.constant(self.num_examples, tf.int64)
-        return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64),
-                                                        seed=tf.stack([key, n]))
-
-    def pack(self, parts):
-        """A batch from its flat parts. `(x,)`, the inputs alone, yields x itself: what
-        `model.fit(x)` hands a model's `train_step` (Keras packs a tuple or list of
-        inputs as `((a, b),)`, kept so)."""
-        import tensorflow as tf
-        batch = tf.nest.pack_sequence_as(self._variables, list(parts))
-        return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
-
-    @property
-    def variables(self):
-        """The host variables holding the arrays, flat."""
-        import tensorflow as tf
-        return tf.nest.flatten(self._variables)
-
-    def gather(self, idx, arrays=None):
-        """The batch of examples `idx` (of `arrays`, default the host variables)."""
-        import tensorflow as tf
-        return self.pack([tf.gather(v, idx) for v in
-                          tf.nest.flatten(self._variables if arrays is None else arrays)])
-
-    def dataset(self, whole_batches=False):
-        """The pipeline of global batches. `whole_batches`: when the batch size divides the
-        examples, say so in the shapes (lets TensorFlow fold a step's shape arithmetic);
-        only where nothing shards the batches later (one worker)."""
-        size = self.batch_size if whole_batches and self.num_examples % self.batch_size == 0 \
-            else None
-
-        @unconverted
-        def gather(idx):
-            if size:
-                idx.set_shape([size])
-            return self.gather(idx)
-        return _threaded(self.indices().map(gather), _check_threads("auto"))
-
-
-def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, reader="tfrecord",
-          compression=None, shuffle_files=True, shuffle_buffer=0, seed=0, parallel_reads=None,
-          threads="auto", batch_within_files=False):
-    """A dataset over files on disk that kerastrain (and TensorFlow) can shard by file.
-
-    Records are interleaved from several files at once. With `batch_size`,
-    records are batched first and `parse_fn` receives a batch of records, so
-    parsing is vectorised (`tf.io.parse_example`); without it `parse_fn` gets
-    one record.
-
-    Args:
-        pattern: a glob pattern or a list of paths/patterns.
-        parse_fn: maps a record (or a batch of records) to `(x, y)` or
-            `(x, y, sample_weight)`.
-        batch_size: the global batch size, or None to leave batching to you.
-        drop_remainder: drop a last partial batch.
-        reader: "tfrecord" or "text".
-        compression: "GZIP", "ZLIB" or None.
-        shuffle_files: shuffle the file order each pass (with `seed`, so every
-            worker agrees on it).
-        shuffle_buffer: if > 0, shuffle records within a buffer of this size.
-        seed: seed of both shuffles.
-        parallel_reads: None reads up to 4 files in turn on one thread (local
-            disks); N > 1 reads N files on N threads in chunks of 64 records (remote
-            storage, where each read waits on the network). Per-record parallel
-            reads are avoided: on a 2-core host they ran at 13k records/s against
-            367k sequentially.
-        threads: an int gives the pipeline a private pool of that many threads
-            and turns autotuning off, so that on a small host input threads do not
-            pre-empt the model's; None leaves tf.data's shared, autotuned pool;
-            "auto" (default) is 1 on hosts with up to 4 cores, else None. Measured on
-            2 cores: 0.72x -> 1.03x of in-memory training (docs/performance.md).
-        batch_within_files: faster reading for those who accept other batches: each
-            batch holds records of one file (a file's last batch may be short, one per
-            file and pass, unless `drop_remainder`), files take turns batch by batch,
-            and batches are parsed in parallel in the order they are ready
-            (`deterministic=False`), so the order varies from run to run. Off by
-            default: then batches mix files and every run reads the same order.
-
-    Returns:
-        a `tf.data.Dataset`: pass it, or a function returning it, as data.
-
-    Example:
-        >>> ds = kerastrain.data.files("data/train-*.tfrecord", parse, batch_size=256)
-        >>> trainer.fit(lambda: ds, epochs=2)
-    """
-    import tensorflow as tf
-
-    readers = {"tfrecord": tf.data.TFRecordDataset, "text": tf.data.TextLineDataset}
-    _check_files_options(readers, reader, parallel_reads, batch_within_files, batch_size)
-    threads = _check_threads(threads)
-    patterns = [pattern] if isinstance(pattern, (str, bytes, os.PathLike)) else list(pattern)
-    names = sorted({name for p in patterns for name in tf.io.gfile.glob(os.fspath(p))})
-    if not names:
-        raise ValueError(f"No files match `pattern`. Received: pattern={pattern!r}")
-    ds = tf.data.Dataset.from_tensor_slices(names)
-    if shuffle_files:
-        ds = ds.shuffle(len(names), seed=seed, reshuffle_each_iteration=True)
-    make_reader = readers[reader]
-    if batch_within_files:
-        return _batched_within_files(ds, len(names), make_reader, compression, parse_fn,
-                                     batch_size, drop_remainder, shuffle_buffer, seed,
-                                     parallel_reads, threads)
-    if parallel_reads is None or parallel_reads == 1:
-        ds = ds.interleave(lambda f: make_reader(f, compression_type=compression),
-                           cycle_length=min(len(names), 4 if parallel_reads is None else 1))
-    else:
-        ds = ds.interleave(lambda f: make_reader(f, compression_type=compression).batch(64),
-                           cycle_length=parallel_reads, num_parallel_calls=parallel_reads,
-                           deterministic=True).unbatch()
-    if shuffle_buffer:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if batch_size is not None:
-        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    if parse_fn is not None:
-        if threads:
-            ds = ds.map(parse_fn)  # on the pipeline's own thread
-        else:
-            ds = ds.map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return _threaded(ds, threads)
-
-
-def _check_files_options(readers, reader, parallel_reads, batch_within_files, batch_size):
-    if reader not in readers:
-        raise ValueError(f"`reader` must be one of {sorted(readers)}. Received: reader={reader!r}")
-    if parallel_reads is not None and not is_int(parallel_reads, 1):
-        raise ValueError("`parallel_reads` must be None or a positive int. "
-                         f"Received: parallel_reads={parallel_reads!r}")
-    if not isinstance(batch_within_files, bool):
-        raise ValueError("`batch_within_files` must be True or False. "
-                         f"Received: batch_within_files={batch_within_files!r}")
-    if batch_within_files and batch_size is None:
-        raise ValueError("`batch_within_files=True` makes each batch from one file's records, "
-                         "so it needs `batch_size`. Received: batch_size=None")
-
-
-def _batched_within_files(names, num_files, make_reader, compression, parse_fn, batch_size,
-                          drop_remainder, shuffle_buffer, seed, parallel_reads, threads):
-    """`files(..., batch_within_files=True)`: batch each file's records, then interleave the
-    batches: the per-record interleave, the cross-file batching and the ordered parse, about a
-    third of the files' CPU (docs/performance.md), are what this leaves out."""
-    import tensorflow as tf
-
-    def batches(name):
-        records = make_reader(name, compression_type=compression)
-        if shuffle_buffer:
-            records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        return records.batch(batch_size, drop_remainder=drop_remainder)
-
-    cycle = min(num_files, parallel_reads or 4)
-    # On the pipeline's own thread (`threads`) there is nothing to run in parallel: batches
-    # come in turn; on tf.data's pool, in the order they are ready.
-    parallel = {} if threads else {"deterministic": False}
-    ds = names.interleave(batches, cycle_length=cycle,
-                          num_parallel_calls=None if threads else cycle, **parallel)
-    if parse_fn is not None:
-        ds = ds.map(parse_fn, num_parallel_calls=None if threads else tf.data.AUTOTUNE,
-                    **parallel)
-    global _SAID_WITHIN_FILES
-    if not _SAID_WITHIN_FILES:   # once a process: a dataset_fn is called for every pipeline
-        _SAID_WITHIN_FILES = True
-        logger.info("data.files: batch_within_files: each batch holds one file's records, "
-                    "files take turns batch by batch%s (faster reading; batches no longer "
-                    "mix files)", "" if threads else
-                    ", in the order they are ready: the order differs from run to run")
-    return _threaded(ds, threads)
-
-
-_SAID_WITHIN_FILES = False
-
-
-def _check_threads(threads):
-    if threads == "auto":
-        return 1 if pipeline_lib.usable_cores() <= 4 else None
-    if threads is not None and not is_int(threads, 1):
-        raise ValueError("`threads` must be 'auto', None or a positive int. "
-                         f"Received: threads={threads!r}")
-    return threads
-
-
-def _threaded(ds, threads):
-    """Prefetch, on a private pool of `threads` threads without autotuning (None: tf.data's)."""
-    import tensorflow as tf
-    if not threads:
-        return ds.prefetch(tf.data.AUTOTUNE)
-    options = tf.data.Options()
-    options.threading.private_threadpool_size = threads
-    options.autotune.enabled = False
-    return ds.prefetch(2).with_options(options)
 
 
 # -- one input under one strategy ---------------------------------------------------
