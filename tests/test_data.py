@@ -10,7 +10,7 @@ import helpers
 import kerastrain as kt
 from kerastrain import examples
 from kerastrain.data import sharding
-from kerastrain.data.inputs import DistributedInput
+from kerastrain.data.distributed import DistributedInput
 
 N_FILES_EXAMPLES = 84  # 8 files of 10 or 11 examples: the two workers get 40 and 44
 
