@@ -1,5 +1,5 @@
 """CPU cost of one pass of shuffled NumPy batch indices: the per-example tf.data shuffle
-kerastrain used before vs the per-pass permutation it uses now (`data.NumpyData.indices`).
+kerastrain used before vs the per-pass permutation it uses now (`numpy_data.NumpyData.indices`).
 
 Usage: python bench/numpy_order.py [--examples 65536] [--batch 256] [--rounds 7]
 Prints, per pipeline, the median CPU and wall seconds of one pass (indices and the gather of
@@ -27,7 +27,7 @@ def main():
     args = parser.parse_args()
     import tensorflow as tf
 
-    from kerastrain.data import inputs as data_lib
+    from kerastrain.data import numpy_data as data_lib
 
     n, b = args.examples, args.batch
     x = np.random.rand(n, 64).astype("float32")

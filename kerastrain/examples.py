@@ -236,7 +236,7 @@ def tfrecord_data(directory: str, num_files: int = 8, num_examples: int = 65536,
     import time
 
     from kerastrain.distribute import cluster
-    from kerastrain.data import inputs as data
+    from kerastrain.data import record_files as data
 
     marker = os.path.join(directory, "_COMPLETE")
     if not os.path.exists(marker):

@@ -41,7 +41,7 @@ def main():
     built = trainer._built
 
     from kerastrain import examples
-    from kerastrain.data.inputs import DistributedInput
+    from kerastrain.data.distributed import DistributedInput
 
     def files_data(directory, with_ids):
         parse = examples.example_parser(helpers.FEATURES, 1, with_ids=with_ids)

@@ -148,7 +148,7 @@ def test_every_public_name_and_module_resolves_wherever_its_module_lives():
         assert getattr(kerastrain, name) is not None, name
     for name, module in kerastrain._SUBMODULES.items():
         assert getattr(kerastrain, name).__name__ == module
-    assert kerastrain.data.files.__module__ == "kerastrain.data.inputs"
+    assert kerastrain.data.files.__module__ == "kerastrain.data.record_files"
     assert issubclass(kerastrain.DiskFull, OSError)
     assert issubclass(kerastrain.Preempted, SystemExit)
 

@@ -10,7 +10,7 @@ import helpers
 import kerastrain as kt
 from kerastrain import examples
 from kerastrain.data import sharding
-from kerastrain.data.inputs import DistributedInput
+from kerastrain.data.distributed import DistributedInput
 
 N_FILES_EXAMPLES = 84  # 8 files of 10 or 11 examples: the two workers get 40 and 44
 
@@ -238,8 +238,8 @@ def test_batches_within_files_hold_one_files_records_and_every_record_once(recor
     def file_of(i):
         return int(np.searchsorted(bounds, i, side="right")) - 1
 
-    from kerastrain.data import inputs
-    inputs._SAID_WITHIN_FILES = False
+    from kerastrain.data import record_files
+    record_files._SAID_WITHIN_FILES = False
     with caplog.at_level("INFO", logger="kerastrain"):
         ds = kt.data.files(pattern, examples.example_parser(helpers.FEATURES, 1, with_ids=True),
                            batch_size=4, batch_within_files=True, shuffle_buffer=8,

@@ -170,7 +170,7 @@ def test_ps_recover_finishes_skips_and_keeps_the_loss_finite(tmp_path):
 
 def test_reshuffled_numpy_passes_skip_the_batch_that_holds_the_bad_example(caplog):
     """One poisoned example in NumPy input reshuffled every pass: the batch skipped in each
-    epoch is the one holding it in that pass's order (`data.NumpyData`: a permutation
+    epoch is the one holding it in that pass's order (`numpy_data.NumpyData`: a permutation
     keyed from the seed each pass), so recovery re-reads the pass in the same order."""
     import tensorflow as tf
     x, y = helpers.arrays(96)

@@ -38,7 +38,7 @@ def test_the_loops_callees_unconverted_by_autograph_train_bit_for_bit_as_convert
     converted again, the same seed trains the same weights and logs, to the last bit."""
     import keras
 
-    from kerastrain.data import inputs, instep
+    from kerastrain.data import instep, numpy_data
     from kerastrain.distribute.ps import visits
     from kerastrain.step import accumulation, loops
     from kerastrain import _tracing
@@ -54,7 +54,7 @@ def test_the_loops_callees_unconverted_by_autograph_train_bit_for_bit_as_convert
     runs = []
     for convert in (False, True):
         if convert:
-            for module in (_tracing, inputs, accumulation, loops, visits):
+            for module in (_tracing, numpy_data, accumulation, loops, visits):
                 monkeypatch.setattr(module, "unconverted", lambda fn: fn)
             instep._iterator_type.cache_clear()
             instep._next_type.cache_clear()
@@ -155,7 +155,7 @@ def _batches(reader_or_dataset):
 def test_in_step_batches_are_the_pipelines_batches_in_its_order():
     import tensorflow as tf
 
-    from kerastrain.data import inputs as data
+    from kerastrain.data import numpy_data as data
     from kerastrain.data import instep
     x = np.random.RandomState(0).rand(50, 3).astype("float32")
     ids = np.arange(50)

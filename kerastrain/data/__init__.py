@@ -12,7 +12,7 @@ __all__ = ["files"]
 
 def __getattr__(name):
     if name in __all__:
-        value = getattr(_importlib.import_module("kerastrain.data.inputs"), name)
+        value = getattr(_importlib.import_module("kerastrain.data.record_files"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'kerastrain.data' has no attribute {name!r}")

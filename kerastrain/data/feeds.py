@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kerastrain.data import distributed
 from kerastrain.data import inputs as data_lib
 
 
@@ -37,7 +38,7 @@ class Feeds:
         """The `DistributedInput` of `data` for this use: the one kept, or a new one."""
         key = (argument, role, batch_size, shuffle)
         if key not in self.inputs or self.inputs[key][0] is not data:
-            self.inputs[key] = (data, data_lib.DistributedInput(
+            self.inputs[key] = (data, distributed.DistributedInput(
                 self.built, data, argument=argument, shard=self._shard,
                 batch_size=batch_size, seed=self.order_seed(data, argument, role), role=role,
                 shuffle=shuffle, input_options=self._tuning.input_options,

@@ -1,4 +1,4 @@
-"""Input forms (dataset_fn(ctx), global-batch datasets, NumPy arrays) made iterable per strategy.
+"""The input forms (dataset_fn(ctx), datasets, NumPy arrays): recognised, resolved and checked.
 
 The four forms a user may pass wherever data is expected:
 
@@ -6,7 +6,8 @@ The four forms a user may pass wherever data is expected:
    `tf.distribute.InputContext`; returns per-replica batches and shards itself.
 2. A zero-argument function returning a `tf.data.Dataset` of **global** batches.
 3. A `tf.data.Dataset` of global batches.
-4. NumPy arrays `(x, y)` or `(x, y, sample_weight)` with a `batch_size`.
+4. NumPy arrays `(x, y)` or `(x, y, sample_weight)` with a `batch_size`
+   (`kerastrain.data.numpy_data`).
 
 Batches are read as Keras reads them (`split_batch`): `(x, y)`, `(x, y,
 sample_weight)`, or the inputs alone (`x` or `(x,)`), for a model whose loss
@@ -15,30 +16,20 @@ needs no targets (`add_loss`, an endpoint layer, its own `train_step`).
 Forms 2-4 are distributed by kerastrain: sharded across workers by the policy
 in `kerastrain.data.sharding` and split into per-replica batches by TensorFlow.
 Under parameter servers every form becomes a per-worker dataset built on the
-workers, worker i reading shard i, repeated so no worker runs dry.
+workers, worker i reading shard i, repeated so no worker runs dry
+(`kerastrain.data.distributed`: one input made iterable under one strategy).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
-import os
 import random
-import warnings
 
 import numpy as np
 
-from kerastrain import _compat, _logging
-from kerastrain._tracing import unconverted
-from kerastrain.data import instep
-from kerastrain.data import pipelines as pipeline_lib
+from kerastrain.data import numpy_data
 from kerastrain.data import sharding
-from kerastrain.distribute.ps import visits
-from kerastrain.data import service as service_lib
-from kerastrain._options import is_int
-
-logger = logging.getLogger("kerastrain")
 
 INFINITE = -1
 UNKNOWN = -2
@@ -174,664 +165,83 @@ def cardinality(dataset) -> int:
     return {tf.data.INFINITE_CARDINALITY: INFINITE, tf.data.UNKNOWN_CARDINALITY: UNKNOWN}.get(n, n)
 
 
-# -- NumPy input ----------------------------------------------------------------
+# -- one input resolved in its form ------------------------------------------------
 
-def keras_arrays(structure):
-    """Arrays as Keras's array adapter hands them to a model (`array_slicing`, Keras
-    3.15): lists become tuples (tf.data would stack a list `y = [y_a, y_b]`, a model's
-    two targets, into one tensor) and floats other than Keras's floatx (NumPy's
-    default float64) become floatx, so a step, a loss or a metric sees float32."""
-    import keras
-    import tensorflow as tf
-
-    def one(leaf):
-        array = np.asarray(leaf)
-        if array.dtype.kind == "f" and array.dtype != np.dtype(keras.backend.floatx()):
-            array = array.astype(keras.backend.floatx())
-        return array
-    return tf.nest.map_structure(one, _lists_to_tuples(structure))
-
-
-def _lists_to_tuples(structure):
-    if isinstance(structure, (list, tuple)) and not hasattr(structure, "_fields"):
-        return tuple(_lists_to_tuples(item) for item in structure)
-    if isinstance(structure, dict):
-        return type(structure)((k, _lists_to_tuples(v)) for k, v in structure.items())
-    return structure
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One input resolved in its form (`resolve`): how its pipelines are made, and what the
+    copy made on this task showed of their structure and size."""
+    form: str
+    probe: object  # the pipeline made here (the first one, for dataset_fn(ctx))
+    element_spec: object
+    cardinality: int
+    sizes: list  # of each pipeline made here: one, or one per worker (dataset_fn(ctx) under ps)
+    make: object = None  # () -> a dataset of global batches (every form but dataset_fn(ctx))
+    fn: object = None  # dataset_fn(ctx)
+    numpy: object = None  # `numpy_data.NumpyData` of NumPy input
+    file_source: object = None  # the files it reads (`sharding.PipelineGraph.file_source`)
+    global_batch: int | None = None
 
 
-class NumpyData:
-    """NumPy arrays held in host variables, read by a tf.data pipeline of global batches.
+def resolve(built, data, form, *, argument, shard, batch_size, seed, for_training,
+            input_options) -> Source:
+    """`data` of `form` (`input_form`) made into its `Source`, one copy of its pipelines built
+    here, on this task, to check structure and size first.
 
-    The arrays live in non-trainable variables on this task's CPU, not in the
-    dataset graph, so a pipeline serialised for another worker stays small (the
-    2 GB GraphDef limit of embedded constants). Each pass shuffles the example
-    indices with the seed and gathers whole batches: the batches are those of
-    `tf.data.Dataset.from_tensor_slices(arrays).shuffle(len(x), seed).batch(batch_size)`.
-    """
-
-    def __init__(self, arrays, batch_size, *, shuffle, seed, argument="dataset_fn"):
-        import tensorflow as tf
-
-        if not is_int(batch_size, 1):
-            raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
-        structure = keras_arrays(tuple(arrays))
-        lengths = {leaf.shape[0] if leaf.ndim else None for leaf in tf.nest.flatten(structure)}
-        if None in lengths or len(lengths) != 1:
-            raise ValueError(
-                f"The arrays in `{argument}` must all have the same number of examples (first "
-                f"dimension). Received shapes: "
-                f"{tf.nest.map_structure(lambda a: list(a.shape), structure)}")
-        self.num_examples = lengths.pop()
-        if self.num_examples == 0:
-            raise ValueError(f"The arrays in `{argument}` are empty (0 examples).")
-        self.batch_size = int(batch_size)
-        self.shuffle = shuffle
-        self.seed = seed
-        with tf.init_scope(), tf.device("/cpu:0"):
-            self._variables = tf.nest.map_structure(
-                lambda a: tf.Variable(a, trainable=False, name="numpy_data"), structure)
-
-    def constants(self):
-        """The arrays as constants (for a pipeline that runs in another process)."""
-        import tensorflow as tf
-        return tf.nest.map_structure(lambda v: tf.constant(v.numpy()), self._variables)
-
-    def indices(self, pipeline=0):
-        """The batches of example indices of one pass (shuffled: seeded, anew each pass).
-
-        A shuffled pass is one permutation op (`stateless_shuffle`, its key drawn anew each
-        time the pipeline is iterated, from `seed`) cut into batches: per-batch work only.
-        `Dataset.range(n).shuffle(n)` did per-example work: with the gathers, 0.13 against
-        0.08 CPU-seconds per pass of 65,536 examples (2026-11-23, `bench/numpy_order.py`).
-        The passes' orders are a function of `seed` alone, so every worker and every fresh
-        copy of the pipeline (resume, a retried ps loop) reads them alike.
-        """
-        import tensorflow as tf
-
-        n, size = self.num_examples, self.batch_size
-        batches = -(-n // size)
-        if not self.shuffle:
-            return tf.data.Dataset.range(n).batch(size)
-
-        @unconverted
-        def one_pass(order):
-            return tf.data.Dataset.range(batches).map(
-                unconverted(lambda k: order[k * size:tf.minimum((k + 1) * size, n)]))
-        return self.orders().flat_map(one_pass).apply(
-            tf.data.experimental.assert_cardinality(batches))
-
-    def orders(self):
-        """A dataset whose every iteration yields the next pass's permutation of the
-        examples (`stateless_shuffle` keyed by a draw from `seed`): the order of
-        `indices` (and of `kerastrain.data.instep`, which reads the batches in the loop)."""
-        return self._pass_keys().map(unconverted(self._permutation))
-
-    def order_drawer(self):
-        """`() -> the next pass's permutation`: the orders `orders()` yields, pass after
-        pass, with the permutation computed by a compiled function instead of inside a
-        tf.data iterator made per pass (1.3 against 4.5 ms of CPU per pass of 65,536)."""
-        import tensorflow as tf
-        keys, permutation = self._pass_keys(), tf.function(self._permutation, autograph=False)
-        return lambda: permutation(next(iter(keys)))
-
-    def _pass_keys(self):
-        """Every iteration: one key, drawn anew from `seed` (the next pass's)."""
-        import tensorflow as tf
-        return tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True).take(1)
-
-    def _permutation(self, key):
-        import tensorflow as tf
-        n = tf.constant(self.num_examples, tf.int64)
-        return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64),
-                                                        seed=tf.stack([key, n]))
-
-    def pack(self, parts):
-        """A batch from its flat parts. `(x,)`, the inputs alone, yields x itself: what
-        `model.fit(x)` hands a model's `train_step` (Keras packs a tuple or list of
-        inputs as `((a, b),)`, kept so)."""
-        import tensorflow as tf
-        batch = tf.nest.pack_sequence_as(self._variables, list(parts))
-        return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
-
-    @property
-    def variables(self):
-        """The host variables holding the arrays, flat."""
-        import tensorflow as tf
-        return tf.nest.flatten(self._variables)
-
-    def gather(self, idx, arrays=None):
-        """The batch of examples `idx` (of `arrays`, default the host variables)."""
-        import tensorflow as tf
-        return self.pack([tf.gather(v, idx) for v in
-                          tf.nest.flatten(self._variables if arrays is None else arrays)])
-
-    def dataset(self, whole_batches=False):
-        """The pipeline of global batches. `whole_batches`: when the batch size divides the
-        examples, say so in the shapes (lets TensorFlow fold a step's shape arithmetic);
-        only where nothing shards the batches later (one worker)."""
-        size = self.batch_size if whole_batches and self.num_examples % self.batch_size == 0 \
-            else None
-
-        @unconverted
-        def gather(idx):
-            if size:
-                idx.set_shape([size])
-            return self.gather(idx)
-        return _threaded(self.indices().map(gather), _check_threads("auto"))
-
-
-def files(pattern, parse_fn=None, *, batch_size=None, drop_remainder=False, reader="tfrecord",
-          compression=None, shuffle_files=True, shuffle_buffer=0, seed=0, parallel_reads=None,
-          threads="auto", batch_within_files=False):
-    """A dataset over files on disk that kerastrain (and TensorFlow) can shard by file.
-
-    Records are interleaved from several files at once. With `batch_size`,
-    records are batched first and `parse_fn` receives a batch of records, so
-    parsing is vectorised (`tf.io.parse_example`); without it `parse_fn` gets
-    one record.
-
-    Args:
-        pattern: a glob pattern or a list of paths/patterns.
-        parse_fn: maps a record (or a batch of records) to `(x, y)` or
-            `(x, y, sample_weight)`.
-        batch_size: the global batch size, or None to leave batching to you.
-        drop_remainder: drop a last partial batch.
-        reader: "tfrecord" or "text".
-        compression: "GZIP", "ZLIB" or None.
-        shuffle_files: shuffle the file order each pass (with `seed`, so every
-            worker agrees on it).
-        shuffle_buffer: if > 0, shuffle records within a buffer of this size.
-        seed: seed of both shuffles.
-        parallel_reads: None reads up to 4 files in turn on one thread (local
-            disks); N > 1 reads N files on N threads in chunks of 64 records (remote
-            storage, where each read waits on the network). Per-record parallel
-            reads are avoided: on a 2-core host they ran at 13k records/s against
-            367k sequentially.
-        threads: an int gives the pipeline a private pool of that many threads
-            and turns autotuning off, so that on a small host input threads do not
-            pre-empt the model's; None leaves tf.data's shared, autotuned pool;
-            "auto" (default) is 1 on hosts with up to 4 cores, else None. Measured on
-            2 cores: 0.72x -> 1.03x of in-memory training (docs/performance.md).
-        batch_within_files: faster reading for those who accept other batches: each
-            batch holds records of one file (a file's last batch may be short, one per
-            file and pass, unless `drop_remainder`), files take turns batch by batch,
-            and batches are parsed in parallel in the order they are ready
-            (`deterministic=False`), so the order varies from run to run. Off by
-            default: then batches mix files and every run reads the same order.
-
-    Returns:
-        a `tf.data.Dataset`: pass it, or a function returning it, as data.
-
-    Example:
-        >>> ds = kerastrain.data.files("data/train-*.tfrecord", parse, batch_size=256)
-        >>> trainer.fit(lambda: ds, epochs=2)
+    NumPy arrays are held in host variables (`numpy_data.NumpyData`, shuffled when
+    `for_training`); a dataset under parameter servers must be usable on this task.
     """
     import tensorflow as tf
 
-    readers = {"tfrecord": tf.data.TFRecordDataset, "text": tf.data.TextLineDataset}
-    _check_files_options(readers, reader, parallel_reads, batch_within_files, batch_size)
-    threads = _check_threads(threads)
-    patterns = [pattern] if isinstance(pattern, (str, bytes, os.PathLike)) else list(pattern)
-    names = sorted({name for p in patterns for name in tf.io.gfile.glob(os.fspath(p))})
-    if not names:
-        raise ValueError(f"No files match `pattern`. Received: pattern={pattern!r}")
-    ds = tf.data.Dataset.from_tensor_slices(names)
-    if shuffle_files:
-        ds = ds.shuffle(len(names), seed=seed, reshuffle_each_iteration=True)
-    make_reader = readers[reader]
-    if batch_within_files:
-        return _batched_within_files(ds, len(names), make_reader, compression, parse_fn,
-                                     batch_size, drop_remainder, shuffle_buffer, seed,
-                                     parallel_reads, threads)
-    if parallel_reads is None or parallel_reads == 1:
-        ds = ds.interleave(lambda f: make_reader(f, compression_type=compression),
-                           cycle_length=min(len(names), 4 if parallel_reads is None else 1))
+    ps = built.is_parameter_server
+    pipelines = max(built.num_workers, 1)
+    replicas = built.strategy.num_replicas_in_sync
+    numpy = None
+    if form == "numpy":
+        seed = shuffle_seed(seed, built)
+        if seed is None and for_training:
+            seed = random.randrange(2 ** 31)
+        numpy = numpy_data.NumpyData(
+            data, DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
+            shuffle=for_training, seed=seed, argument=argument)
+        whole = input_options and not ps and pipelines == 1  # a `tuning` choice
+
+        def make():
+            return numpy.dataset(whole_batches=whole)
+    elif form == "dataset":
+        if ps:
+            _check_usable_here(data, argument)
+
+        def make():
+            return data
+    elif form == "global_fn":
+        make = data
     else:
-        ds = ds.interleave(lambda f: make_reader(f, compression_type=compression).batch(64),
-                           cycle_length=parallel_reads, num_parallel_calls=parallel_reads,
-                           deterministic=True).unbatch()
-    if shuffle_buffer:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if batch_size is not None:
-        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    if parse_fn is not None:
-        if threads:
-            ds = ds.map(parse_fn)  # on the pipeline's own thread
-        else:
-            ds = ds.map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return _threaded(ds, threads)
-
-
-def _check_files_options(readers, reader, parallel_reads, batch_within_files, batch_size):
-    if reader not in readers:
-        raise ValueError(f"`reader` must be one of {sorted(readers)}. Received: reader={reader!r}")
-    if parallel_reads is not None and not is_int(parallel_reads, 1):
-        raise ValueError("`parallel_reads` must be None or a positive int. "
-                         f"Received: parallel_reads={parallel_reads!r}")
-    if not isinstance(batch_within_files, bool):
-        raise ValueError("`batch_within_files` must be True or False. "
-                         f"Received: batch_within_files={batch_within_files!r}")
-    if batch_within_files and batch_size is None:
-        raise ValueError("`batch_within_files=True` makes each batch from one file's records, "
-                         "so it needs `batch_size`. Received: batch_size=None")
-
-
-def _batched_within_files(names, num_files, make_reader, compression, parse_fn, batch_size,
-                          drop_remainder, shuffle_buffer, seed, parallel_reads, threads):
-    """`files(..., batch_within_files=True)`: batch each file's records, then interleave the
-    batches: the per-record interleave, the cross-file batching and the ordered parse, about a
-    third of the files' CPU (docs/performance.md), are what this leaves out."""
-    import tensorflow as tf
-
-    def batches(name):
-        records = make_reader(name, compression_type=compression)
-        if shuffle_buffer:
-            records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        return records.batch(batch_size, drop_remainder=drop_remainder)
-
-    cycle = min(num_files, parallel_reads or 4)
-    # On the pipeline's own thread (`threads`) there is nothing to run in parallel: batches
-    # come in turn; on tf.data's pool, in the order they are ready.
-    parallel = {} if threads else {"deterministic": False}
-    ds = names.interleave(batches, cycle_length=cycle,
-                          num_parallel_calls=None if threads else cycle, **parallel)
-    if parse_fn is not None:
-        ds = ds.map(parse_fn, num_parallel_calls=None if threads else tf.data.AUTOTUNE,
-                    **parallel)
-    global _SAID_WITHIN_FILES
-    if not _SAID_WITHIN_FILES:   # once a process: a dataset_fn is called for every pipeline
-        _SAID_WITHIN_FILES = True
-        logger.info("data.files: batch_within_files: each batch holds one file's records, "
-                    "files take turns batch by batch%s (faster reading; batches no longer "
-                    "mix files)", "" if threads else
-                    ", in the order they are ready: the order differs from run to run")
-    return _threaded(ds, threads)
-
-
-_SAID_WITHIN_FILES = False
-
-
-def _check_threads(threads):
-    if threads == "auto":
-        return 1 if pipeline_lib.usable_cores() <= 4 else None
-    if threads is not None and not is_int(threads, 1):
-        raise ValueError("`threads` must be 'auto', None or a positive int. "
-                         f"Received: threads={threads!r}")
-    return threads
-
-
-def _threaded(ds, threads):
-    """Prefetch, on a private pool of `threads` threads without autotuning (None: tf.data's)."""
-    import tensorflow as tf
-    if not threads:
-        return ds.prefetch(tf.data.AUTOTUNE)
-    options = tf.data.Options()
-    options.threading.private_threadpool_size = threads
-    options.autotune.enabled = False
-    return ds.prefetch(2).with_options(options)
-
-
-# -- one input under one strategy ---------------------------------------------------
-
-def _with_policy(dataset, policy):
-    import tensorflow as tf
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = {
-        "file": tf.data.experimental.AutoShardPolicy.FILE,
-        "data": tf.data.experimental.AutoShardPolicy.DATA,
-    }.get(policy, tf.data.experimental.AutoShardPolicy.OFF)
-    return dataset.with_options(options)
-
-
-class DistributedInput:
-    """One input (any form) made iterable under one strategy.
-
-    Attributes:
-        form: "context_fn", "global_fn", "dataset" or "numpy".
-        plan: the `sharding.Plan` decided (logged once).
-        element_spec: the element spec of the batches (checked).
-        cardinality: batches per epoch: per pipeline for `dataset_fn(ctx)`
-            under synchronous strategies, global batches otherwise (the sum over
-            workers under parameter servers); or INFINITE / UNKNOWN.
-
-    `role` ("training", "validation", "evaluation") names the input in the log
-    line; only training data is shuffled (NumPy input).
-    """
-
-    def __init__(self, built, data, *, argument="dataset_fn", shard="auto", batch_size=None,
-                 seed=None, role="training", shuffle=True, input_options=True, in_step=True,
-                 service=None):
-        import tensorflow as tf
-
-        self.form = input_form(data, argument)
-        sharding.check_policy(shard)
-        if batch_size is not None and self.form != "numpy":
-            raise ValueError(
-                "`batch_size` applies to NumPy input only; a dataset or dataset_fn batches its "
-                f"own data. Received: batch_size={batch_size!r} with {argument} of form "
-                f"{self.form!r}")
-        self._built = built
-        self._argument = argument
-        self._role = role
-        self._input_options = input_options  # `pipeline_lib.tuned` on what synchronous loops read
-        for_training = role == "training" and shuffle  # NumPy training data is reshuffled
-        strategy = built.strategy
-        ps = built.is_parameter_server
-        pipelines = max(built.num_workers, 1)
-        self._pipelines = pipelines
-        # Built on first use (the last two, and `passes_read`, kept between fits: ps + service)
-        self._distributed = self._per_worker = self._worker_index = self._account = None
-        self.passes_read = 0
-        # A `kerastrain.data.service.Service` reads training data only (validation stays local).
-        self._service = service if role == "training" else None
-        if self.form == "numpy":
-            seed = shuffle_seed(seed, built)
-            if seed is None and for_training:
-                seed = random.randrange(2 ** 31)
-            self._numpy = NumpyData(data, DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
-                                    shuffle=for_training, seed=seed, argument=argument)
-            whole = input_options and not ps and pipelines == 1  # a `tuning` choice
-            self._make = lambda: self._numpy.dataset(whole_batches=whole)
-        elif self.form == "dataset":
-            if ps:
-                _check_usable_here(data, argument)
-            self._make = lambda: data
-        elif self.form == "global_fn":
-            self._make = data
-        else:
-            self._fn = data
-
-        if self.form == "context_fn":
-            # Build one copy here, on this task, to check structure and size first.
-            contexts = [tf.distribute.InputContext(pipelines, i, strategy.num_replicas_in_sync)
-                        for i in range(pipelines if ps else 1)]
-            probes = [self._fn(ctx) for ctx in contexts]
-            for probe in probes:
-                check_element_spec(probe, argument)
-            sizes = [cardinality(p) for p in probes]
-            self.cardinality = (sizes[0] if len(sizes) == 1 or min(sizes) < 0 else sum(sizes))
-            self._sizes = sizes
-            self.element_spec = probes[0].element_spec
-            source, global_batch = None, None
-        else:
-            probe = self._make()
+        contexts = [tf.distribute.InputContext(pipelines, i, replicas)
+                    for i in range(pipelines if ps else 1)]
+        probes = [data(ctx) for ctx in contexts]
+        for probe in probes:
             check_element_spec(probe, argument)
-            self.element_spec = probe.element_spec
-            self.cardinality = cardinality(probe)
-            self._sizes = [self.cardinality]
-            pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
-            source = pipeline.file_source() if pipelines > 1 or shard == "file" else None
-            global_batch = (self._numpy.batch_size if self.form == "numpy"
-                            else pipeline.batch_size())
-            replicas = strategy.num_replicas_in_sync
-            if global_batch and not ps and global_batch % replicas:
-                low = global_batch // replicas
-                raise ValueError(
-                    f"The global batch size {global_batch} does not divide evenly over the "
-                    f"{replicas} replicas, so replicas would get batches of {low} and "
-                    f"{low + 1}. Use a multiple of {replicas}, e.g. {low * replicas} or "
-                    f"{(low + 1) * replicas}. Received: global batch size {global_batch} from "
-                    f"`{argument}`")
-        self.plan = sharding.decide(
-            shard, form=self.form, pipelines=pipelines, source=source, parameter_servers=ps,
-            global_batch=global_batch, replicas=strategy.num_replicas_in_sync)
-        self._decide_visits(shard, role)
-        self._say_plan(probes[0] if self.form == "context_fn" else probe, in_step)
-
-    def _say_plan(self, probe, in_step):
-        """Log the plan (the service's, if one splits the data) and how batches are read."""
-        if self._service is not None:
-            self.plan = self._service_plan(probe)
-        if self.plan.policy == "none" and self._built.strategy.num_replicas_in_sync == 1:
-            # One pipeline feeding one replica: nothing decided worth a line of its own.
-            _logging.tuning(f"{self._role} data: one input pipeline", "%s data: %s",
-                            self._role, self.plan.sentence)
-        else:
-            logger.info("%s data: %s", self._role, self.plan.sentence)
-        self._in_step = in_step and self._in_step_source(probe)
-
-    def _in_step_source(self, probe):
-        """`() -> instep.InStepBatches` when the batches can be read inside the compiled
-        loop (`instep.source`), else None."""
-        built = self._built
-        if built.is_parameter_server or self._pipelines != 1 or self._service is not None:
-            return None
-        return instep.source(self._numpy if self.form == "numpy" else None, probe,
-                             self.element_spec, built.replica_devices or ("/cpu:0",),
-                             self._role)
-
-    def _service_plan(self, probe):
-        """The plan when the tf.data service splits the data (no sharding by kerastrain)."""
-        if self.form != "numpy":  # NumPy data goes as `service.numpy_batches`, split by batch
-            self._service.check_splittable(sharding.PipelineGraph(probe).graph, self._argument)
-        expected = self._numpy.num_examples if self.form == "numpy" else None
-        self._expected = expected
-        return dataclasses.replace(self.plan, policy="off", sentence=self._service.sentence(
-            parameter_servers=self._built.is_parameter_server, expected=expected))
-
-    def _service_source(self, ctx=None, first_pass=0, passes=1):
-        """The whole data as one pipeline, for the service to split (NumPy: by batch)."""
-        import tensorflow as tf
-        if self.form == "context_fn":
-            return self._checked(self._fn(ctx or tf.distribute.InputContext(
-                1, 0, self._built.strategy.num_replicas_in_sync)))
-        if self.form == "numpy":
-            return service_lib.numpy_batches(self._numpy, first_pass, passes)
-        return self._checked(self._make())
-
-    def _decide_visits(self, shard, role):
-        """Under parameter servers, loops name the batches they train (kerastrain.distribute.ps.visits)
-        unless a worker splits its batches over replicas, a pipeline is empty, or
-        shard='off' opts out (each worker reads its own pipeline, or all the data)."""
-        ps = self._built.is_parameter_server
-        self._reader = None
-        self._local = None  # local_dataset(), made once
-        self._off = shard == "off"
-        self.exact = (ps and self._built.strategy.num_replicas_in_sync == 1
-                      and 0 not in self._sizes and not self._off and self._service is None)
-        if ps and role == "training":
-            self.plan = dataclasses.replace(self.plan, sentence=self._ps_account())
-
-    def _ps_account(self):
-        """What holds under parameter servers: exact visits, or why not."""
-        if self.exact:
-            if self.form == "context_fn":
-                what = (f"dataset_fn(ctx) is called once per input pipeline ({self._pipelines} in "
-                        "all); every worker reads every pipeline, taking their batches in turn")
-            else:
-                what = "every worker reads the whole data, in one device's order"
-            what += ", and trains the positions the coordinator gives each loop: every batch "
-            if INFINITE in self._sizes:
-                return what + ("of the data's (infinite) stream once, in order (a shuffle in the "
-                               "pipeline must be seeded)")
-            if UNKNOWN in self._sizes:
-                return what + ("once per pass of the data (its size is unknown: an epoch is "
-                               "`steps_per_epoch` batches of the repeated data; a shuffle in the "
-                               "pipeline must be seeded)")
-            return what + "once per pass of the data (a shuffle in the pipeline must be seeded)"
-        why = ("shard='off' asked for it, exact visits off" if self._off
-               else "a pipeline is empty" if 0 in self._sizes
-               else "each worker splits its batches over several replicas")
-        return (f"{self.plan.sentence}; each worker reads its own shard ({why}): within an epoch "
-                "examples may repeat or be skipped")
-
-    # -- what the runners iterate ---------------------------------------------------
-
-    def _checked(self, dataset, repeat=False):
-        check_element_spec(dataset, self._argument)
-        if repeat and cardinality(dataset) != INFINITE:
-            dataset = dataset.repeat()
-        return dataset
-
-    def distributed(self, fresh=False):
-        """A distributed dataset for synchronous strategies (iterate it once per pass).
-
-        `fresh`: build it again, as a new run would (a recovery reads the data again
-        from its first pass, and reshuffling follows how often the object was iterated).
-        """
-        if self._distributed is None or fresh:
-            strategy = self._built.strategy
-            # Batches are prefetched onto each replica's device by TensorFlow's default
-            # `InputOptions(experimental_fetch_to_device=True)` (passing it explicitly
-            # breaks CentralStorageStrategy in TF 2.21): a GPU step does not wait for a
-            # host-to-device copy.
-            if self._service is not None:
-                account = service_lib.PassAccount(self._expected)
-
-                def one_pass(k):
-                    def through(ctx=None):
-                        return self._tuned(self._service.consumer_dataset(
-                            self._service_source(ctx, first_pass=k), account))
-                    if self.form == "context_fn":
-                        return strategy.distribute_datasets_from_function(through)
-                    return strategy.experimental_distribute_dataset(
-                        _with_policy(through(), "off"))
-                self._distributed = service_lib.PerPass(one_pass)
-            elif self._in_step:
-                self._distributed = self._in_step()
-            elif self.form == "context_fn":
-                self._distributed = strategy.distribute_datasets_from_function(
-                    lambda ctx: self._tuned(self._checked(self._fn(ctx))))
-            else:
-                dataset = self._tuned(_with_policy(self._make(), self.plan.policy))
-                self._distributed = strategy.experimental_distribute_dataset(dataset)
-        return self._distributed
-
-    def _tuned(self, dataset):
-        """`dataset` with kerastrain's tf.data options (`pipeline_lib.tuned`), logged once."""
-        if not self._input_options:
-            return dataset
-        dataset, sentence = pipeline_lib.tuned(dataset, on_gpu=self._built.on_gpu)
-        if not getattr(self, "_tuning_logged", False):
-            self._tuning_logged = True
-            _logging.tuning(f"{self._role} data: tf.data options tuned",
-                            "%s data: tf.data options: %s (switch off with "
-                            "tuning={'input_options': False})", self._role, sentence)
-        return dataset
-
-    def _worker_dataset(self, index, repeat=True):
-        """Worker `index`'s (repeated) shard, built eagerly here or traced for that worker."""
-        import tensorflow as tf
-
-        if self.form == "context_fn":
-            ctx = tf.distribute.InputContext(self._pipelines, index,
-                                             self._built.strategy.num_replicas_in_sync)
-            return self._checked(self._fn(ctx), repeat=repeat)
-        dataset = _with_policy(self._make(), self.plan.policy)
-        if self.plan.policy in ("file", "data"):
-            dataset = _compat.auto_shard(dataset, self._pipelines, index)
-        return self._checked(dataset, repeat=repeat)
-
-    def per_worker_iterator(self):
-        """Per-worker iterators under parameter servers; repeated, so they never run dry."""
-        if self._per_worker is None:
-            strategy = self._built.strategy
-            if self._service is not None:
-                numpy = self.form == "numpy"  # its source counts passes itself
-                through = self._service.per_worker_fn(
-                    self._service_source(passes=2 ** 40 if numpy else 1), repeat=not numpy)
-
-                def make(index):
-                    return strategy.distribute_datasets_from_function(lambda ctx: through())
-            elif self.form == "dataset":
-                # A dataset object lives here; workers get it as a serialised graph.
-                graphs = [_compat.serialize_dataset(self._worker_dataset(i))
-                          for i in range(self._pipelines)]
-                spec = self.element_spec
-
-                def make(index):
-                    return strategy.distribute_datasets_from_function(
-                        lambda ctx: _compat.deserialize_dataset(graphs[index], spec))
-            else:
-                def make(index):
-                    return strategy.distribute_datasets_from_function(
-                        lambda ctx: self._worker_dataset(index))
-            with warnings.catch_warnings():
-                # tf.data warns that dataset options are not known while tracing.
-                warnings.simplefilter("ignore", UserWarning)
-                self._per_worker = _compat.per_worker_iterator(
-                    self._built.coordinator, strategy, make)
-        return self._per_worker
-
-    @property
-    def drains(self) -> bool:
-        """Under parameter servers through the tf.data service: an epoch of
-        `steps_per_epoch=None` is one pass of a job every worker reads to its end
-        (`ps_driver.PSDriver.run_pass`)."""
-        return self._service is not None and self._built.is_parameter_server
-
-    def pass_iterators(self):
-        """Per-worker iterators over the next pass's job (one job, shared by every ps
-        worker), and per-worker iterators yielding each worker's index."""
-        strategy, coordinator = self._built.strategy, self._built.coordinator
-        k, self.passes_read = self.passes_read, self.passes_read + 1
-        source = (self._service_source(first_pass=k) if self.form == "numpy"
-                  else self._service_source())
-        through = self._service.pass_fn(source)
-        with warnings.catch_warnings():
-            # tf.data warns that dataset options are not known while tracing.
-            warnings.simplefilter("ignore", UserWarning)
-            iterator = _compat.per_worker_iterator(
-                coordinator, strategy,
-                lambda index: strategy.distribute_datasets_from_function(lambda ctx: through()))
-            if self._worker_index is None:
-                self._worker_index = visits.worker_indices(self._built)
-        return iterator, self._worker_index
-
-    def pass_ended(self, examples):
-        """A pass read through the service trained `examples`: fewer than a pass has are
-        reported (`service.PassAccount`)."""
-        if self._account is None:
-            self._account = service_lib.PassAccount(self._expected)
-        self._account.ended(int(round(examples)))
-
-    def reader(self):
-        """The `visits.Reader` of exact visits under parameter servers (None: not exact)."""
-        if not self.exact:
-            return None
-        if self._reader is None:
-            finish = None
-            if self.form == "numpy":
-                make, finish = self._numpy.indices, self._numpy.gather
-            elif self.form == "context_fn":
-                import tensorflow as tf
-                replicas = self._built.strategy.num_replicas_in_sync
-
-                def make(j):
-                    return self._checked(self._fn(tf.distribute.InputContext(
-                        self._pipelines, j, replicas)))
-            elif self.form == "dataset":
-                graph = _compat.serialize_dataset(self._make())
-                spec = self.element_spec
-
-                def make(j):
-                    return _compat.deserialize_dataset(graph, spec)
-            else:
-                def make(j):
-                    return self._checked(self._make())
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                sizes = [size if size > 0 else None for size in self._sizes]
-                self._reader = visits.Reader(self._built, sizes, make, finish,
-                                             element_spec=self.element_spec)
-        return self._reader
-
-    def local_dataset(self):
-        """The whole dataset read on this task (coordinator-side evaluation under PS).
-
-        Made once and iterated anew for each evaluation, as `fit` iterates its
-        `validation_data`: making it traces its functions, which a coordinator registers
-        with every worker while holding the GIL, so with a frozen worker a new one each
-        epoch would block every thread of the process (the stall watch's too).
-        """
-        import tensorflow as tf
-        if self._local is None:
-            if self.form == "context_fn":
-                self._local = self._checked(self._fn(tf.distribute.InputContext(1, 0, 1)))
-            else:
-                self._local = self._checked(self._make())
-        return self._local
+        sizes = [cardinality(p) for p in probes]
+        return Source(form, probes[0], probes[0].element_spec,
+                      sizes[0] if len(sizes) == 1 or min(sizes) < 0 else sum(sizes), sizes,
+                      fn=data)
+    probe = make()
+    check_element_spec(probe, argument)
+    size = cardinality(probe)
+    pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
+    file_source = pipeline.file_source() if pipelines > 1 or shard == "file" else None
+    global_batch = numpy.batch_size if form == "numpy" else pipeline.batch_size()
+    if global_batch and not ps and global_batch % replicas:
+        low = global_batch // replicas
+        raise ValueError(
+            f"The global batch size {global_batch} does not divide evenly over the "
+            f"{replicas} replicas, so replicas would get batches of {low} and "
+            f"{low + 1}. Use a multiple of {replicas}, e.g. {low * replicas} or "
+            f"{(low + 1) * replicas}. Received: global batch size {global_batch} from "
+            f"`{argument}`")
+    return Source(form, probe, probe.element_spec, size, [size], make=make, numpy=numpy,
+                  file_source=file_source, global_batch=global_batch)
 
 
 def _check_usable_here(dataset, argument):

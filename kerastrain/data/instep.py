@@ -58,7 +58,7 @@ def placement(nbytes, devices, strings=False):
 def source(numpy, probe, element_spec, devices, role):
     """`() -> InStepBatches` for an input read inside the compiled loop, or None; logged.
 
-    `numpy`: the input's `data.NumpyData`, or None for a pipeline (`probe`), which
+    `numpy`: the input's `numpy_data.NumpyData`, or None for a pipeline (`probe`), which
     must be exactly `from_tensor_slices(arrays).batch(b)[.prefetch(p)]` of eager
     tensors. `devices`: the worker's replica devices (one replica only).
     """

@@ -1,9 +1,12 @@
-"""tf.data options for the host: how many cores the input may use, and in-memory pipelines
-rebuilt to gather whole batches (`Trainer(tuning=...)`: `input_threads`, `gather_batches`)."""
+"""tf.data options for the host: how many cores the input may use (`tuned`, a pipeline's private
+pool), and in-memory pipelines rebuilt to gather whole batches (`Trainer(tuning=...)`:
+`input_threads`, `gather_batches`)."""
 
 from __future__ import annotations
 
 import os
+
+from kerastrain._options import is_int
 
 
 def usable_cores() -> int:
@@ -19,6 +22,28 @@ def input_threads(cores=None) -> int:
     """Threads of a pipeline's private pool: half the cores (the other half runs the model)."""
     cores = cores or usable_cores()
     return max(1, cores // 2)
+
+
+def check_threads(threads):
+    """A pipeline's private pool (`files(threads=...)`): "auto" is 1 thread on hosts of up to
+    4 cores, else None (tf.data's shared pool)."""
+    if threads == "auto":
+        return 1 if usable_cores() <= 4 else None
+    if threads is not None and not is_int(threads, 1):
+        raise ValueError("`threads` must be 'auto', None or a positive int. "
+                         f"Received: threads={threads!r}")
+    return threads
+
+
+def threaded(ds, threads):
+    """Prefetch, on a private pool of `threads` threads without autotuning (None: tf.data's)."""
+    import tensorflow as tf
+    if not threads:
+        return ds.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    options.autotune.enabled = False
+    return ds.prefetch(2).with_options(options)
 
 
 def _ram_bytes():

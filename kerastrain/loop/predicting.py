@@ -21,6 +21,7 @@ import itertools
 
 import numpy as np
 
+from kerastrain.data import numpy_data
 from kerastrain.data import inputs as data_lib
 
 DEFAULT_BATCH_SIZE = 32  # as in Keras's `predict(x)`
@@ -43,7 +44,7 @@ def global_dataset(x, *, batch_size, argument="x"):
     import tensorflow as tf
 
     if data_lib.array_leaves(x) is not None and not callable(x):
-        dataset = tf.data.Dataset.from_tensor_slices(data_lib.keras_arrays(_pack(x)))
+        dataset = tf.data.Dataset.from_tensor_slices(numpy_data.keras_arrays(_pack(x)))
         return dataset.batch(DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
     form = data_lib.input_form(x, argument)
     if batch_size is not None:

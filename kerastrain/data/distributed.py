@@ -1,0 +1,336 @@
+"""One input (any form) made iterable under one strategy, on replicas, ps workers or the service."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+
+from kerastrain import _compat, _logging
+from kerastrain.data import inputs as data_lib
+from kerastrain.data import instep
+from kerastrain.data import pipelines as pipeline_lib
+from kerastrain.data import sharding
+from kerastrain.distribute.ps import visits
+from kerastrain.data import service as service_lib
+
+logger = logging.getLogger("kerastrain")
+
+
+def _with_policy(dataset, policy):
+    import tensorflow as tf
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = {
+        "file": tf.data.experimental.AutoShardPolicy.FILE,
+        "data": tf.data.experimental.AutoShardPolicy.DATA,
+    }.get(policy, tf.data.experimental.AutoShardPolicy.OFF)
+    return dataset.with_options(options)
+
+
+def _ps_account(sentence, *, exact, off, form, pipelines, sizes):
+    """What holds under parameter servers: exact visits, or why not (after the plan's
+    `sentence`); `sizes`: of the pipelines probed, `off`: shard='off' was asked for."""
+    if exact:
+        if form == "context_fn":
+            what = (f"dataset_fn(ctx) is called once per input pipeline ({pipelines} in "
+                    "all); every worker reads every pipeline, taking their batches in turn")
+        else:
+            what = "every worker reads the whole data, in one device's order"
+        what += ", and trains the positions the coordinator gives each loop: every batch "
+        if data_lib.INFINITE in sizes:
+            return what + ("of the data's (infinite) stream once, in order (a shuffle in the "
+                           "pipeline must be seeded)")
+        if data_lib.UNKNOWN in sizes:
+            return what + ("once per pass of the data (its size is unknown: an epoch is "
+                           "`steps_per_epoch` batches of the repeated data; a shuffle in the "
+                           "pipeline must be seeded)")
+        return what + "once per pass of the data (a shuffle in the pipeline must be seeded)"
+    why = ("shard='off' asked for it, exact visits off" if off
+           else "a pipeline is empty" if 0 in sizes
+           else "each worker splits its batches over several replicas")
+    return (f"{sentence}; each worker reads its own shard ({why}): within an epoch "
+            "examples may repeat or be skipped")
+
+
+class DistributedInput:
+    """One input (any form) made iterable under one strategy.
+
+    Attributes:
+        form: "context_fn", "global_fn", "dataset" or "numpy".
+        plan: the `sharding.Plan` decided (logged once).
+        element_spec: the element spec of the batches (checked).
+        cardinality: batches per epoch: per pipeline for `dataset_fn(ctx)`
+            under synchronous strategies, global batches otherwise (the sum over
+            workers under parameter servers); or INFINITE / UNKNOWN.
+
+    `role` ("training", "validation", "evaluation") names the input in the log
+    line; only training data is shuffled (NumPy input).
+    """
+
+    def __init__(self, built, data, *, argument="dataset_fn", shard="auto", batch_size=None,
+                 seed=None, role="training", shuffle=True, input_options=True, in_step=True,
+                 service=None):
+        self.form = data_lib.input_form(data, argument)
+        sharding.check_policy(shard)
+        if batch_size is not None and self.form != "numpy":
+            raise ValueError(
+                "`batch_size` applies to NumPy input only; a dataset or dataset_fn batches its "
+                f"own data. Received: batch_size={batch_size!r} with {argument} of form "
+                f"{self.form!r}")
+        self._built = built
+        self._argument = argument
+        self._role = role
+        self._input_options = input_options  # `pipeline_lib.tuned` on what synchronous loops read
+        ps = built.is_parameter_server
+        self._pipelines = max(built.num_workers, 1)
+        # Built on first use (the last two, and `passes_read`, kept between fits: ps + service)
+        self._distributed = self._per_worker = self._worker_index = self._account = None
+        self.passes_read = 0
+        # A `kerastrain.data.service.Service` reads training data only (validation stays local).
+        self._service = service if role == "training" else None
+        source = data_lib.resolve(
+            built, data, self.form, argument=argument, shard=shard, batch_size=batch_size,
+            seed=seed, input_options=input_options,
+            for_training=role == "training" and shuffle)  # NumPy training data is reshuffled
+        self._make, self._fn, self._numpy = source.make, source.fn, source.numpy
+        self.element_spec, self.cardinality = source.element_spec, source.cardinality
+        self._sizes = source.sizes
+        self.plan = sharding.decide(
+            shard, form=self.form, pipelines=self._pipelines, source=source.file_source,
+            parameter_servers=ps, global_batch=source.global_batch,
+            replicas=built.strategy.num_replicas_in_sync)
+        self._decide_visits(shard, role)
+        self._say_plan(source.probe, in_step)
+
+    def _say_plan(self, probe, in_step):
+        """Log the plan (the service's, if one splits the data) and how batches are read."""
+        if self._service is not None:
+            self.plan = self._service_plan(probe)
+        if self.plan.policy == "none" and self._built.strategy.num_replicas_in_sync == 1:
+            # One pipeline feeding one replica: nothing decided worth a line of its own.
+            _logging.tuning(f"{self._role} data: one input pipeline", "%s data: %s",
+                            self._role, self.plan.sentence)
+        else:
+            logger.info("%s data: %s", self._role, self.plan.sentence)
+        self._in_step = in_step and self._in_step_source(probe)
+
+    def _in_step_source(self, probe):
+        """`() -> instep.InStepBatches` when the batches can be read inside the compiled
+        loop (`instep.source`), else None."""
+        built = self._built
+        if built.is_parameter_server or self._pipelines != 1 or self._service is not None:
+            return None
+        return instep.source(self._numpy if self.form == "numpy" else None, probe,
+                             self.element_spec, built.replica_devices or ("/cpu:0",),
+                             self._role)
+
+    def _service_plan(self, probe):
+        """The plan when the tf.data service splits the data (no sharding by kerastrain)."""
+        if self.form != "numpy":  # NumPy data goes as `service.numpy_batches`, split by batch
+            self._service.check_splittable(sharding.PipelineGraph(probe).graph, self._argument)
+        expected = self._numpy.num_examples if self.form == "numpy" else None
+        self._expected = expected
+        return dataclasses.replace(self.plan, policy="off", sentence=self._service.sentence(
+            parameter_servers=self._built.is_parameter_server, expected=expected))
+
+    def _service_source(self, ctx=None, first_pass=0, passes=1):
+        """The whole data as one pipeline, for the service to split (NumPy: by batch)."""
+        import tensorflow as tf
+        if self.form == "context_fn":
+            return self._checked(self._fn(ctx or tf.distribute.InputContext(
+                1, 0, self._built.strategy.num_replicas_in_sync)))
+        if self.form == "numpy":
+            return service_lib.numpy_batches(self._numpy, first_pass, passes)
+        return self._checked(self._make())
+
+    def _decide_visits(self, shard, role):
+        """Under parameter servers, loops name the batches they train (kerastrain.distribute.ps.visits)
+        unless a worker splits its batches over replicas, a pipeline is empty, or
+        shard='off' opts out (each worker reads its own pipeline, or all the data)."""
+        ps = self._built.is_parameter_server
+        self._reader = None
+        self._local = None  # local_dataset(), made once
+        self._off = shard == "off"
+        self.exact = (ps and self._built.strategy.num_replicas_in_sync == 1
+                      and 0 not in self._sizes and not self._off and self._service is None)
+        if ps and role == "training":
+            self.plan = dataclasses.replace(self.plan, sentence=_ps_account(
+                self.plan.sentence, exact=self.exact, off=self._off, form=self.form,
+                pipelines=self._pipelines, sizes=self._sizes))
+
+    # -- what the runners iterate ---------------------------------------------------
+
+    def _checked(self, dataset, repeat=False):
+        data_lib.check_element_spec(dataset, self._argument)
+        if repeat and data_lib.cardinality(dataset) != data_lib.INFINITE:
+            dataset = dataset.repeat()
+        return dataset
+
+    def distributed(self, fresh=False):
+        """A distributed dataset for synchronous strategies (iterate it once per pass).
+
+        `fresh`: build it again, as a new run would (a recovery reads the data again
+        from its first pass, and reshuffling follows how often the object was iterated).
+        """
+        if self._distributed is None or fresh:
+            strategy = self._built.strategy
+            # Batches are prefetched onto each replica's device by TensorFlow's default
+            # `InputOptions(experimental_fetch_to_device=True)` (passing it explicitly
+            # breaks CentralStorageStrategy in TF 2.21): a GPU step does not wait for a
+            # host-to-device copy.
+            if self._service is not None:
+                account = service_lib.PassAccount(self._expected)
+
+                def one_pass(k):
+                    def through(ctx=None):
+                        return self._tuned(self._service.consumer_dataset(
+                            self._service_source(ctx, first_pass=k), account))
+                    if self.form == "context_fn":
+                        return strategy.distribute_datasets_from_function(through)
+                    return strategy.experimental_distribute_dataset(
+                        _with_policy(through(), "off"))
+                self._distributed = service_lib.PerPass(one_pass)
+            elif self._in_step:
+                self._distributed = self._in_step()
+            elif self.form == "context_fn":
+                self._distributed = strategy.distribute_datasets_from_function(
+                    lambda ctx: self._tuned(self._checked(self._fn(ctx))))
+            else:
+                dataset = self._tuned(_with_policy(self._make(), self.plan.policy))
+                self._distributed = strategy.experimental_distribute_dataset(dataset)
+        return self._distributed
+
+    def _tuned(self, dataset):
+        """`dataset` with kerastrain's tf.data options (`pipeline_lib.tuned`), logged once."""
+        if not self._input_options:
+            return dataset
+        dataset, sentence = pipeline_lib.tuned(dataset, on_gpu=self._built.on_gpu)
+        if not getattr(self, "_tuning_logged", False):
+            self._tuning_logged = True
+            _logging.tuning(f"{self._role} data: tf.data options tuned",
+                            "%s data: tf.data options: %s (switch off with "
+                            "tuning={'input_options': False})", self._role, sentence)
+        return dataset
+
+    def _worker_dataset(self, index, repeat=True):
+        """Worker `index`'s (repeated) shard, built eagerly here or traced for that worker."""
+        import tensorflow as tf
+
+        if self.form == "context_fn":
+            ctx = tf.distribute.InputContext(self._pipelines, index,
+                                             self._built.strategy.num_replicas_in_sync)
+            return self._checked(self._fn(ctx), repeat=repeat)
+        dataset = _with_policy(self._make(), self.plan.policy)
+        if self.plan.policy in ("file", "data"):
+            dataset = _compat.auto_shard(dataset, self._pipelines, index)
+        return self._checked(dataset, repeat=repeat)
+
+    def per_worker_iterator(self):
+        """Per-worker iterators under parameter servers; repeated, so they never run dry."""
+        if self._per_worker is None:
+            strategy = self._built.strategy
+            if self._service is not None:
+                numpy = self.form == "numpy"  # its source counts passes itself
+                through = self._service.per_worker_fn(
+                    self._service_source(passes=2 ** 40 if numpy else 1), repeat=not numpy)
+
+                def make(index):
+                    return strategy.distribute_datasets_from_function(lambda ctx: through())
+            elif self.form == "dataset":
+                # A dataset object lives here; workers get it as a serialised graph.
+                graphs = [_compat.serialize_dataset(self._worker_dataset(i))
+                          for i in range(self._pipelines)]
+                spec = self.element_spec
+
+                def make(index):
+                    return strategy.distribute_datasets_from_function(
+                        lambda ctx: _compat.deserialize_dataset(graphs[index], spec))
+            else:
+                def make(index):
+                    return strategy.distribute_datasets_from_function(
+                        lambda ctx: self._worker_dataset(index))
+            with warnings.catch_warnings():
+                # tf.data warns that dataset options are not known while tracing.
+                warnings.simplefilter("ignore", UserWarning)
+                self._per_worker = _compat.per_worker_iterator(
+                    self._built.coordinator, strategy, make)
+        return self._per_worker
+
+    @property
+    def drains(self) -> bool:
+        """Under parameter servers through the tf.data service: an epoch of
+        `steps_per_epoch=None` is one pass of a job every worker reads to its end
+        (`ps_driver.PSDriver.run_pass`)."""
+        return self._service is not None and self._built.is_parameter_server
+
+    def pass_iterators(self):
+        """Per-worker iterators over the next pass's job (one job, shared by every ps
+        worker), and per-worker iterators yielding each worker's index."""
+        strategy, coordinator = self._built.strategy, self._built.coordinator
+        k, self.passes_read = self.passes_read, self.passes_read + 1
+        source = (self._service_source(first_pass=k) if self.form == "numpy"
+                  else self._service_source())
+        through = self._service.pass_fn(source)
+        with warnings.catch_warnings():
+            # tf.data warns that dataset options are not known while tracing.
+            warnings.simplefilter("ignore", UserWarning)
+            iterator = _compat.per_worker_iterator(
+                coordinator, strategy,
+                lambda index: strategy.distribute_datasets_from_function(lambda ctx: through()))
+            if self._worker_index is None:
+                self._worker_index = visits.worker_indices(self._built)
+        return iterator, self._worker_index
+
+    def pass_ended(self, examples):
+        """A pass read through the service trained `examples`: fewer than a pass has are
+        reported (`service.PassAccount`)."""
+        if self._account is None:
+            self._account = service_lib.PassAccount(self._expected)
+        self._account.ended(int(round(examples)))
+
+    def reader(self):
+        """The `visits.Reader` of exact visits under parameter servers (None: not exact)."""
+        if not self.exact:
+            return None
+        if self._reader is None:
+            finish = None
+            if self.form == "numpy":
+                make, finish = self._numpy.indices, self._numpy.gather
+            elif self.form == "context_fn":
+                import tensorflow as tf
+                replicas = self._built.strategy.num_replicas_in_sync
+
+                def make(j):
+                    return self._checked(self._fn(tf.distribute.InputContext(
+                        self._pipelines, j, replicas)))
+            elif self.form == "dataset":
+                graph = _compat.serialize_dataset(self._make())
+                spec = self.element_spec
+
+                def make(j):
+                    return _compat.deserialize_dataset(graph, spec)
+            else:
+                def make(j):
+                    return self._checked(self._make())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                sizes = [size if size > 0 else None for size in self._sizes]
+                self._reader = visits.Reader(self._built, sizes, make, finish,
+                                             element_spec=self.element_spec)
+        return self._reader
+
+    def local_dataset(self):
+        """The whole dataset read on this task (coordinator-side evaluation under PS).
+
+        Made once and iterated anew for each evaluation, as `fit` iterates its
+        `validation_data`: making it traces its functions, which a coordinator registers
+        with every worker while holding the GIL, so with a frozen worker a new one each
+        epoch would block every thread of the process (the stall watch's too).
+        """
+        import tensorflow as tf
+        if self._local is None:
+            if self.form == "context_fn":
+                self._local = self._checked(self._fn(tf.distribute.InputContext(1, 0, 1)))
+            else:
+                self._local = self._checked(self._make())
+        return self._local
