@@ -113,6 +113,7 @@ def _run(args, train):
     from kerastrain.cli import config
     from kerastrain.distribute import network
     from kerastrain.cli import recipes
+    from kerastrain.cli import training
     from kerastrain.data import service
     from kerastrain.distribute import strategies
 
@@ -153,7 +154,7 @@ def _run(args, train):
                   f"imported (--no-import), so not checked to exist or take their args: "
                   f"{skipped}", file=sys.stderr)
         return 0
-    role = recipes.task_role(recipe)
+    role = training.task_role(recipe)
     if role == "server":
         # A worker or ps task of a parameter-server cluster: serve until the chief ends.
         from kerastrain.distribute import cluster
@@ -163,7 +164,7 @@ def _run(args, train):
     if role == "evaluator":
         from kerastrain.cli import evaluator
         return evaluator.run(recipe)
-    trainer, _ = recipes.run(recipe, resolved_text=f"# resolved from {args.recipe}" + (
+    trainer, _ = training.run(recipe, resolved_text=f"# resolved from {args.recipe}" + (
         f" with --set {' --set '.join(args.set)}" if args.set else "") + "\n" + text)
     trainer.close()  # the run is over: its model_dir is free (also for a next run in-process)
     if trainer.strategy_name == "multi_worker_mirrored":
