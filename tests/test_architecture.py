@@ -203,6 +203,7 @@ def test_ints_and_numbers_are_checked_in_one_place():
 # The modules `kerastrain validate`, `export`, `launch` and `--help` run on: they load no
 # TensorFlow or Keras (seconds of start-up, and none of it needed to check a recipe).
 TENSORFLOW_FREE = ("kerastrain.cli.command", "kerastrain.cli.config", "kerastrain.cli.recipes",
+                   "kerastrain.cli.arguments", "kerastrain.cli.training",
                    "kerastrain.cli.launch", "kerastrain.cli.interrupts", "kerastrain.cli.faults",
                    "kerastrain.cli.manifests",
                    "kerastrain.loop.stalls", "kerastrain.io.files", "kerastrain._options",

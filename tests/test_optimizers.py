@@ -236,11 +236,12 @@ def test_recipes_and_compile_name_lazy_optimizers(tmp_path):
     from kerastrain import optimizers
     from kerastrain.cli import config
     from kerastrain.cli import recipes
+    from kerastrain.cli import training
     text = (f"include: {helpers.REPO}/recipes/quickstart.yaml\n"
             "model:\n  compile:\n    optimizer: {name: lazy_adam, learning_rate: 0.002}\n")
     (tmp_path / "r.yaml").write_text(text)
     recipe, _ = recipes.load(str(tmp_path / "r.yaml"))
-    built = recipes._optimizer(recipe.model.compile.optimizer)
+    built = training._optimizer(recipe.model.compile.optimizer)
     assert type(built) is optimizers.LazyAdam and built.learning_rate.numpy() == np.float32(0.002)
     assert type(keras.optimizers.get("lazy_adagrad")) is optimizers.LazyAdagrad
     (tmp_path / "bad.yaml").write_text(text.replace("lazy_adam,", "lazy_adan,"))

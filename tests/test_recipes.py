@@ -11,6 +11,7 @@ import helpers
 from kerastrain.cli import command as cli
 from kerastrain.cli import config, template
 from kerastrain.cli import recipes
+from kerastrain.cli import training
 
 RECIPES = sorted(glob.glob(os.path.join(helpers.REPO, "recipes", "*.yaml")))
 
@@ -272,7 +273,7 @@ def test_set_changes_the_run_and_the_resolved_recipe_shows_it(tmp_path, capsys):
 def test_digits_recipe_reaches_its_stated_accuracy(tmp_path):
     recipe, _ = recipes.load(os.path.join(helpers.REPO, "recipes", "digits.yaml"),
                              [f"trainer.model_dir={tmp_path}", "trainer.verbose=0"])
-    trainer, history = recipes.run(recipe)
+    trainer, history = training.run(recipe)
     assert len(history.history["val_accuracy"]) == 50
     assert history.history["val_accuracy"][-1] >= 0.95, history.history["val_accuracy"][-5:]
 

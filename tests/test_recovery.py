@@ -9,7 +9,7 @@ import pytest
 import helpers
 import kerastrain as kt
 from kerastrain.cli import config, template
-from kerastrain.cli import recipes
+from kerastrain.cli import training
 from kerastrain.loop import recovery
 from test_monitoring import read_scalars
 
@@ -147,7 +147,7 @@ def test_options_are_checked_with_the_value_received():
                                                  "trainer.on_nonfinite: recover"):
         config.validate(tree)
     tree["trainer"] = {"on_nonfinite": "recover", "max_recoveries": 5, "spike_factor": 10}
-    built = recipes.build_trainer(config.validate(tree))
+    built = training.build_trainer(config.validate(tree))
     assert built._nonfinite == {"on_nonfinite": "recover", "max_recoveries": 5,
                                 "spike_factor": 10}
 

@@ -46,7 +46,7 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
     import tensorflow as tf
 
     from kerastrain import _logging
-    from kerastrain.cli import recipes
+    from kerastrain.cli import training
     from kerastrain.io import summaries
 
     _logging.ensure_visible()
@@ -63,10 +63,10 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
     local = dataclasses.replace(
         recipe, strategy={"name": "default"}, checkpoints=False, tensorboard=False,
         trainer=dataclasses.replace(recipe.trainer, model_dir=None, verbose=0))
-    trainer = recipes.build_trainer(local)
+    trainer = training.build_trainer(local)
     data_config = recipe.data.validation or recipe.data.train
-    data = recipes.call_builder(data_config, recipe.data.batch_size)
-    batch = recipes.numpy_batch_size(data, recipe.data.batch_size)
+    data = training.call_builder(data_config, recipe.data.batch_size)
+    batch = training.numpy_batch_size(data, recipe.data.batch_size)
     trainer.build(data, batch_size=batch)
     model_dir = outputs.normalize_model_dir(model_dir)  # a URL as given, a local path absolute
     writer = tf.summary.create_file_writer(files.join(model_dir, "logs", "evaluator"))
