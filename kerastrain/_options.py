@@ -239,6 +239,8 @@ def check_arguments(cls, **values):
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
+    """The training loop's options, as `Trainer(...)`, `fit(...)` and a recipe's `trainer:`."""
+
     epochs: int = option(1, "epochs to train", check=ints(0))
     steps_per_epoch: int | None = option(None, "null: to the end of the data",
                                          check=ints(1, optional=True))
@@ -273,3 +275,12 @@ class TrainerConfig:
                 "stacks, and exits 75 (auto: multi-worker and ps only, max(5 min, 20 x the slowest "
                 "loop); null: never)",
         check=_stall_timeout)
+
+    def __post_init__(self):
+        """Made in Python (the Trainer keeps one), each value is checked by its field."""
+        check_arguments(type(self), **{f.name: getattr(self, f.name)
+                                       for f in dataclasses.fields(self)})
+        if self.spike_factor is not None and self.on_nonfinite != "recover":
+            raise ValueError("`spike_factor` acts only with on_nonfinite='recover': set it, or "
+                             f"remove spike_factor. Received: spike_factor={self.spike_factor!r}"
+                             f", on_nonfinite={self.on_nonfinite!r}")

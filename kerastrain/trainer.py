@@ -113,42 +113,31 @@ class Trainer:
                  stall_timeout="auto"):
         if dataset_fn is not None:
             data_lib.input_form(dataset_fn)
-        self._shard = sharding.check_policy(shard)
-        check_arguments(TrainerConfig, steps_per_loop=steps_per_loop, verbose=verbose,
-                        jit_compile=jit_compile, seed=seed, mixed_precision=mixed_precision)
+        shard = sharding.check_policy(shard)
         _check_writers(writers)
-        self._precision = mixed_precision
-        self._nonfinite = dict(on_nonfinite=on_nonfinite, max_recoveries=max_recoveries,
-                               spike_factor=spike_factor)
-        recovery_lib.check_options(**self._nonfinite)
-        self._stall_timeout = stalls.check(stall_timeout)
-        service_options = service_lib.ServiceOptions.coerce(data_service)
-        self._tuning = tuning_lib.TuningOptions.coerce(tuning)
-        self._loop_sizer = tuning_lib.LoopSizer(fallback=modes.AUTO_STEPS_PER_LOOP)
         # A URL stays as given; a local path becomes absolute; `s3://` without
         # tensorflow-io is refused here, not after an hour of training.
         model_dir = outputs_lib.normalize_model_dir(model_dir)
+        self._config = TrainerConfig(  # checks each option, as a recipe's `trainer:` is
+            model_dir=model_dir, seed=seed, steps_per_loop=steps_per_loop, verbose=verbose,
+            jit_compile=jit_compile, mixed_precision=mixed_precision, on_nonfinite=on_nonfinite,
+            max_recoveries=max_recoveries, spike_factor=spike_factor, stall_timeout=stall_timeout)
+        service_options = service_lib.ServiceOptions.coerce(data_service)
+        self._tuning = tuning_lib.TuningOptions.coerce(tuning)
+        self._loop_sizer = tuning_lib.LoopSizer(fallback=modes.AUTO_STEPS_PER_LOOP)
         _logging.ensure_visible()
         # A model instance is read before the strategy exists (a ps cluster, once
         # connected, makes the instance's variables unreadable here).
         detached, optimizer = instances.detach(model), instances.detach_optimizer(optimizer)
         # Checks names and options before TensorFlow does anything heavy.
-        with stalls.connecting(self._stall_timeout, bool(stalls.cluster_workers())):
+        with stalls.connecting(stalls.check(stall_timeout), bool(stalls.cluster_workers())):
             built = strategies.build_strategy(strategy, strategy_options)
-        if jit_compile is True and built.places_variables:
-            raise ValueError(
-                f"`jit_compile=True` works with the 'default' and 'one_device' strategies; under "
-                f"{built.name!r} a step holds cross-device or remote-variable operations "
-                "XLA cannot compile. Remove it. Received: jit_compile=True")
+        tuning_lib.check_jit_compile(jit_compile, built)
         recovery_lib.check_strategy(on_nonfinite, built)
         service_lib.check_strategy(service_options, built)
         self._service = service_options and service_lib.Service(service_options)
         self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries, its stall watch)
-        self._seed = seed
-        self._steps_per_loop = steps_per_loop
-        self._verbose = verbose
-        self._dataset_fn = dataset_fn
-        self._eval_dataset_fn = None
+        self._dataset_fn, self._eval_dataset_fn = dataset_fn, None
         if seed is not None:
             import keras
             keras.utils.set_random_seed(seed)
@@ -159,19 +148,18 @@ class Trainer:
             tensorboard=monitor_lib.TensorBoardOptions.coerce(tensorboard), writers=writers,
             moved=lambda *args: self._state.move(*args))
         self._state = state_lib.TrainingState(
-            built, model, detached=detached, precision_policy=self._precision,
+            built, model, detached=detached, precision_policy=mixed_precision,
             workdir=self._workdir, jit_compile=jit_compile, tuning=self._tuning,
             optimizer=optimizer, loss=loss, metrics=metrics)
         self._built = self._state.built  # a model instance's copy may fall back to another
         # The user's own model object, when kerastrain trains a copy built in scope: it
         # gets the trained weights whenever fit ends, so code written for model.fit works.
         self._user_model = model if detached is not None and model is not self.model else None
-        self._feeds = feeds_lib.Feeds(self._built, shard=self._shard, seed=seed,
+        self._feeds = feeds_lib.Feeds(self._built, shard=shard, seed=seed,
                                       tuning=self._tuning, service=self._service)
         self._predictor = None
         self._workdir.claim()
-        self._workdir.settings = _settings(self, seed=seed, steps_per_loop=steps_per_loop,
-                                           shard=shard)
+        self._workdir.settings = _settings(self, shard=shard)
 
     # -- public properties ----------------------------------------------------
 
@@ -203,8 +191,8 @@ class Trainer:
     def steps_per_loop(self) -> int:
         """Steps per compiled call: as given, or what "auto" resolved to (measured on the
         first loops under synchronous strategies; 100 until then and elsewhere)."""
-        if self._steps_per_loop != "auto":
-            return self._steps_per_loop
+        if self._config.steps_per_loop != "auto":
+            return self._config.steps_per_loop
         return self._loop_sizer.size or modes.AUTO_STEPS_PER_LOOP
 
     @property
@@ -263,7 +251,7 @@ class Trainer:
                 instances.hand_back(self.model, self._user_model)
 
     def _resolve_verbose(self, verbose):
-        return callbacks_lib.resolve_verbose(verbose, default=self._verbose,
+        return callbacks_lib.resolve_verbose(verbose, default=self._config.verbose,
                                              is_chief=self.is_chief)
 
     # -- training -------------------------------------------------------------
@@ -337,14 +325,9 @@ class Trainer:
         if user is not None and callbacks:
             def sync():
                 instances.hand_back(self.model, user, keep_functions=True)
-        state = self._state
-        return fitting.Epochs(
-            step=state.step, model=state.model, global_step=state.global_step, run=state.run,
-            mode=state.mode, strategy_name=self._built.name, num_workers=self._built.num_workers,
-            stall_timeout=self._stall_timeout,
-            nonfinite=self._nonfinite, steps_per_loop=self._steps_per_loop,
-            loop_sizer=self._loop_sizer, tuning=self._tuning, before_epoch_end=sync,
-            user_actions=actions or ())
+        return fitting.Epochs(self._state, self._config, loop_sizer=self._loop_sizer,
+                              tuning=self._tuning, before_epoch_end=sync,
+                              user_actions=actions or ())
 
     def _training_ended(self, progress, first_step):
         """Unless the loss diverged: export after training, or when the export is missing or
@@ -397,11 +380,7 @@ class Trainer:
         cbs = callbacks_lib.callback_list(
             callbacks_lib.check_callbacks(callbacks), model=self.model, history=False,
             verbose=self._resolve_verbose(verbose), epochs=1, steps=steps)
-        cbs.on_test_begin()
-        cbs.on_test_batch_begin(0)
-        logs = self._evaluate_input(eval_input, steps)
-        cbs.on_test_batch_end((steps or 1) - 1, logs)
-        cbs.on_test_end(logs)
+        logs = callbacks_lib.evaluated(cbs, lambda: self._evaluate_input(eval_input, steps), steps)
         return logs if return_dict else _compat.flatten_metrics_in_order(self.model, logs)
 
     # -- prediction -----------------------------------------------------------
@@ -421,17 +400,12 @@ class Trainer:
         Example:
             >>> probabilities = trainer.predict(x_test, batch_size=256)
         """
-        predicting.check_options(batch_size=batch_size, steps=steps)
         callbacks = callbacks_lib.check_callbacks(callbacks)
-        predictor = self._predictor = self._predictor or predicting.Predictor(
-            self._built, self.model)
-        batches, known, spec = predictor.batches(x, batch_size=batch_size, steps=steps)
-        predictor.ensure_built(spec)
-        cbs = callbacks_lib.callback_list(callbacks, model=self.model, history=False,
-                                          verbose=self._resolve_verbose(verbose), epochs=1,
-                                          steps=known)
+        self._predictor = self._predictor or predicting.Predictor(self._built, self.model)
         with self._state.cluster_errors_explained():
-            return predictor.run(batches, steps, cbs)
+            return self._predictor.predict(x, batch_size=batch_size, steps=steps,
+                                           callbacks=callbacks,
+                                           verbose=self._resolve_verbose(verbose))
 
     def _evaluate_input(self, eval_input, steps):
         return self._state.evaluate(eval_input, steps, beat=self._epochs and self._epochs.beat)
@@ -452,15 +426,15 @@ def _check_writers(writers):
                             f"Received an item of type {type(w).__name__}: {w!r}")
 
 
-def _settings(trainer, *, seed, steps_per_loop, shard):
+def _settings(trainer, *, shard):
     """What the run resolved to, written to `model_dir/config.yaml` and TensorBoard."""
-    built = trainer._built
+    built, config = trainer._built, trainer._config
     return {
         "strategy": built.name, "strategy_reason": built.reason,
         "strategy_options": built.options,
         "replicas": built.strategy.num_replicas_in_sync, "workers": built.num_workers,
-        "seed": seed, "steps_per_loop": steps_per_loop, "model_dir": trainer.model_dir,
-        "shard": shard, "mixed_precision": trainer._precision,
+        "seed": config.seed, "steps_per_loop": config.steps_per_loop,
+        "model_dir": trainer.model_dir, "shard": shard, "mixed_precision": config.mixed_precision,
         "tuning": dataclasses.asdict(trainer._tuning),
         "model": trainer.model.name,
         "optimizer": type(trainer.model.optimizer).__name__,
@@ -468,6 +442,7 @@ def _settings(trainer, *, seed, steps_per_loop, shard):
             trainer._workdir.checkpoint),
         "tensorboard": None if trainer._workdir.tensorboard is None else dataclasses.asdict(
             trainer._workdir.tensorboard),
-        **trainer._nonfinite,
+        "on_nonfinite": config.on_nonfinite, "max_recoveries": config.max_recoveries,
+        "spike_factor": config.spike_factor,
         "data_service": trainer._service and dataclasses.asdict(trainer._service.options),
     }

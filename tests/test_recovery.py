@@ -148,8 +148,8 @@ def test_options_are_checked_with_the_value_received():
         config.validate(tree)
     tree["trainer"] = {"on_nonfinite": "recover", "max_recoveries": 5, "spike_factor": 10}
     built = training.build_trainer(config.validate(tree))
-    assert built._nonfinite == {"on_nonfinite": "recover", "max_recoveries": 5,
-                                "spike_factor": 10}
+    assert (built._config.on_nonfinite, built._config.max_recoveries,
+            built._config.spike_factor) == ("recover", 5, 10)
 
 
 @pytest.mark.multiprocess

@@ -16,6 +16,7 @@ import logging
 import numpy as np
 
 from kerastrain.io import cadence
+from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.loop import preemption
 
 logger = logging.getLogger("kerastrain")
@@ -190,14 +191,7 @@ class Validation(Action):
 
     def __call__(self, p):
         if p.epoch_end and self.every.at_epoch_end(p.epoch):
-            hooks = self.callbacks
-            if hooks is not None:
-                hooks.on_test_begin()
-                hooks.on_test_batch_begin(0)
-            logs = self.evaluate()
-            if hooks is not None:
-                hooks.on_test_batch_end((self.steps or 1) - 1, logs)
-                hooks.on_test_end(logs)
+            logs = callbacks_lib.evaluated(self.callbacks, self.evaluate, self.steps)
             p.logs.update({f"val_{k}": v for k, v in logs.items()})
 
 

@@ -121,3 +121,17 @@ def resolve_verbose(verbose, *, default, is_chief):
     if verbose == 1 and not interactive:
         return 2  # a progress bar on a pipe is one line per update: keep logs readable
     return verbose
+
+
+def evaluated(callback_list, evaluate, steps):
+    """`evaluate()`'s logs, with the callbacks' test hooks around it as `model.evaluate` and
+    `model.fit`'s validation call them: `on_test_begin`, the batch hooks once (evaluation
+    runs in compiled chunks), `on_test_end(logs)`. No hooks when `callback_list` is None."""
+    if callback_list is None:
+        return evaluate()
+    callback_list.on_test_begin()
+    callback_list.on_test_batch_begin(0)
+    logs = evaluate()
+    callback_list.on_test_batch_end((steps or 1) - 1, logs)
+    callback_list.on_test_end(logs)
+    return logs

@@ -31,16 +31,10 @@ class Epochs:
     """The epochs of one `fit`: its actions, its stall watch, its loop over epochs.
 
     Args:
-        step: the `loops.Step` (compiled loops, exact totals and results).
-        model: the model being trained (the copy in scope).
-        global_step: the global step variable.
-        run: the `run_state.RunState` (counters and checkpointer).
-        mode: the strategy kind's object (`loop/modes.py`).
-        strategy_name: the strategy's kerastrain name, for the stall watch's account.
-        num_workers: the workers of the cluster (1 without one).
-        stall_timeout: as `Trainer(stall_timeout=...)`.
-        nonfinite: `on_nonfinite`, `max_recoveries` and `spike_factor` as given.
-        steps_per_loop: as `Trainer(steps_per_loop=...)`: an int or "auto".
+        state: the Trainer's `state.TrainingState` (its model, compiled step, global step,
+            run state and strategy), once built.
+        config: the Trainer's `_options.TrainerConfig` (steps_per_loop, stall_timeout,
+            on_nonfinite, max_recoveries, spike_factor).
         loop_sizer: the Trainer's `tuning.LoopSizer` (what "auto" measured stays measured).
         tuning: the Trainer's `tuning.TuningOptions`.
         before_epoch_end: called at each epoch end before the callbacks' `on_epoch_end`
@@ -48,15 +42,17 @@ class Epochs:
         user_actions: the `actions.Action`s given to `fit(actions=...)`.
     """
 
-    def __init__(self, *, step, model, global_step, run, mode, strategy_name, num_workers,
-                 stall_timeout, nonfinite, steps_per_loop, loop_sizer, tuning,
-                 before_epoch_end=None, user_actions=()):
-        self.step, self.model, self.global_step = step, model, global_step
-        self.run_state, self.mode = run, mode
-        self.strategy_name, self.num_workers = strategy_name, num_workers
-        self.stall_timeout = stall_timeout
-        self.nonfinite = nonfinite
-        self.asked_steps_per_loop, self.loop_sizer, self.tuning = steps_per_loop, loop_sizer, tuning
+    def __init__(self, state, config, *, loop_sizer, tuning, before_epoch_end=None,
+                 user_actions=()):
+        self.step, self.model, self.global_step = state.step, state.model, state.global_step
+        self.run_state, self.mode = state.run, state.mode
+        self.strategy_name, self.num_workers = state.built.name, state.built.num_workers
+        self.stall_timeout = stalls.check(config.stall_timeout)
+        self.nonfinite = dict(on_nonfinite=config.on_nonfinite,
+                              max_recoveries=config.max_recoveries,
+                              spike_factor=config.spike_factor)
+        self.asked_steps_per_loop = config.steps_per_loop
+        self.loop_sizer, self.tuning = loop_sizer, tuning
         self.before_epoch_end = before_epoch_end
         self.user_actions = list(user_actions)
         self.steps_per_epoch = None  # as `epoch_length` decided

@@ -129,6 +129,15 @@ class Predictor:
             self._step = tf.function(one, reduce_retracing=True, autograph=False)
         return self._step
 
+    def predict(self, x, *, batch_size, steps, callbacks, verbose):
+        """`model.predict(x, ...)`'s outputs (`callbacks` checked, `verbose` resolved)."""
+        from kerastrain.loop import callbacks as callbacks_lib
+        check_options(batch_size=batch_size, steps=steps)
+        batches, known, spec = self.batches(x, batch_size=batch_size, steps=steps)
+        self.ensure_built(spec)
+        return self.run(batches, steps, callbacks_lib.callback_list(
+            callbacks, model=self.model, history=False, verbose=verbose, epochs=1, steps=known))
+
     def run(self, batches, steps, callback_list):
         """Predict up to `steps` of `batches` with `callback_list`'s `on_predict_*` hooks;
         the outputs joined (`concatenate`). `model.stop_predicting` stops after a batch."""

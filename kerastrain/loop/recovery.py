@@ -45,18 +45,6 @@ class TooManyRecoveries(RuntimeError):
     """The loss went bad again after `max_recoveries` recoveries in one `fit`."""
 
 
-def check_options(*, on_nonfinite, max_recoveries, spike_factor):
-    """Raise a ValueError naming the option and the value received (each option by its
-    `TrainerConfig` field; then the rule between them)."""
-    from kerastrain._options import TrainerConfig, check_arguments
-    check_arguments(TrainerConfig, on_nonfinite=on_nonfinite, max_recoveries=max_recoveries,
-                    spike_factor=spike_factor)
-    if spike_factor is not None and on_nonfinite != "recover":
-        raise ValueError("`spike_factor` acts only with on_nonfinite='recover': set it, or "
-                         f"remove spike_factor. Received: spike_factor={spike_factor!r}, "
-                         f"on_nonfinite={on_nonfinite!r}")
-
-
 def check_strategy(on_nonfinite, built):
     """Raise where a recovery cannot restore the same state on every task."""
     if on_nonfinite == "recover" and built.is_multi_worker:

@@ -147,6 +147,15 @@ class LoopSizer:
 
 # -- jit_compile="auto" ---------------------------------------------------------------
 
+def check_jit_compile(jit_compile, built):
+    """`jit_compile=True` where the step holds what XLA cannot compile: a clear error now."""
+    if jit_compile is True and built.places_variables:
+        raise ValueError(
+            f"`jit_compile=True` works with the 'default' and 'one_device' strategies; under "
+            f"{built.name!r} a step holds cross-device or remote-variable operations "
+            "XLA cannot compile. Remove it. Received: jit_compile=True")
+
+
 def resolve_jit_compile(requested, model, *, places_variables, has_gpu):
     """The `jit_compile` a step uses, and why (a sentence for the log).
 
