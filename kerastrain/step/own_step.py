@@ -8,7 +8,8 @@ import numpy as np
 
 from kerastrain.data import inputs as data_lib
 from kerastrain.distribute.ps import worker_steps
-from kerastrain.step.loops import MetricState, Step, log_value, overrides
+from kerastrain.step.loops import Step, overrides
+from kerastrain.step.metrics import MetricState, log_value
 
 
 def step_for(built, model, global_step, **options):
