@@ -18,19 +18,11 @@ from __future__ import annotations
 import logging
 
 from kerastrain import _compat
-from kerastrain.step import inexact
 from kerastrain.step import metrics as metrics_lib
-from kerastrain.step import updates
-from kerastrain.distribute.ps import worker_steps
-from kerastrain.data import inputs as data_lib
+from kerastrain.step import replica as replica_lib
 from kerastrain._tracing import unconverted
 
 logger = logging.getLogger("kerastrain")
-
-
-def unpack(data):
-    """`(x, y, sample_weight)` of a batch, as Keras unpacks it (x-only batches: y is None)."""
-    return data_lib.split_batch(data)
 
 
 class Step:
@@ -54,142 +46,24 @@ class Step:
         self.metrics = metrics_lib.MetricState(model)
         # Partitioned variables (parameter servers): gradients and updates per shard.
         self.partitioned = partitioned
+        # What each replica computes in one step (its gradients, update and totals).
+        self.replica = replica_lib.ReplicaStep(model, self.metrics, partitioned)
         self._train = None
         self._pass = None
         self._eval = None
         self._eval_local = None
         # XLA fuses the forward pass, gradients and optimizer update of one step.
-        self._train_replica = (tf.function(self._train_step, jit_compile=True)
-                               if jit_compile else self._train_step)
+        self._train_replica = (tf.function(self.replica.train_step, jit_compile=True)
+                               if jit_compile else self.replica.train_step)
         # Batches per update: more than one when the optimizer accumulates gradients.
         self.accumulation = accumulation
         # Training steps per loop iteration where that many are known to be left (`_until_end`
         # on in-memory input, `worker_steps`).
         self.unroll = unroll
         self._said_unrolled = False
-        self._said_masked = False
         self._accumulator = (accumulation_lib.Accumulator(self, accumulation, jit_compile)
                              if accumulation > 1 else None)
         self._batches = None  # `batch_loop`, made on first use
-
-    # -- per-replica steps ---------------------------------------------------
-
-    def _batch_size(self, x):
-        import tensorflow as tf
-        return tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
-
-    def _forward(self, x, training):
-        """`(y_pred, forward)`: the model's forward pass, and what `_losses_and_metrics`
-        needs of it (None without layer-owned metrics).
-
-        With metrics that layers update in `call`, the pass runs in a stateless scope in
-        which those metrics' variables start at zero, so their updates come back as deltas
-        (summed across replicas and steps like the compiled metrics'); the pass's
-        `add_loss` losses are collected in the scope, and every other update it makes
-        (batch statistics, seed states) is applied for real as it returns.
-        """
-        import tensorflow as tf
-        variables = self.metrics.layer_variables
-        if not variables:
-            return self.model(x, training=training), None
-        zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
-        with worker_steps.RecordingScope(list(zip(variables, zeros)),
-                                         collect_losses=True) as scope:
-            y_pred = self.model(x, training=training)
-            losses = list(self.model.losses)
-            deltas = [scope.get_current_value(v) for v in variables]
-        scope.apply_updates_except(variables)
-        return y_pred, (losses, deltas)
-
-    def _losses_and_metrics(self, x, y, y_pred, sw, training, forward=None):
-        """Keras's compiled loss plus `model.losses` (scaled 1/replicas by Keras), and
-        the metric deltas.
-
-        Called right after the forward pass, outside any stateless scope, so that
-        `model.losses` holds that pass's `add_loss` and activity-regularizer losses
-        and the weight regularizers read their live variables (inside the tape:
-        gradients flow to them). Inside the scope below only the metrics' variables
-        are mapped (to zeros), so their update gives deltas, not totals.
-        """
-        model = self.model
-        variables = self.metrics.variables
-        start = self.metrics.zeros()
-        if forward is None:
-            extra = list(model.losses)
-        else:  # layer-owned metrics' deltas from the forward pass, its losses
-            extra, deltas = forward
-            start[len(start) - len(deltas):] = deltas
-        with _compat.stateless_scope(list(zip(variables, start))) as scope, \
-                _compat.model_losses(model, extra):
-            loss = _compat.compute_loss(model, x, y, y_pred, sw, training)
-            cm = _compat.compile_metrics(model)
-            if cm is not None:
-                cm.update_state(y, y_pred, sw)
-            new = [scope.get_current_value(v) for v in variables]
-        return loss, new
-
-    def _pack(self, loss_sum, n, new_state):
-        import tensorflow as tf
-        return tf.concat([tf.stack([loss_sum, n])] + self.metrics.flatten(new_state), axis=0)
-
-    def replica_gradients(self, data):
-        """One replica's gradients of its share of the global mean loss of one batch.
-
-        Returns:
-            (gradients, examples in the global batch, the packed totals vector).
-        """
-        import tensorflow as tf
-
-        optimizer = self.model.optimizer
-        x, y, sw = unpack(data)
-        n = self._batch_size(x)
-        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        global_n = n
-        if replicas > 1:
-            global_n = tf.distribute.get_replica_context().all_reduce("sum", n)
-        guard = _EmptyBatchGuard(self.model, x, n, replicas)
-        with tf.GradientTape() as tape:
-            y_pred, forward = self._forward(x, training=True)
-            if replicas > 1 and not self._said_masked:   # decided once, while tracing
-                self._said_masked = True
-                inexact.say_losses(self.model, y_pred, replicas, weighted=sw is not None)
-            loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True,
-                                                   forward=forward)
-            # Keras returned (local mean + regularization) / replicas. Weighting each
-            # replica by its share of the global batch makes the summed gradient the
-            # gradient of the global mean, also when the last batch is partial.
-            loss_sum = loss * (replicas * n)
-            objective = tf.math.divide_no_nan(loss_sum, global_n)
-            if hasattr(optimizer, "scale_loss"):
-                objective = optimizer.scale_loss(objective)
-        variables, _ = self.update_target()
-        grads = guard.gradients(tape.gradient(objective, variables))
-        return grads, global_n, self._pack(guard.value(loss_sum), n, state)
-
-    def update_target(self):
-        """(variables, optimizer) of an update: per shard for partitioned variables."""
-        if self.partitioned:
-            return (self.partitioned.flat(self.model.trainable_variables),
-                    self.partitioned.update_optimizer)
-        return self.model.trainable_variables, self.model.optimizer
-
-    def _train_step(self, data):
-        grads, _, packed = self.replica_gradients(data)
-        variables, optimizer = self.update_target()
-        updates.apply_summed(optimizer, grads, variables)
-        return packed
-
-    def _eval_step(self, data):
-        import tensorflow as tf
-
-        # The replica count Keras divided by (1 for coordinator-side evaluation).
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        x, y, sw = unpack(data)
-        n = self._batch_size(x)
-        y_pred, forward = self._forward(x, training=False)
-        loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=False,
-                                               forward=forward)
-        return self._pack(loss * (replicas * n), n, state)
 
     # -- what a loop returns, and how results add up ---------------------------
 
@@ -217,8 +91,8 @@ class Step:
 
     def _run_eval(self, data, local=False):
         if local:  # coordinator-side evaluation under parameter servers
-            return self._eval_step(data)
-        return self.reduce(self.strategy.run(self._eval_step, args=(data,)))
+            return self.replica.eval_step(data)
+        return self.reduce(self.strategy.run(self.replica.eval_step, args=(data,)))
 
     # -- compiled loops ------------------------------------------------------
 
@@ -463,49 +337,6 @@ class Step:
 
     def start_epoch(self):
         """Called before each epoch and evaluation (nothing to reset: totals start at 0)."""
-
-
-class _EmptyBatchGuard:
-    """What a replica whose batch is empty must not change.
-
-    When the last global batch has fewer examples than there are replicas,
-    TensorFlow gives some replicas an empty batch. Keras's BatchNormalization
-    takes the mean of nothing there: its gradient for `gamma` is NaN (summed
-    into every replica's update) and this replica's copy of the moving mean and
-    variance (aggregation "none": each replica keeps its own) becomes NaN, so
-    that replica's inference gives NaN ever after. Measured under `model.fit`
-    with MirroredStrategy too (docs/strategies.md). An empty replica contributes
-    nothing: zero gradients, and its local non-trainable state is put back.
-
-    Only for a model with such local state (batch statistics; a dropout seed) and
-    when a replica's batch can be empty: several replicas, and a batch dimension
-    the data does not fix. (An MLP with BatchNormalization under mirrored on this
-    2-core machine: 6.36 ms CPU a step without, 6.69 with, within the noise.)
-    """
-
-    def __init__(self, model, x, n, replicas):
-        import tensorflow as tf
-        self.n = n
-        may_be_empty = replicas > 1 and tf.nest.flatten(x)[0].shape[0] is None
-        self.local = [v for v in model.non_trainable_variables
-                      if getattr(v, "aggregation", None) == "none"] if may_be_empty else []
-        self.active = bool(self.local)
-        # Read before the forward pass (automatic control dependencies keep the order).
-        self.before = [tf.identity(v.value) for v in self.local]
-
-    def value(self, t):
-        import tensorflow as tf
-        return tf.where(self.n > 0, t, tf.zeros_like(t)) if self.active else t
-
-    def gradients(self, grads):
-        """Zero gradients for an empty batch, and the local state restored."""
-        import tensorflow as tf
-        if not self.active:
-            return grads
-        for v, old in zip(self.local, self.before):
-            v.assign(tf.where(self.n > 0, v.value, old))
-        return [g if g is None else tf.IndexedSlices(self.value(g.values), g.indices, g.dense_shape)
-                if isinstance(g, tf.IndexedSlices) else self.value(g) for g in grads]
 
 
 def overrides(model, name) -> bool:
