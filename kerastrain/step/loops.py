@@ -25,11 +25,41 @@ from kerastrain._tracing import unconverted
 logger = logging.getLogger("kerastrain")
 
 
+def loop_condition(stop_flag):
+    """The condition of a training loop: steps left, and no stop requested."""
+    import tensorflow as tf
+
+    def go_on(steps, num_steps):
+        # The stop request is part of the loop's condition, not a branch in its
+        # body: a branch per step cost 3.6% more CPU in the core benchmark.
+        if stop_flag is None:
+            return steps < num_steps
+        return tf.logical_and(steps < num_steps, tf.logical_not(stop_flag.read_value()))
+    return go_on
+
+
+def skip_loop():
+    """`fn(iterator, n) -> skipped`: read and drop up to n batches (resuming mid-pass;
+    a step reads `accumulation` of them)."""
+    import tensorflow as tf
+
+    @tf.function
+    def skip(iterator, num_batches):
+        skipped = tf.constant(0, tf.int32)
+        for _ in tf.range(num_batches):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            skipped += 1
+        return skipped
+    return skip
+
+
 class Step:
     """The compiled functions for one model under one strategy, and nothing else.
 
-    `train_loop`, `eval_loop` (and `eval_loop_local` under parameter servers) and
-    `skip_loop` each run many steps per `tf.function` call; a driver
+    `train_loop` and `eval_loop` (and `eval_loop_local`, `pass_loop`, `positions_loop`
+    under parameter servers) each run many steps per `tf.function` call; a driver
     (`kerastrain.loop.driver`) decides how many and where.
     """
 
@@ -117,7 +147,7 @@ class Step:
                 return totals, num_steps
         else:
             if self._accumulator is not None:
-                return self._accumulator.sync_loop(self._go_on(self.stop_flag),
+                return self._accumulator.sync_loop(loop_condition(self.stop_flag),
                                                    after=self._count_steps)
             loop = self._until_end(self._run_train, after=self._count_steps,
                                    stop_flag=self.stop_flag, unroll=self.unroll)
@@ -205,19 +235,6 @@ class Step:
         """Under parameter servers, the compiled loops of exact visits (`visits.loop`)."""
         return reader.loop(self, fresh)
 
-    @staticmethod
-    def _go_on(stop_flag):
-        """The condition of a training loop: steps left, and no stop requested."""
-        import tensorflow as tf
-
-        def go_on(steps, num_steps):
-            # The stop request is part of the loop's condition, not a branch in its
-            # body: a branch per step cost 3.6% more CPU in the core benchmark.
-            if stop_flag is None:
-                return steps < num_steps
-            return tf.logical_and(steps < num_steps, tf.logical_not(stop_flag.read_value()))
-        return go_on
-
     def _until_end(self, run_one, after=None, stop_flag=None, unroll=1):
         """A compiled loop of up to `num_steps` batches that stops where the data ends.
 
@@ -229,7 +246,7 @@ class Step:
         seen between iterations.
         """
         import tensorflow as tf
-        go_on = unconverted(self._go_on(stop_flag))
+        go_on = unconverted(loop_condition(stop_flag))
         run_one, accumulate = unconverted(run_one), unconverted(self.accumulate)
         after = after and unconverted(after)
 
@@ -272,22 +289,6 @@ class Step:
             logger.debug("training loop: %d steps per iteration where that many are known "
                          "to be left, so consecutive steps overlap; same steps, same order "
                          "(switch off with tuning={'unroll_steps': False})", self.unroll)
-
-    def skip_loop(self):
-        """`fn(iterator, n) -> skipped`: read and drop up to n batches (resuming mid-pass;
-        a step reads `accumulation` of them)."""
-        import tensorflow as tf
-
-        @tf.function
-        def skip(iterator, num_batches):
-            skipped = tf.constant(0, tf.int32)
-            for _ in tf.range(num_batches):
-                optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    break
-                skipped += 1
-            return skipped
-        return skip
 
     def eval_loop(self):
         """`fn(iterator, num_steps) -> (totals, steps)` over distributed data (sync strategies)."""
