@@ -1,11 +1,12 @@
 """Compiled inner loops: many steps per `tf.function` call, reduced exactly across replicas.
 
-Each replica returns one flat float32 vector per step:
+Each replica returns one flat float32 vector per step (`kerastrain.step.replica`):
 `[sum of per-example losses (+ regularization x examples), examples, metric deltas...]`
 where the metric deltas are the change of every metric variable, computed with
-Keras's stateless metric API from a zero state. The loop sums that vector across
-replicas with `strategy.reduce(SUM)` and across its steps, and returns it. The
-host adds loops up in float64 and turns the totals back into metric results.
+Keras's stateless metric API from a zero state (`kerastrain.step.metrics`). The loop
+sums that vector across replicas with `strategy.reduce(SUM)` and across its steps,
+and returns it. The host adds loops up in float64 and turns the totals back into
+metric results.
 
 Why not Keras's own metric variables: they are `on_read` variables, which
 parameter-server training turns into caching variables that lose updates
