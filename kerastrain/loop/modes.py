@@ -28,6 +28,7 @@ from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import preemption
 from kerastrain.loop import ps_driver
 from kerastrain.loop import stalls
+from kerastrain.step import loops as loops_lib
 
 logger = logging.getLogger("kerastrain")
 
@@ -75,7 +76,7 @@ class Synchronous:
         watched = steps_per_loop in ("auto", 1) and any(
             map(callbacks_lib.wants_every_batch, callbacks))
         batches = step.batch_loop() if watched else None
-        return driver_lib.SyncDriver(step.train_loop(), step.skip_loop(), step.accumulation,
+        return driver_lib.SyncDriver(step.train_loop(), loops_lib.skip_loop(), step.accumulation,
                                      batch_loop=batches, reset=step.reset_held)
 
     def epoch_length(self, cardinality, accumulation):

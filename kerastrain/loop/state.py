@@ -22,6 +22,7 @@ from kerastrain.loop import run_state
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.step import loops as loops_lib
 from kerastrain.step import instances
+from kerastrain.step import metrics as metrics_lib
 from kerastrain.step import models as models_lib
 from kerastrain.step import own_step
 from kerastrain.step import precision
@@ -111,7 +112,7 @@ class TrainingState:
             instances.carry_optimizer(model, self._detached)
             self._detached = None  # its copies of the weights and slots are no longer needed
             if not loops_lib.overrides(model, "train_step"):
-                loops_lib.MetricState(model).check_sums(model, element_spec)
+                metrics_lib.MetricState(model).check_sums(model, element_spec)
         models_lib.say_unsynchronized_batchnorm(model, self.strategy)
         jit, why = tuning_lib.resolve_jit_compile(
             self._jit_compile, model, places_variables=built.places_variables,

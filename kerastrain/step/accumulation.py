@@ -64,9 +64,9 @@ class Accumulator:
     """The compiled training loops of a `loops.Step` whose optimizer accumulates k batches.
 
     Args:
-        step: the `loops.Step`; its `replica_gradients(data)` gives one replica's
+        step: the `loops.Step`; its `replica.gradients(data)` gives one replica's
             gradients of one batch and the batch's packed totals, and its
-            `update_target()` the variables and optimizer an update applies to.
+            `replica.update_target()` the variables and optimizer an update applies to.
         steps: k, the batches per update.
     """
 
@@ -84,7 +84,7 @@ class Accumulator:
 
     def _micro(self, data):
         """One replica's gradient sum over one batch (x the batch's global examples)."""
-        grads, global_n, packed = self.step.replica_gradients(data)
+        grads, global_n, packed = self.step.replica.gradients(data)
         present = [g is not None for g in grads]
         if self._present is None:
             self._present = present
@@ -94,7 +94,7 @@ class Accumulator:
         return [g * global_n for g in grads if g is not None], packed
 
     def _apply(self, sums, examples, last):
-        variables, optimizer = self.step.update_target()
+        variables, optimizer = self.step.replica.update_target()
         if sums is None:  # `batch_loop`: the sums held in this replica's variables
             sums = [held.read_value() for held, on in zip(self._held, self._present) if on]
         sums = iter(sums)
@@ -182,7 +182,7 @@ class Accumulator:
         import tensorflow as tf
         strategy, k = self.step.strategy, self.steps
         if self._held is None:
-            variables, _ = self.step.update_target()
+            variables, _ = self.step.replica.update_target()
             with strategy.scope():
                 self._held = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
                                           synchronization=tf.VariableSynchronization.ON_READ,

@@ -1,11 +1,12 @@
 """Compiled inner loops: many steps per `tf.function` call, reduced exactly across replicas.
 
-Each replica returns one flat float32 vector per step:
+Each replica returns one flat float32 vector per step (`kerastrain.step.replica`):
 `[sum of per-example losses (+ regularization x examples), examples, metric deltas...]`
 where the metric deltas are the change of every metric variable, computed with
-Keras's stateless metric API from a zero state. The loop sums that vector across
-replicas with `strategy.reduce(SUM)` and across its steps, and returns it. The
-host adds loops up in float64 and turns the totals back into metric results.
+Keras's stateless metric API from a zero state (`kerastrain.step.metrics`). The loop
+sums that vector across replicas with `strategy.reduce(SUM)` and across its steps,
+and returns it. The host adds loops up in float64 and turns the totals back into
+metric results.
 
 Why not Keras's own metric variables: they are `on_read` variables, which
 parameter-server training turns into caching variables that lose updates
@@ -17,183 +18,49 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
-
 from kerastrain import _compat
-from kerastrain.step import inexact
-from kerastrain.step import updates
-from kerastrain.distribute.ps import worker_steps
-from kerastrain.data import inputs as data_lib
+from kerastrain.step import metrics as metrics_lib
+from kerastrain.step import replica as replica_lib
 from kerastrain._tracing import unconverted
 
 logger = logging.getLogger("kerastrain")
 
 
-def unpack(data):
-    """`(x, y, sample_weight)` of a batch, as Keras unpacks it (x-only batches: y is None)."""
-    return data_lib.split_batch(data)
-
-
-def log_value(value):
-    """A metric's result as `model.fit`'s logs hold it (Keras's `pythonify_logs`): a float
-    where NumPy converts it to one, else the NumPy array (`F1Score`'s, one value a class)."""
-    value = np.asarray(value)
-    try:
-        return float(value)
-    except TypeError:
-        return value
-
-
-def _probe_batch(model, element_spec, rows=2):
-    """`(x, y, y_pred)`: a made-up batch of `rows` examples of the data's shapes: x and
-    the targets zeros, the predictions 0.5 in the shapes the model gives."""
-    import keras
+def loop_condition(stop_flag):
+    """The condition of a training loop: steps left, and no stop requested."""
     import tensorflow as tf
-    x_spec, y_spec, _ = data_lib.split_batch(element_spec)
 
-    def concrete(spec, value):
-        shape = [rows if d is None else d for d in spec.shape]
-        return tf.fill(shape, tf.cast(value, spec.dtype) if spec.dtype.is_numeric else "")
-    symbolic = tf.nest.map_structure(
-        lambda s: keras.KerasTensor([rows if d is None else d for d in s.shape], s.dtype.name),
-        x_spec)
-    outputs = model.compute_output_spec(symbolic)
-    y_pred = tf.nest.map_structure(lambda o: tf.fill(o.shape, tf.cast(0.5, o.dtype)), outputs)
-    return (tf.nest.map_structure(lambda s: concrete(s, 0), x_spec),
-            tf.nest.map_structure(lambda s: concrete(s, 0), y_spec), y_pred)
+    def go_on(steps, num_steps):
+        # The stop request is part of the loop's condition, not a branch in its
+        # body: a branch per step cost 3.6% more CPU in the core benchmark.
+        if stop_flag is None:
+            return steps < num_steps
+        return tf.logical_and(steps < num_steps, tf.logical_not(stop_flag.read_value()))
+    return go_on
 
 
-class MetricState:
-    """The metric variables kerastrain reduces, and how to read results from totals."""
+def skip_loop():
+    """`fn(iterator, n) -> skipped`: read and drop up to n batches (resuming mid-pass;
+    a step reads `accumulation` of them)."""
+    import tensorflow as tf
 
-    def __init__(self, model, metrics=None):
-        self.parts = []  # (metric, [variables])
-        containers = [_compat.compile_metrics(model)]
-        loss = _compat.compile_loss(model)
-        if loss is not None:
-            containers.extend(getattr(loss, "metrics", []) or [])
-        owned = []
-        if metrics is not None:  # a model's own metrics (`model.metrics`)
-            containers = list(metrics)
-        else:  # metrics the layers update in `call`, logged by `fit` too (after the others)
-            owned = _compat.layer_metrics(model)
-        for metric in containers + owned:
-            if metric is not None and metric.variables:
-                self.parts.append((metric, list(metric.variables)))
-        self.variables = [v for _, vs in self.parts for v in vs]
-        self.layer_variables = [v for m in owned for v in m.variables]
-        self._results = None  # the compiled `_metric_results`
-        self.sizes = [int(np.prod(v.shape)) for v in self.variables]
-        odd = sorted({v.path for v in self.variables if getattr(v, "aggregation", "sum") != "sum"})
-        if odd:
-            logger.warning("metric variables %s are not sums; kerastrain adds them across "
-                           "replicas and steps anyway", odd)
-
-    def check_sums(self, model, element_spec):
-        """Refuse a compiled metric whose update is not a sum of per-batch parts.
-
-        kerastrain reduces a metric by summing what each step's `update_state` adds to
-        its variables (across steps, replicas and workers), which is exact for Keras's
-        metrics (counts and sums). A metric that keeps a maximum or the last batch's
-        value would come out wrong without a word (a maximum error of 2.5 logged as
-        9.6). Probe: one made-up batch (targets 0, predictions 0.5, of the data's and
-        the model's shapes) updates the metrics from a state of zeros and from a state
-        of ones; a sum moves both alike. Metrics the probe cannot run are not judged.
-        """
-        import tensorflow as tf
-        metrics = _compat.compile_metrics(model)
-        _, y_spec, _ = data_lib.split_batch(element_spec)
-        owned = [v for m, vs in self.parts if m is metrics for v in vs]
-        if not owned or y_spec is None:
-            return
-        try:
-            x, y, y_pred = _probe_batch(model, element_spec)
-            moved = []
-            for start in (0, 1):
-                state = [tf.fill(v.shape, tf.cast(start, v.dtype)) for v in owned]
-                with _compat.stateless_scope(list(zip(owned, state))) as scope:
-                    metrics.update_state(y, y_pred)
-                    moved.append([np.asarray(scope.get_current_value(v)) - start
-                                  for v in owned])
-        except Exception:  # noqa: BLE001 - a metric the probe cannot feed is not judged
-            return
-        odd = [v.path for v, a, b in zip(owned, *moved)
-               if not np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)]
-        if odd:
-            raise ValueError(
-                f"Metric variable(s) {odd} do not add up: from a state of ones, a batch's "
-                "`update_state` moved them otherwise than from zeros (a metric keeping a "
-                "maximum, or the last batch's value). kerastrain sums each step's updates "
-                "across steps, replicas and workers, exact for sums and counts as Keras's "
-                "metrics keep, so this metric would be logged wrong. Write its update_state "
-                "to add to its variables (`assign_add`, or `assign(v + ...)`), or compute it "
-                "outside training (a callback).")
-
-    @property
-    def width(self) -> int:
-        return 2 + sum(self.sizes)
-
-    def zeros(self):
-        import tensorflow as tf
-        return [tf.zeros(v.shape, v.dtype) for v in self.variables]
-
-    def flatten(self, values):
-        import tensorflow as tf
-        return [tf.reshape(tf.cast(v, tf.float32), [-1]) for v in values]
-
-    def results(self, totals) -> dict:
-        """Epoch logs (`loss` first, then every metric) from a float64 totals vector."""
-        loss_sum, count = float(totals[0]), float(totals[1])
-        logs = {"loss": loss_sum / count if count else float("nan")}
-        logs.update(self.metric_results(totals))
-        return logs
-
-    def metric_results(self, totals, updated_only=False) -> dict:
-        """Every metric's result from a totals vector (`[loss, examples, deltas...]`).
-        `updated_only`: only metrics whose deltas are not all zero (updated at all)."""
-        import tensorflow as tf
-        if not self.parts:
-            return {}
-        if self._results is None:
-            # Compiled once: eager metric results cost ~1 ms per logged step.
-            self._results = tf.function(self._metric_results, autograph=False)
-        totals = np.asarray(totals, np.float64)
-        logs, offset = {}, 2
-        for (_, variables), part in zip(self.parts, self._results(tf.constant(totals))):
-            size = sum(int(np.prod(v.shape)) for v in variables)
-            if not updated_only or np.any(totals[offset:offset + size]):
-                logs.update({k: log_value(v) for k, v in part.items()})
-            offset += size
-        return logs
-
-    def _metric_results(self, totals):
-        """Each metric's results (a dict per metric, in `parts` order)."""
-        import tensorflow as tf
-        parts = []
-        offset = 2
-        for metric, variables in self.parts:
-            values = []
-            for v in variables:
-                size = int(np.prod(v.shape))
-                values.append(tf.reshape(tf.cast(totals[offset:offset + size], v.dtype),
-                                         v.shape))
-                offset += size
-            # Read the result inside the scope: a metric whose `result()` returns one
-            # of its variables would otherwise be read outside, at its live value.
-            with _compat.stateless_scope(list(zip(variables, values))):
-                result = metric.result()
-                if not isinstance(result, dict):
-                    result = {metric.name: result}
-                # Converted here, in the scope: a variable returned would be read after it.
-                parts.append({k: tf.convert_to_tensor(r) for k, r in result.items()})
-        return parts
+    @tf.function
+    def skip(iterator, num_batches):
+        skipped = tf.constant(0, tf.int32)
+        for _ in tf.range(num_batches):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            skipped += 1
+        return skipped
+    return skip
 
 
 class Step:
     """The compiled functions for one model under one strategy, and nothing else.
 
-    `train_loop`, `eval_loop` (and `eval_loop_local` under parameter servers) and
-    `skip_loop` each run many steps per `tf.function` call; a driver
+    `train_loop` and `eval_loop` (and `eval_loop_local`, `pass_loop`, `positions_loop`
+    under parameter servers) each run many steps per `tf.function` call; a driver
     (`kerastrain.loop.driver`) decides how many and where.
     """
 
@@ -207,145 +74,27 @@ class Step:
         self.strategy = built.strategy
         self.model = model
         self.global_step = global_step
-        self.metrics = MetricState(model)
+        self.metrics = metrics_lib.MetricState(model)
         # Partitioned variables (parameter servers): gradients and updates per shard.
         self.partitioned = partitioned
+        # What each replica computes in one step (its gradients, update and totals).
+        self.replica = replica_lib.ReplicaStep(model, self.metrics, partitioned)
         self._train = None
         self._pass = None
         self._eval = None
         self._eval_local = None
         # XLA fuses the forward pass, gradients and optimizer update of one step.
-        self._train_replica = (tf.function(self._train_step, jit_compile=True)
-                               if jit_compile else self._train_step)
+        self._train_replica = (tf.function(self.replica.train_step, jit_compile=True)
+                               if jit_compile else self.replica.train_step)
         # Batches per update: more than one when the optimizer accumulates gradients.
         self.accumulation = accumulation
         # Training steps per loop iteration where that many are known to be left (`_until_end`
         # on in-memory input, `worker_steps`).
         self.unroll = unroll
         self._said_unrolled = False
-        self._said_masked = False
         self._accumulator = (accumulation_lib.Accumulator(self, accumulation, jit_compile)
                              if accumulation > 1 else None)
         self._batches = None  # `batch_loop`, made on first use
-
-    # -- per-replica steps ---------------------------------------------------
-
-    def _batch_size(self, x):
-        import tensorflow as tf
-        return tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
-
-    def _forward(self, x, training):
-        """`(y_pred, forward)`: the model's forward pass, and what `_losses_and_metrics`
-        needs of it (None without layer-owned metrics).
-
-        With metrics that layers update in `call`, the pass runs in a stateless scope in
-        which those metrics' variables start at zero, so their updates come back as deltas
-        (summed across replicas and steps like the compiled metrics'); the pass's
-        `add_loss` losses are collected in the scope, and every other update it makes
-        (batch statistics, seed states) is applied for real as it returns.
-        """
-        import tensorflow as tf
-        variables = self.metrics.layer_variables
-        if not variables:
-            return self.model(x, training=training), None
-        zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
-        with worker_steps.RecordingScope(list(zip(variables, zeros)),
-                                         collect_losses=True) as scope:
-            y_pred = self.model(x, training=training)
-            losses = list(self.model.losses)
-            deltas = [scope.get_current_value(v) for v in variables]
-        scope.apply_updates_except(variables)
-        return y_pred, (losses, deltas)
-
-    def _losses_and_metrics(self, x, y, y_pred, sw, training, forward=None):
-        """Keras's compiled loss plus `model.losses` (scaled 1/replicas by Keras), and
-        the metric deltas.
-
-        Called right after the forward pass, outside any stateless scope, so that
-        `model.losses` holds that pass's `add_loss` and activity-regularizer losses
-        and the weight regularizers read their live variables (inside the tape:
-        gradients flow to them). Inside the scope below only the metrics' variables
-        are mapped (to zeros), so their update gives deltas, not totals.
-        """
-        model = self.model
-        variables = self.metrics.variables
-        start = self.metrics.zeros()
-        if forward is None:
-            extra = list(model.losses)
-        else:  # layer-owned metrics' deltas from the forward pass, its losses
-            extra, deltas = forward
-            start[len(start) - len(deltas):] = deltas
-        with _compat.stateless_scope(list(zip(variables, start))) as scope, \
-                _compat.model_losses(model, extra):
-            loss = _compat.compute_loss(model, x, y, y_pred, sw, training)
-            cm = _compat.compile_metrics(model)
-            if cm is not None:
-                cm.update_state(y, y_pred, sw)
-            new = [scope.get_current_value(v) for v in variables]
-        return loss, new
-
-    def _pack(self, loss_sum, n, new_state):
-        import tensorflow as tf
-        return tf.concat([tf.stack([loss_sum, n])] + self.metrics.flatten(new_state), axis=0)
-
-    def replica_gradients(self, data):
-        """One replica's gradients of its share of the global mean loss of one batch.
-
-        Returns:
-            (gradients, examples in the global batch, the packed totals vector).
-        """
-        import tensorflow as tf
-
-        optimizer = self.model.optimizer
-        x, y, sw = unpack(data)
-        n = self._batch_size(x)
-        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        global_n = n
-        if replicas > 1:
-            global_n = tf.distribute.get_replica_context().all_reduce("sum", n)
-        guard = _EmptyBatchGuard(self.model, x, n, replicas)
-        with tf.GradientTape() as tape:
-            y_pred, forward = self._forward(x, training=True)
-            if replicas > 1 and not self._said_masked:   # decided once, while tracing
-                self._said_masked = True
-                inexact.say_losses(self.model, y_pred, replicas, weighted=sw is not None)
-            loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True,
-                                                   forward=forward)
-            # Keras returned (local mean + regularization) / replicas. Weighting each
-            # replica by its share of the global batch makes the summed gradient the
-            # gradient of the global mean, also when the last batch is partial.
-            loss_sum = loss * (replicas * n)
-            objective = tf.math.divide_no_nan(loss_sum, global_n)
-            if hasattr(optimizer, "scale_loss"):
-                objective = optimizer.scale_loss(objective)
-        variables, _ = self.update_target()
-        grads = guard.gradients(tape.gradient(objective, variables))
-        return grads, global_n, self._pack(guard.value(loss_sum), n, state)
-
-    def update_target(self):
-        """(variables, optimizer) of an update: per shard for partitioned variables."""
-        if self.partitioned:
-            return (self.partitioned.flat(self.model.trainable_variables),
-                    self.partitioned.update_optimizer)
-        return self.model.trainable_variables, self.model.optimizer
-
-    def _train_step(self, data):
-        grads, _, packed = self.replica_gradients(data)
-        variables, optimizer = self.update_target()
-        updates.apply_summed(optimizer, grads, variables)
-        return packed
-
-    def _eval_step(self, data):
-        import tensorflow as tf
-
-        # The replica count Keras divided by (1 for coordinator-side evaluation).
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        x, y, sw = unpack(data)
-        n = self._batch_size(x)
-        y_pred, forward = self._forward(x, training=False)
-        loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=False,
-                                               forward=forward)
-        return self._pack(loss * (replicas * n), n, state)
 
     # -- what a loop returns, and how results add up ---------------------------
 
@@ -373,8 +122,8 @@ class Step:
 
     def _run_eval(self, data, local=False):
         if local:  # coordinator-side evaluation under parameter servers
-            return self._eval_step(data)
-        return self.reduce(self.strategy.run(self._eval_step, args=(data,)))
+            return self.replica.eval_step(data)
+        return self.reduce(self.strategy.run(self.replica.eval_step, args=(data,)))
 
     # -- compiled loops ------------------------------------------------------
 
@@ -399,7 +148,7 @@ class Step:
                 return totals, num_steps
         else:
             if self._accumulator is not None:
-                return self._accumulator.sync_loop(self._go_on(self.stop_flag),
+                return self._accumulator.sync_loop(loop_condition(self.stop_flag),
                                                    after=self._count_steps)
             loop = self._until_end(self._run_train, after=self._count_steps,
                                    stop_flag=self.stop_flag, unroll=self.unroll)
@@ -487,19 +236,6 @@ class Step:
         """Under parameter servers, the compiled loops of exact visits (`visits.loop`)."""
         return reader.loop(self, fresh)
 
-    @staticmethod
-    def _go_on(stop_flag):
-        """The condition of a training loop: steps left, and no stop requested."""
-        import tensorflow as tf
-
-        def go_on(steps, num_steps):
-            # The stop request is part of the loop's condition, not a branch in its
-            # body: a branch per step cost 3.6% more CPU in the core benchmark.
-            if stop_flag is None:
-                return steps < num_steps
-            return tf.logical_and(steps < num_steps, tf.logical_not(stop_flag.read_value()))
-        return go_on
-
     def _until_end(self, run_one, after=None, stop_flag=None, unroll=1):
         """A compiled loop of up to `num_steps` batches that stops where the data ends.
 
@@ -511,7 +247,7 @@ class Step:
         seen between iterations.
         """
         import tensorflow as tf
-        go_on = unconverted(self._go_on(stop_flag))
+        go_on = unconverted(loop_condition(stop_flag))
         run_one, accumulate = unconverted(run_one), unconverted(self.accumulate)
         after = after and unconverted(after)
 
@@ -554,22 +290,6 @@ class Step:
             logger.debug("training loop: %d steps per iteration where that many are known "
                          "to be left, so consecutive steps overlap; same steps, same order "
                          "(switch off with tuning={'unroll_steps': False})", self.unroll)
-
-    def skip_loop(self):
-        """`fn(iterator, n) -> skipped`: read and drop up to n batches (resuming mid-pass;
-        a step reads `accumulation` of them)."""
-        import tensorflow as tf
-
-        @tf.function
-        def skip(iterator, num_batches):
-            skipped = tf.constant(0, tf.int32)
-            for _ in tf.range(num_batches):
-                optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    break
-                skipped += 1
-            return skipped
-        return skip
 
     def eval_loop(self):
         """`fn(iterator, num_steps) -> (totals, steps)` over distributed data (sync strategies)."""
@@ -619,49 +339,6 @@ class Step:
 
     def start_epoch(self):
         """Called before each epoch and evaluation (nothing to reset: totals start at 0)."""
-
-
-class _EmptyBatchGuard:
-    """What a replica whose batch is empty must not change.
-
-    When the last global batch has fewer examples than there are replicas,
-    TensorFlow gives some replicas an empty batch. Keras's BatchNormalization
-    takes the mean of nothing there: its gradient for `gamma` is NaN (summed
-    into every replica's update) and this replica's copy of the moving mean and
-    variance (aggregation "none": each replica keeps its own) becomes NaN, so
-    that replica's inference gives NaN ever after. Measured under `model.fit`
-    with MirroredStrategy too (docs/strategies.md). An empty replica contributes
-    nothing: zero gradients, and its local non-trainable state is put back.
-
-    Only for a model with such local state (batch statistics; a dropout seed) and
-    when a replica's batch can be empty: several replicas, and a batch dimension
-    the data does not fix. (An MLP with BatchNormalization under mirrored on this
-    2-core machine: 6.36 ms CPU a step without, 6.69 with, within the noise.)
-    """
-
-    def __init__(self, model, x, n, replicas):
-        import tensorflow as tf
-        self.n = n
-        may_be_empty = replicas > 1 and tf.nest.flatten(x)[0].shape[0] is None
-        self.local = [v for v in model.non_trainable_variables
-                      if getattr(v, "aggregation", None) == "none"] if may_be_empty else []
-        self.active = bool(self.local)
-        # Read before the forward pass (automatic control dependencies keep the order).
-        self.before = [tf.identity(v.value) for v in self.local]
-
-    def value(self, t):
-        import tensorflow as tf
-        return tf.where(self.n > 0, t, tf.zeros_like(t)) if self.active else t
-
-    def gradients(self, grads):
-        """Zero gradients for an empty batch, and the local state restored."""
-        import tensorflow as tf
-        if not self.active:
-            return grads
-        for v, old in zip(self.local, self.before):
-            v.assign(tf.where(self.n > 0, v.value, old))
-        return [g if g is None else tf.IndexedSlices(self.value(g.values), g.indices, g.dense_shape)
-                if isinstance(g, tf.IndexedSlices) else self.value(g) for g in grads]
 
 
 def overrides(model, name) -> bool:

@@ -8,7 +8,9 @@ import numpy as np
 
 from kerastrain.data import inputs as data_lib
 from kerastrain.distribute.ps import worker_steps
-from kerastrain.step.loops import MetricState, Step, log_value, overrides
+from kerastrain.step.loops import Step, overrides
+from kerastrain.step.metrics import MetricState, log_value
+from kerastrain.step.replica import batch_size
 
 
 def step_for(built, model, global_step, **options):
@@ -125,13 +127,13 @@ class ModelStep(Step):
             x = data_lib.split_batch(data)[0]
             logs, deltas = worker_steps.run_with_metric_deltas(
                 step_fn, data, self.exact.variables)
-            return self._pack_logs("train", logs, self._batch_size(x), deltas)
+            return self._pack_logs("train", logs, batch_size(x), deltas)
         return self.reduce(self.strategy.run(replica, args=(data,)))
 
     def _replica(self, step_fn):
         def run(data):
             x = data_lib.split_batch(data)[0]
-            return step_fn(data), self._batch_size(x)
+            return step_fn(data), batch_size(x)
         return run
 
     def _run(self, kind, step_fn, data, local=False):

@@ -3,7 +3,7 @@
 `mixed_precision="mixed_float16"` or `"mixed_bfloat16"` builds the model's layers
 to compute in 16 bits with float32 variables. float16's narrow range needs loss
 scaling: Keras's `compile` wraps the optimizer of a mixed_float16 model in a
-`LossScaleOptimizer`, and kerastrain's step (`kerastrain.step.loops`) multiplies the
+`LossScaleOptimizer`, and kerastrain's step (`kerastrain.step.replica`) multiplies the
 objective by `optimizer.scale_loss`, so the optimizer's `apply` divides the
 gradients by the scale, skips the update when any is not finite and lowers the
 scale. bfloat16 has float32's range and needs none.

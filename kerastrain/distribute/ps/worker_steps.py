@@ -6,7 +6,7 @@ variables there and lose updates (measured, 2 workers: a `Sum` of the examples
 counted 704 and 560 of 768 in two epochs). So kerastrain runs the model's step
 in a `keras.StatelessScope` in which the metric variables start at zero: what
 the step adds to them comes back as deltas, which the loop sums exactly like
-kerastrain's own step (`kerastrain.step.loops.MetricState`). Every other update the step makes
+kerastrain's own step (`kerastrain.step.metrics.MetricState`). Every other update the step makes
 (weights, optimizer slots, batch statistics, seeds) is applied for real once the
 step returns; inside the step, later reads see earlier updates, as they would.
 """
