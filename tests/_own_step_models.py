@@ -36,11 +36,14 @@ class Sampling(keras.layers.Layer):
 
 
 class VAE(keras.Model):
-    """keras.io's VAE, small: its own trackers, the KL term from `model.losses`."""
+    """keras.io's VAE, small: its own trackers, the KL term from `model.losses` (with a
+    weight regularizer's term: it failed to trace under ps, reading its weight in a
+    stateless scope)."""
 
     def __init__(self, **kwargs):
         inputs = keras.Input((8,))
-        hidden = keras.layers.Dense(8, activation="relu")(inputs)
+        hidden = keras.layers.Dense(8, activation="relu",
+                                    kernel_regularizer=keras.regularizers.L2(1e-3))(inputs)
         z = Sampling()([keras.layers.Dense(LATENT)(hidden), keras.layers.Dense(LATENT)(hidden)])
         outputs = keras.layers.Dense(8, activation="sigmoid")(
             keras.layers.Dense(8, activation="relu")(z))

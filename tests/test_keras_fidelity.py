@@ -445,6 +445,45 @@ def test_a_metric_a_layer_updates_in_call_is_logged_as_fit_logs_it(strategy, two
     assert 0 < theirs["accuracy"][-1] < 1   # a real rate, not a count
 
 
+class _MeanSeen(keras.layers.Layer):
+    """Updates a metric of its own in `call` and adds a loss, as keras.io's layers do."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = keras.metrics.Mean(name="seen")
+
+    def call(self, x):
+        self.seen.update_state(x)
+        self.add_loss(0.01 * ops.mean(x ** 2))
+        return x
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_weight_regularizers_beside_a_metric_a_layer_updates_train_as_under_fit(strategy,
+                                                                                 two_cpus):
+    """A `kernel_regularizer` in a model whose layer updates a metric in `call` failed to
+    trace ("'NoneType' object has no attribute 'dtype'": the regularizer read its weight
+    inside the scope that turns the metric's updates into deltas)."""
+    x, y = _binary()
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((x.shape[1],)), keras.layers.Dense(3, kernel_regularizer="l2"),
+            _MeanSeen(), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    trainer = kt.Trainer(build, strategy=strategy, verbose=0,
+                         strategy_options=two_cpus if strategy == "mirrored" else {})
+    ours = trainer.fit(x, y, batch_size=16, epochs=2, shuffle=False).history
+    with trainer.strategy.scope():
+        theirs = build().fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+    assert set(ours) == set(theirs) == {"loss", "seen"}
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, err_msg=key)
+
+
 def test_fit_arguments_that_do_not_apply_get_clear_errors():
     import helpers
     x, y = _binary()

@@ -17,11 +17,28 @@ import keras
 
 
 class RecordingScope(keras.StatelessScope):
-    """A stateless scope that remembers which variables were updated in it."""
+    """A stateless scope that remembers which variables were updated in it.
+
+    A variable it does not map reads its live value, as outside the scope; that includes
+    Keras's weight regularizers, which ask the scope itself (a plain `StatelessScope`
+    gives them None: "'NoneType' object has no attribute 'dtype'").
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.updated = {}
+        self._reading = False
+
+    def get_current_value(self, variable):
+        value = super().get_current_value(variable)
+        if value is not None or self._reading or \
+                getattr(variable, "regularizer", None) is None:
+            return value
+        self._reading = True  # `.value` asks the scope again: None sends it to the variable
+        try:
+            return variable.value
+        finally:
+            self._reading = False
 
     def add_update(self, update):
         super().add_update(update)
