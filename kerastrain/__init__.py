@@ -34,6 +34,7 @@ _EXPORTS = {
     "TensorBoardWriter": "kerastrain.io.summaries",
     "TooManyRecoveries": "kerastrain.loop.recovery",
     "Trainer": "kerastrain.trainer",
+    "TrainerConfig": "kerastrain._options",
     "build_strategy": "kerastrain.distribute.strategies",
     "configure_cpu_devices": "kerastrain.distribute.devices",
     "isolate_network": "kerastrain.distribute.network",

@@ -239,7 +239,42 @@ def check_arguments(cls, **values):
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
-    """The training loop's options, as `Trainer(...)`, `fit(...)` and a recipe's `trainer:`."""
+    """The training loop's options: `Trainer(...)`'s and `fit(...)`'s, a recipe's `trainer:`.
+
+    Each field states its default, its check and a recipe's one-line doc; `Trainer` keeps
+    one (checked when made). In full:
+
+    Attributes:
+        epochs, steps_per_epoch, validation_steps: as in `model.fit` (`fit`'s arguments).
+        steps_per_loop: steps run by one compiled call, or `"auto"` (measured on the first
+            loops under synchronous strategies).
+        seed: seeds Python, NumPy, TensorFlow and Keras before the model is built.
+        model_dir: where the run's outputs go (None: nowhere); a URL as given, a local path
+            made absolute.
+        verbose: 0, 1, 2 or `"auto"` as in `model.fit` (non-chief tasks: 0).
+        jit_compile: compile each step with XLA. None follows the model's compile setting,
+            which Keras resolves to False on CPU-only machines; `"auto"`: Keras's rule (on
+            with a GPU and XLA-capable layers) and off under strategies that place variables
+            (`kerastrain.loop.tuning.resolve_jit_compile`); True is allowed with the
+            `default` and `one_device` strategies only.
+        mixed_precision: None, `"mixed_float16"` (with dynamic loss scaling) or
+            `"mixed_bfloat16"`: the Keras dtype policy the model is built under
+            (`kerastrain.step.precision`); needs a model function.
+        on_nonfinite: what a NaN or infinite loss does: `"stop"` ends training (the
+            default), `"recover"` restores the last good state (the newest checkpoint, else
+            the epoch start kept in memory), skips the batch that caused it and goes on
+            (`kerastrain.loop.recovery`, docs/reliability.md).
+        max_recoveries: with `"recover"`, recoveries allowed in one `fit`; the next bad
+            loss raises `kerastrain.loop.recovery.TooManyRecoveries`.
+        spike_factor: with `"recover"`, also recover from a loop whose mean loss is over
+            this many times the running median of the loops before (None: off).
+        stall_timeout: a task whose training makes no progress for this long (a frozen or
+            partitioned peer, a lost ps, a deadlock) writes who stalled and its Python
+            stacks, and exits with 75 (`kerastrain.loop.stalls`): seconds, `"auto"` (under
+            multi-worker mirrored and parameter servers, where a peer can stall this task:
+            the larger of 5 minutes and 20 x the slowest loop, 10 minutes before the
+            first), or None (never).
+    """
 
     epochs: int = option(1, "epochs to train", check=ints(0))
     steps_per_epoch: int | None = option(None, "null: to the end of the data",

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 
-from kerastrain import _compat
 from kerastrain import _logging
 from kerastrain._options import TrainerConfig, check_arguments, check_int
 from kerastrain.data import feeds as feeds_lib
@@ -21,10 +19,10 @@ from kerastrain.io import outputs as outputs_lib
 from kerastrain.io import summaries
 from kerastrain.loop import actions as actions_lib
 from kerastrain.loop import callbacks as callbacks_lib
+from kerastrain.loop import evaluating
 from kerastrain.loop import fitting
 from kerastrain.loop import modes
 from kerastrain.loop import predicting
-from kerastrain.loop import recovery as recovery_lib
 from kerastrain.loop import stalls
 from kerastrain.loop import state as state_lib
 from kerastrain.loop import tuning as tuning_lib
@@ -56,14 +54,10 @@ class Trainer:
             optimizer and the metrics may be given as functions returning them,
             called inside the strategy's scope.
         verbose: 0, 1, 2 or `"auto"` as in `model.fit` (non-chief tasks: 0).
-        jit_compile: compile each step with XLA. None follows the model's compile
-            setting, which Keras resolves to False on CPU-only machines; `"auto"`:
-            Keras's rule (on with a GPU and XLA-capable layers) and off under strategies
-            that place variables (`kerastrain.loop.tuning.resolve_jit_compile`); True is
-            allowed with the `default` and `one_device` strategies only.
-        mixed_precision: None, `"mixed_float16"` (with dynamic loss scaling) or
-            `"mixed_bfloat16"`: the Keras dtype policy the model is built under
-            (`kerastrain.step.precision`); needs a model function.
+        jit_compile: compile each step with XLA: None (the model's compile setting),
+            `"auto"`, True or False.
+        mixed_precision: None, `"mixed_float16"` or `"mixed_bfloat16"` (needs a model
+            function).
         tuning: what kerastrain tunes for speed by itself without changing results
             (`kerastrain.loop.tuning.TuningOptions`): True (all), False (none), or a dict.
         tensorboard: with a `model_dir`, the chief writes TensorBoard logs to
@@ -81,20 +75,13 @@ class Trainer:
             `dataset_fn(ctx)` shards itself. Under parameter servers training data is
             not sharded: each loop trains the batches the coordinator names, every
             batch once per pass; `"off"` opts out (each worker reads its own shard).
-        on_nonfinite: what a NaN or infinite loss does: `"stop"` ends training
-            (the default), `"recover"` restores the last good state (the newest
-            checkpoint, else the epoch start kept in memory), skips the batch that
-            caused it and goes on (`kerastrain.loop.recovery`, docs/reliability.md).
-        max_recoveries: with `"recover"`, recoveries allowed in one `fit`; the next
-            bad loss raises `kerastrain.loop.recovery.TooManyRecoveries`.
-        spike_factor: with `"recover"`, also recover from a loop whose mean loss is
-            over this many times the running median of the loops before (None: off).
-        stall_timeout: a task whose training makes no progress for this long
-            (a frozen or partitioned peer, a lost ps, a deadlock) writes who stalled
-            and its Python stacks, and exits with 75 (`kerastrain.loop.stalls`): seconds,
-            `"auto"` (under multi-worker mirrored and parameter servers, where a peer
-            can stall this task: the larger of 5 minutes and 20 x the slowest loop, 10
-            minutes before the first), or None (never).
+        on_nonfinite, max_recoveries, spike_factor: what a NaN, infinite or (with
+            `spike_factor`) spiking loss does: `"stop"` training, or `"recover"`.
+        stall_timeout: how long a task may make no progress before it says who stalled
+            and exits with 75: seconds, `"auto"` or None.
+        The options from `model_dir` to here (but the overrides) are
+        `kerastrain.TrainerConfig`'s, where each is documented in full, defaulted and
+        checked once (a recipe's `trainer:` section is the same dataclass).
         data_service: read the training data through the tf.data service
             (`kerastrain.data.service`): None (off), `"local"` (an in-process dispatcher and
             workers), `"grpc://host:port"`, or a mapping of `ServiceOptions` fields.
@@ -115,8 +102,7 @@ class Trainer:
             data_lib.input_form(dataset_fn)
         shard = sharding.check_policy(shard)
         _check_writers(writers)
-        # A URL stays as given; a local path becomes absolute; `s3://` without
-        # tensorflow-io is refused here, not after an hour of training.
+        # Absolute, or a URL (`s3://` without tensorflow-io: refused now, not in an hour).
         model_dir = outputs_lib.normalize_model_dir(model_dir)
         self._config = TrainerConfig(  # checks each option, as a recipe's `trainer:` is
             model_dir=model_dir, seed=seed, steps_per_loop=steps_per_loop, verbose=verbose,
@@ -126,40 +112,31 @@ class Trainer:
         self._tuning = tuning_lib.TuningOptions.coerce(tuning)
         self._loop_sizer = tuning_lib.LoopSizer(fallback=modes.AUTO_STEPS_PER_LOOP)
         _logging.ensure_visible()
-        # A model instance is read before the strategy exists (a ps cluster, once
-        # connected, makes the instance's variables unreadable here).
+        # Read before the strategy exists: a connected ps cluster makes them unreadable here.
         detached, optimizer = instances.detach(model), instances.detach_optimizer(optimizer)
         # Checks names and options before TensorFlow does anything heavy.
         with stalls.connecting(stalls.check(stall_timeout), bool(stalls.cluster_workers())):
             built = strategies.build_strategy(strategy, strategy_options)
-        tuning_lib.check_jit_compile(jit_compile, built)
-        recovery_lib.check_strategy(on_nonfinite, built)
-        service_lib.check_strategy(service_options, built)
+        modes.check_options(built, self._config, service_options)
         self._service = service_options and service_lib.Service(service_options)
         self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries, its stall watch)
-        self._dataset_fn, self._eval_dataset_fn = dataset_fn, None
-        if seed is not None:
-            import keras
-            keras.utils.set_random_seed(seed)
-        self._model_source = model  # a function can build the model again (export)
+        self._dataset_fn = dataset_fn
         self._workdir = workdir_lib.WorkDir(
             model_dir, is_chief=built.is_chief,
             checkpoint=checkpoints.CheckpointOptions.coerce(checkpoint),
             tensorboard=monitor_lib.TensorBoardOptions.coerce(tensorboard), writers=writers,
             moved=lambda *args: self._state.move(*args))
         self._state = state_lib.TrainingState(
-            built, model, detached=detached, precision_policy=mixed_precision,
+            built, model, detached=detached, seed=seed, precision_policy=mixed_precision,
             workdir=self._workdir, jit_compile=jit_compile, tuning=self._tuning,
             optimizer=optimizer, loss=loss, metrics=metrics)
         self._built = self._state.built  # a model instance's copy may fall back to another
-        # The user's own model object, when kerastrain trains a copy built in scope: it
-        # gets the trained weights whenever fit ends, so code written for model.fit works.
-        self._user_model = model if detached is not None and model is not self.model else None
         self._feeds = feeds_lib.Feeds(self._built, shard=shard, seed=seed,
                                       tuning=self._tuning, service=self._service)
+        self._evaluation = evaluating.Evaluation(
+            self._state, self._feeds, lambda: self._epochs and self._epochs.beat)
         self._predictor = None
-        self._workdir.claim()
-        self._workdir.settings = _settings(self, shard=shard)
+        self._workdir.claim(_settings(self, shard=shard))
 
     # -- public properties ----------------------------------------------------
 
@@ -238,18 +215,6 @@ class Trainer:
         """
         return self._state.load_checkpoint(path)
 
-    # -- set-up helpers -------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _user_model_updated(self):
-        """However training ends (done, preempted, diverged, an error), the user's own
-        model object holds the weights trained so far."""
-        try:
-            yield
-        finally:
-            if self._user_model is not None:
-                instances.hand_back(self.model, self._user_model)
-
     def _resolve_verbose(self, verbose):
         return callbacks_lib.resolve_verbose(verbose, default=self._config.verbose,
                                              is_chief=self.is_chief)
@@ -290,7 +255,7 @@ class Trainer:
         callbacks = self._workdir.use_backup(callbacks_lib.check_callbacks(callbacks))
         train_input = self._feeds.get(data.train, "dataset_fn", "training", batch_size,
                                       shuffle=data.shuffle)
-        validation = self._validation(data, validation_steps, batch_size, validation_freq)
+        validation = self._evaluation.validation(data, validation_steps, batch_size, validation_freq)
         self._state.ensure_built(train_input.element_spec)
         run = self._epochs = self._new_epochs(callbacks, actions)
         steps_per_epoch = run.epoch_length(train_input, steps_per_epoch)
@@ -304,7 +269,7 @@ class Trainer:
         first_step = self.global_step
         monitor = self._workdir.monitor(self.model, first_step, train_input.element_spec)
         cbs.on_train_begin()
-        with self._user_model_updated():  # last: EarlyStopping restores in on_train_end
+        with instances.handing_back(self.model, self._state.user_model):  # after on_train_end
             with state.cluster_errors_explained(), state.preemption_agreement() as agree, \
                     watch, monitor, state.run.writes_settled():
                 listed = run.actions(driver, watch, agree, monitor, cbs, validation,
@@ -314,45 +279,14 @@ class Trainer:
             if listed[0].preempted is not None:
                 raise listed[0].preempted  # after the handlers above have let go of SIGTERM
             cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
-        self._training_ended(progress, first_step)
-        return callbacks_lib.history_of(cbs, self._user_model)
+        run.finish(progress, first_step, self._state.source, self._workdir)
+        return callbacks_lib.history_of(cbs, self._state.user_model)
 
     def _new_epochs(self, callbacks=(), actions=None):
-        """This fit's `fitting.Epochs` (the model and its step are built). With the user's
-        callbacks, the user's own model object takes the weights at each epoch end before
-        they run, as under `model.fit` (a callback may close over that object)."""
-        user, sync = self._user_model, None
-        if user is not None and callbacks:
-            def sync():
-                instances.hand_back(self.model, user, keep_functions=True)
+        """This fit's `fitting.Epochs` (the model and its step are built)."""
         return fitting.Epochs(self._state, self._config, loop_sizer=self._loop_sizer,
-                              tuning=self._tuning, before_epoch_end=sync,
-                              user_actions=actions or ())
-
-    def _training_ended(self, progress, first_step):
-        """Unless the loss diverged: export after training, or when the export is missing or
-        stale (a resumed run with nothing left to train keeps a current export); then a
-        finished backup goes."""
-        if progress.stop == actions_lib.DIVERGED:
-            return
-        run = self._state.run
-        if self.global_step > first_step or run.export_missing(self.global_step):
-            paths = run.export(self.model, model_source=self._model_source,
-                               step=self.global_step, partitioned=self._state.step.partitioned)
-            if paths:
-                self._workdir.wrote_export()
-        self._workdir.backup_done()
-
-    def _validation(self, data, validation_steps, batch_size, every):
-        """The `actions.Validation` of `data.validation`, every `every` epochs (None without
-        validation data)."""
-        if data.validation is None:
-            return None
-        val_input = self._feeds.get(data.validation, "validation_dataset_fn", "validation",
-                                    data.validation_batch(batch_size))
-        self._eval_dataset_fn = data.validation
-        return actions_lib.Validation(lambda: self._evaluate_input(val_input, validation_steps),
-                                      every=every, steps=validation_steps)
+                              tuning=self._tuning, user_actions=actions or (),
+                              user_model=self._state.user_model if callbacks else None)
 
     # -- evaluation -----------------------------------------------------------
 
@@ -370,18 +304,10 @@ class Trainer:
         whole dataset itself, reading variables from the ps tasks, so every example
         counts exactly once.
         """
-        if not isinstance(return_dict, bool):
-            raise TypeError(f"`return_dict` must be True or False. Received: {return_dict!r}")
-        check_int("steps", steps, minimum=1, optional=True)
-        dataset_fn = fit_args.of_evaluate_call(dataset_fn, x, y, sample_weight, defaults=(
-            self._eval_dataset_fn, self._dataset_fn))
-        eval_input = self._feeds.get(dataset_fn, "dataset_fn", "evaluation", batch_size)
-        self._state.ensure_built(eval_input.element_spec, state_lib.EVALUATION_STEPS)
-        cbs = callbacks_lib.callback_list(
-            callbacks_lib.check_callbacks(callbacks), model=self.model, history=False,
-            verbose=self._resolve_verbose(verbose), epochs=1, steps=steps)
-        logs = callbacks_lib.evaluated(cbs, lambda: self._evaluate_input(eval_input, steps), steps)
-        return logs if return_dict else _compat.flatten_metrics_in_order(self.model, logs)
+        return self._evaluation.evaluate(
+            dataset_fn, x, y, sample_weight, training_data=self._dataset_fn,
+            batch_size=batch_size, steps=steps, return_dict=return_dict, callbacks=callbacks,
+            verbose=self._resolve_verbose(verbose))
 
     # -- prediction -----------------------------------------------------------
 
@@ -406,9 +332,6 @@ class Trainer:
             return self._predictor.predict(x, batch_size=batch_size, steps=steps,
                                            callbacks=callbacks,
                                            verbose=self._resolve_verbose(verbose))
-
-    def _evaluate_input(self, eval_input, steps):
-        return self._state.evaluate(eval_input, steps, beat=self._epochs and self._epochs.beat)
 
 
 def _check_counts(*, epochs, steps_per_epoch, validation_steps, initial_epoch, validation_freq):

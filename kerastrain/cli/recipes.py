@@ -17,6 +17,9 @@ import yaml
 
 from kerastrain.cli import config as config_lib
 from kerastrain.cli.config import Problem, RecipeError
+# Running a recipe lives in `training.py`; `kt.recipes.run` and its helpers stay reachable here.
+from kerastrain.cli.training import (build_trainer, call_builder, hparams,  # noqa: F401
+                                     numpy_batch_size, run, summary_line, task_role)
 
 logger = logging.getLogger("kerastrain")
 

@@ -22,6 +22,7 @@ from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import recovery as recovery_lib
 from kerastrain.loop import stalls
 from kerastrain.loop import tuning as tuning_lib
+from kerastrain.step import instances
 from kerastrain.step import updates
 
 logger = logging.getLogger("kerastrain")
@@ -37,13 +38,13 @@ class Epochs:
             on_nonfinite, max_recoveries, spike_factor).
         loop_sizer: the Trainer's `tuning.LoopSizer` (what "auto" measured stays measured).
         tuning: the Trainer's `tuning.TuningOptions`.
-        before_epoch_end: called at each epoch end before the callbacks' `on_epoch_end`
-            (None: nothing).
         user_actions: the `actions.Action`s given to `fit(actions=...)`.
+        user_model: the user's own model object when kerastrain trains a copy and the
+            fit has callbacks: it takes the weights at each epoch end before they run, as
+            under `model.fit` (a callback may close over that object); None: nothing.
     """
 
-    def __init__(self, state, config, *, loop_sizer, tuning, before_epoch_end=None,
-                 user_actions=()):
+    def __init__(self, state, config, *, loop_sizer, tuning, user_actions=(), user_model=None):
         self.step, self.model, self.global_step = state.step, state.model, state.global_step
         self.run_state, self.mode = state.run, state.mode
         self.strategy_name, self.num_workers = state.built.name, state.built.num_workers
@@ -53,7 +54,8 @@ class Epochs:
                               spike_factor=config.spike_factor)
         self.asked_steps_per_loop = config.steps_per_loop
         self.loop_sizer, self.tuning = loop_sizer, tuning
-        self.before_epoch_end = before_epoch_end
+        self.before_epoch_end = None if user_model is None else (
+            lambda: instances.hand_back(self.model, user_model, keep_functions=True))
         self.user_actions = list(user_actions)
         self.steps_per_epoch = None  # as `epoch_length` decided
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
@@ -202,6 +204,19 @@ class Epochs:
                 if actions_lib.run(listed, p).stop:
                     return p
             return p
+
+    def finish(self, progress, first_step, model_source, workdir):
+        """Unless the loss diverged: export after training, or when the export is missing or
+        stale (a resumed run with nothing left to train keeps a current export); then a
+        finished backup goes."""
+        if progress.stop == actions_lib.DIVERGED:
+            return
+        step, run = int(self.global_step.numpy()), self.run_state
+        if step > first_step or run.export_missing(step):
+            if run.export(self.model, model_source=model_source, step=step,
+                          partitioned=self.step.partitioned):
+                workdir.wrote_export()
+        workdir.backup_done()
 
     @contextlib.contextmanager
     def stall_watch(self):

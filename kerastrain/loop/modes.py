@@ -24,15 +24,27 @@ import logging
 
 from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.data import inputs as data_lib
+from kerastrain.data import service as service_lib
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import preemption
+from kerastrain.loop import recovery as recovery_lib
 from kerastrain.loop import ps_driver
 from kerastrain.loop import stalls
+from kerastrain.loop import tuning as tuning_lib
 from kerastrain.step import loops as loops_lib
 
 logger = logging.getLogger("kerastrain")
 
 AUTO_STEPS_PER_LOOP = 100  # long enough to amortise a call, short enough for progress
+
+
+def check_options(built, config, service_options):
+    """Options the strategy `built` cannot honour (`jit_compile=True` where variables are
+    placed, recovery under multi-worker mirrored, the tf.data service where it cannot
+    serve): a clear error before the model is built."""
+    tuning_lib.check_jit_compile(config.jit_compile, built)
+    recovery_lib.check_strategy(config.on_nonfinite, built)
+    service_lib.check_strategy(service_options, built)
 
 
 class Synchronous:

@@ -40,16 +40,21 @@ class TrainingState:
         model: a model function or a model instance (see `models_lib.materialize`).
         detached: the instance's weights and optimizer state read before the strategy
             existed (`instances.detach`), or None.
-        precision_policy: the mixed precision policy (`precision.check`).
+        seed: seeds Python, NumPy, TensorFlow and Keras before the model is built (None:
+            not seeded).
+        precision_policy: the mixed precision policy (`TrainerConfig.mixed_precision`).
         workdir: the `workdir.WorkDir` whose checkpoint options and outputs the run uses.
         jit_compile, tuning: as the Trainer's options.
         optimizer, loss, metrics: the Trainer's, overriding what the model was compiled with.
     """
 
     def __init__(self, built, model, *, detached, precision_policy, workdir, jit_compile,
-                 tuning, optimizer=None, loss=None, metrics=None):
+                 tuning, seed=None, optimizer=None, loss=None, metrics=None):
         import tensorflow as tf
-        self.built = built
+        if seed is not None:
+            import keras
+            keras.utils.set_random_seed(seed)
+        self.built, self.source = built, model  # a function can build the model again (export)
         self._jit_compile = jit_compile
         self._tuning = tuning
         # A model instance is copied from what `detach` read of it.
@@ -65,6 +70,9 @@ class TrainingState:
             self.model = self._materialize(model, precision_policy, compile_overrides)
         # Its optimizer's state goes on in the copy (unless the Trainer replaces the optimizer).
         self._detached = detached if optimizer is None else None
+        # The user's own model object, when kerastrain trains a copy built in scope: it
+        # gets the trained weights whenever fit ends, so code written for model.fit works.
+        self.user_model = model if detached is not None and model is not self.model else None
         self.mode = modes.for_strategy(self.built)
         precision.ensure_loss_scaling(self.model, precision_policy)
         with self.strategy.scope():

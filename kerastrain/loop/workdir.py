@@ -45,10 +45,12 @@ class WorkDir:
         self.outputs = outputs_lib.Outputs(model_dir, is_chief)
         self._lock = None
 
-    def claim(self):
+    def claim(self, settings):
         """Take model_dir's lock and tidy what interrupted writes left (chief only; the
-        Trainer does so once its model is built: a failed build holds no lock)."""
+        Trainer does so once its model is built: a failed build holds no lock); keep the
+        run's resolved `settings` for `config.yaml`."""
         self._lock = self.outputs.claim(tidy=checkpoints.tidy)
+        self.settings = settings
 
     def close(self):
         """Flush the writers and release the model_dir lock."""

@@ -9,6 +9,7 @@ variable made before it on a device that is gone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import keras
@@ -80,6 +81,17 @@ def detach_optimizer(optimizer):
     a parameter-server cluster, once connected, makes unreadable here."""
     return FromConfig(optimizer) if isinstance(optimizer, keras.optimizers.Optimizer) \
         else optimizer
+
+
+@contextlib.contextmanager
+def handing_back(trained, user_model):
+    """However training ends (done, preempted, diverged, an error), the user's own model
+    object (None: there is none) holds the weights trained so far."""
+    try:
+        yield
+    finally:
+        if user_model is not None:
+            hand_back(trained, user_model)
 
 
 def hand_back(trained, user_model, *, keep_functions=False):
