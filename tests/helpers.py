@@ -224,6 +224,22 @@ def sigterm_worker(job, out_prefix, delay, start_timeout=120, stop_timeout=120):
     return proc.returncode, stderr, int(found.group(1)) if found else None, rerun
 
 
+def read_scalars(run_dir):
+    """{tag: [(step, value), ...]} read back with TensorBoard's own event reader."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+    acc = event_accumulator.EventAccumulator(run_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags()["tensors"]:
+        events = acc.Tensors(tag)
+        if events and events[0].tensor_proto.dtype == tf.float32.as_datatype_enum:
+            # TensorBoard's Scalars tab shows only what carries the scalars plugin's metadata.
+            assert acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", tag
+            out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
+    return out
+
+
 def use_after_fit(model, trainer, directory):
     """What code written for `model.fit` does next with the user's own `model` after
     `trainer.fit`, `trainer = Trainer(model)`: predict, evaluate, fit, save, load.

@@ -340,5 +340,5 @@ def test_parameter_server_workers_read_different_shards(tmp_path, record_dirs):
     assert fit["global_step"] == 24
     assert fit["history"]["count"] == [96, 96]
     assert "worker i takes batches i, i+2, i+4" in proc.stderr   # the scenarios' inputs
-    # Training data under ps: loops carry positions instead (tests/test_visits.py).
+    # Training data under ps: loops carry positions instead (tests/distribute/ps/test_visits.py).
     assert "training data: every worker reads the whole data, in one device's order" in proc.stderr

@@ -15,26 +15,11 @@ import pytest
 
 import helpers
 import kerastrain as kt
+from helpers import read_scalars
 from kerastrain.io import monitor as monitor_lib
 from kerastrain.io import summaries
 
 EPOCHS, N = 2, 96  # 6 steps per epoch
-
-
-def read_scalars(run_dir):
-    """{tag: [(step, value), ...]} read back with TensorBoard's own event reader."""
-    import tensorflow as tf
-    from tensorboard.backend.event_processing import event_accumulator
-    acc = event_accumulator.EventAccumulator(run_dir, size_guidance={"tensors": 0})
-    acc.Reload()
-    out = {}
-    for tag in acc.Tags()["tensors"]:
-        events = acc.Tensors(tag)
-        if events and events[0].tensor_proto.dtype == tf.float32.as_datatype_enum:
-            # TensorBoard's Scalars tab shows only what carries the scalars plugin's metadata.
-            assert acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", tag
-            out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@
 
 k batches of B examples make one update equal to one batch of k x B, and the iteration
 counts Keras keeps (the schedule's, Adam's) are Keras's. Multi-process strategies (multi-worker
-mirrored, parameter servers) are in `test_accumulation_cluster.py`.
+mirrored, parameter servers) run in `_accumulation_worker.py` processes, which import this file's
+`data`, `builder` and `StopAfter`.
 """
 
 import json

@@ -77,8 +77,7 @@ def test_ps_without_cluster_starts_local_in_process_cluster(local_cluster):
     check_result(result)
     # The coordinator (chief) wrote TensorBoard logs: running values every 6 steps, and at
     # each epoch end the epoch's value, although results arrive only after each join.
-    from test_monitoring import read_scalars
-    train = read_scalars(str(local_cluster["dir"] / "run" / "logs" / "train"))
+    train = helpers.read_scalars(str(local_cluster["dir"] / "run" / "logs" / "train"))
     assert [s for s, _ in train["loss"]] == list(range(6, EPOCHS * STEPS + 1, 6))
     epoch_ends = dict(train["loss"])
     assert [epoch_ends[(e + 1) * STEPS] for e in range(EPOCHS)] == pytest.approx(
