@@ -23,6 +23,7 @@ def main():
 def run(job, out):
     import kerastrain as kt  # the strategy must be built before any TF op runs
 
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "step"))
     import test_accumulation as cases
 
     x, y = cases.data(job["n"])

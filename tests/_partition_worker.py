@@ -1,7 +1,7 @@
 """Partitioned variables on a local PS cluster (1 worker, 2 ps), compared with one device.
 
 Usage: python tests/_partition_worker.py OUT_DIR
-Writes OUT_DIR/result.json with what tests/test_partitioning.py asserts. One process
+Writes OUT_DIR/result.json with what tests/distribute/ps/test_partitioning.py asserts. One process
 (TensorFlow imported once, one in-process cluster) runs every Trainer in turn.
 """
 

@@ -1,4 +1,5 @@
-"""Split the CPU into two logical devices before TensorFlow initialises, for mirrored tests."""
+"""Split the CPU into two logical devices before TensorFlow initialises, for mirrored tests;
+the fixtures every test directory shares: `two_cpus`, `make_trainer`, `tf_config_cluster`."""
 
 import os
 import sys
@@ -9,6 +10,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(__file__))
 
+import helpers  # noqa: E402
 import kerastrain  # noqa: E402
 from kerastrain import _logging  # noqa: E402
 
@@ -38,3 +40,38 @@ _start_tensorflow_quietly()
 @pytest.fixture
 def two_cpus():
     return {"cpu_devices": 2}
+
+
+@pytest.fixture
+def make_trainer():
+    """`make_trainer(dataset_fn=None, model=helpers.build_model, **options)`: a `kt.Trainer`
+    with the tests' defaults (verbose 0; checkpoints and TensorBoard off unless `options`
+    ask for them), closed when the test ends. Options are the Trainer's own."""
+    trainers = []
+
+    def make(dataset_fn=None, *, model=helpers.build_model, **options):
+        options = {"verbose": 0, "checkpoint": False, "tensorboard": False, **options}
+        trainers.append(kerastrain.Trainer(model, dataset_fn, **options))
+        return trainers[-1]
+
+    yield make
+    for trainer in trainers:
+        trainer.close()
+
+
+@pytest.fixture
+def tf_config_cluster():
+    """`tf_config_cluster(chief=1, worker=2, ps=1)`: a `helpers.LocalCluster`, a TF_CONFIG
+    cluster of local processes on free loopback ports; every process it started is killed
+    when the test ends. (A local in-process ps cluster, `strategy={"name": "ps", ...}`
+    without TF_CONFIG, runs in a process of its own: once a process joins a cluster it
+    stays in it, so not in the test process.)"""
+    clusters = []
+
+    def make(**tasks):
+        clusters.append(helpers.LocalCluster(**tasks))
+        return clusters[-1]
+
+    yield make
+    for cluster in clusters:
+        cluster.kill()

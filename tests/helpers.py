@@ -121,28 +121,56 @@ def tf_config(cluster, task_type, index):
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
 
-def run_workers(script, job, out_prefix, num_workers=2, env=None, timeout=300):
-    """Run `script JOB OUT_PREFIX{i}` as a multi-worker cluster of local processes.
+class LocalCluster:
+    """A TF_CONFIG cluster of local processes: a free loopback port for each task of `tasks`
+    (e.g. `chief=1, worker=2, ps=1`), each task started with its own TF_CONFIG.
 
-    Returns (return codes, combined outputs), one per worker.
+    Tests get one from the `tf_config_cluster` fixture, which kills what it started when the
+    test ends.
     """
-    from kerastrain.distribute.cluster import free_port
 
-    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]}
-    procs = []
-    for i in range(num_workers):
-        full_env = child_env(**{"TF_CONFIG": tf_config(cluster, "worker", i),
-                                "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
-        procs.append(subprocess.Popen(
-            [sys.executable, script, json.dumps(job), f"{out_prefix}{i}"], env=full_env,
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = []
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=timeout)[0])
-        finally:
-            p.kill()
-    return [p.returncode for p in procs], outputs
+    def __init__(self, **tasks):
+        from kerastrain.distribute.cluster import free_port
+        self.spec = {job: [f"127.0.0.1:{free_port()}" for _ in range(count)]
+                     for job, count in tasks.items()}
+        self.processes = []
+
+    def tf_config(self, task_type, index):
+        return tf_config(self.spec, task_type, index)
+
+    def env(self, task_type, index, **extra):
+        """`child_env` for that task: its TF_CONFIG, TensorFlow's C++ log quiet, then `extra`."""
+        return child_env(**{"TF_CONFIG": self.tf_config(task_type, index),
+                            "TF_CPP_MIN_LOG_LEVEL": "2", **extra})
+
+    def start(self, task_type, index, args, *, env=None, **popen):
+        """Start `python ARGS` as that task, in the repo; its output (stderr with stdout
+        unless `popen` says otherwise) is piped."""
+        options = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **popen}
+        process = subprocess.Popen([sys.executable, *args], cwd=REPO, text=True,
+                                   env=self.env(task_type, index, **(env or {})), **options)
+        self.processes.append(process)
+        return process
+
+    def serve(self, task_type, index, **popen):
+        """Start a ps or worker task that serves until the chief has finished."""
+        return self.start(task_type, index, ["-m", "kerastrain.distribute.cluster"], **popen)
+
+    def run_workers(self, script, job, out_prefix, env=None, timeout=300):
+        """Run `script JOB OUT_PREFIX{i}` on every worker; (return codes, outputs), one each."""
+        procs = [self.start("worker", i, [script, json.dumps(job), f"{out_prefix}{i}"], env=env)
+                 for i in range(len(self.spec["worker"]))]
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+        return [p.returncode for p in procs], outputs
+
+    def kill(self):
+        """End every process this cluster started (a hung task must not outlive its test)."""
+        for process in self.processes:
+            process.kill()
+            process.wait()
+            for stream in (process.stdout, process.stderr):
+                if stream:
+                    stream.close()
 
 
 class Child:
@@ -222,6 +250,22 @@ def sigterm_worker(job, out_prefix, delay, start_timeout=120, stop_timeout=120):
         return subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True,
                               timeout=300)
     return proc.returncode, stderr, int(found.group(1)) if found else None, rerun
+
+
+def read_scalars(run_dir):
+    """{tag: [(step, value), ...]} read back with TensorBoard's own event reader."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+    acc = event_accumulator.EventAccumulator(run_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags()["tensors"]:
+        events = acc.Tensors(tag)
+        if events and events[0].tensor_proto.dtype == tf.float32.as_datatype_enum:
+            # TensorBoard's Scalars tab shows only what carries the scalars plugin's metadata.
+            assert acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", tag
+            out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
+    return out
 
 
 def use_after_fit(model, trainer, directory):

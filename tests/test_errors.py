@@ -282,7 +282,7 @@ def test_auto_builds_what_it_chose_and_logs_why(caplog, two_cpus):
 
 def test_gradient_accumulation_in_a_models_own_step_under_a_distribution_strategy_is_refused():
     """Keras accumulates inside `optimizer.apply`, in a conditional replicas cannot synchronise
-    in; kerastrain's own step accumulates under every strategy (tests/test_accumulation.py)."""
+    in; kerastrain's own step accumulates under every strategy (tests/step/test_accumulation.py)."""
     class OwnStep(keras.Model):
         def train_step(self, data):
             return super().train_step(data)

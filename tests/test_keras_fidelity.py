@@ -230,14 +230,13 @@ def test_the_users_model_instance_under_parameter_servers(ps_instances, prior):
 
 
 @pytest.mark.multiprocess
-def test_a_model_instance_under_multi_worker_mirrored_gets_a_clear_error(tmp_path):
+def test_a_model_instance_under_multi_worker_mirrored_gets_a_clear_error(tmp_path,
+                                                                        tf_config_cluster):
     """TensorFlow configures collectives before the first operation, and building a model
     runs operations: a model built before the Trainer cannot be used; the error says so."""
-    import json
-
-    import helpers
     job = {"strategy": "multi_worker_mirrored", "epochs": 2, "instance": True}
-    codes, outputs = helpers.run_workers("tests/_worker.py", job, str(tmp_path / "w"))
+    codes, outputs = tf_config_cluster(worker=2).run_workers("tests/_worker.py", job,
+                                                             str(tmp_path / "w"))
     assert codes != [0, 0]
     assert "with a function that builds and compiles the model (`Trainer(build_model, ...)`)" \
         in outputs[0], outputs[0][-3000:]

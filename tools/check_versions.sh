@@ -26,6 +26,6 @@ fi
 "$venv/bin/pip" install -q --no-deps -e .
 "$venv/bin/python" -c "import tensorflow as tf, keras; print('TensorFlow', tf.__version__, '/ Keras', keras.__version__)"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/test_parity.py \
-    tests/test_parameter_servers.py::test_ps_without_cluster_starts_local_in_process_cluster \
-    tests/test_keras_fidelity.py tests/test_checkpoints.py
+    tests/distribute/test_parity.py \
+    tests/distribute/ps/test_parameter_servers.py::test_ps_without_cluster_starts_local_in_process_cluster \
+    tests/test_keras_fidelity.py tests/io/test_checkpoints.py

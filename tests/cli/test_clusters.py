@@ -100,11 +100,11 @@ def test_choosing_ports_leaves_a_seeded_scripts_random_stream_alone():
 
 
 @pytest.mark.multiprocess
-def test_a_multi_worker_task_that_ends_normally_prints_no_error_about_peers():
+def test_a_multi_worker_task_that_ends_normally_prints_no_error_about_peers(tf_config_cluster):
     # The coordination service lives in worker:0; a task alive when it exits logged
     # "StartAbort UNAVAILABLE: Failed to send RPC to coordination service".
-    codes, outputs = helpers.run_workers("tests/_end_together_worker.py", "together", "",
-                                         timeout=120)
+    codes, outputs = tf_config_cluster(worker=2).run_workers(
+        "tests/_end_together_worker.py", "together", "", timeout=120)
     assert codes == [0, 0], outputs
     ended = [float(re.search(r"ended at ([0-9.]+)", out).group(1)) for out in outputs]
     assert ended[0] >= ended[1], outputs  # the leader last

@@ -185,41 +185,29 @@ def test_sigterm_mid_epoch_then_resume_trains_every_example_of_the_epoch_once(tm
     assert (counts == 9).all(), (np.unique(counts, return_counts=True), in_flight)
 
 
-def test_a_worker_killed_mid_epoch_repeats_only_its_loop_in_flight_and_says_so(tmp_path):
+def test_a_worker_killed_mid_epoch_repeats_only_its_loop_in_flight_and_says_so(
+        tmp_path, tf_config_cluster):
     """A TF_CONFIG cluster of processes; worker 1 is killed (SIGKILL, not restarted) at a
     random point. The coordinator runs its loop again on worker 0, at the same positions:
     no id is skipped, and the ids trained twice are those of that loop's steps that had
     run, as many as the log reports."""
     import random
 
-    from kerastrain.distribute.cluster import free_port
-    cluster = {"chief": [f"127.0.0.1:{free_port()}"],
-               "worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
-               "ps": [f"127.0.0.1:{free_port()}"]}
-    env = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
-    servers = [subprocess.Popen(
-        [sys.executable, "-m", "kerastrain.distribute.cluster"], cwd=helpers.REPO,
-        env=dict(env, TF_CONFIG=helpers.tf_config(cluster, task, index)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for task, index in (("ps", 0), ("worker", 0), ("worker", 1))]
+    cluster = tf_config_cluster(chief=1, worker=2, ps=1)
+    servers = [cluster.serve(task, index, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for task, index in (("ps", 0), ("worker", 0), ("worker", 1))]
     marker, loop, batch = tmp_path / "started", 8, 8
     case = {"form": "numpy", "steps_per_loop": loop, "steps_per_epoch": 256, "epochs": 2,
             "batch": batch, "started_marker": str(marker)}
     chief = helpers.Child(["tests/_visits_worker.py", json.dumps({"n": 2048, "cases": [case]}),
-                           str(tmp_path / "out")],
-                          env={"TF_CONFIG": helpers.tf_config(cluster, "chief", 0)})
-    try:
-        deadline = time.monotonic() + 240
-        while not marker.exists():
-            assert chief.process.poll() is None and time.monotonic() < deadline, chief.text
-            time.sleep(0.05)
-        time.sleep(random.uniform(1.0, 3.0))
-        servers[2].kill()
-        assert chief.finish(timeout=400) == 0, chief.text[-5000:]
-    finally:
-        for server in servers:
-            server.kill()
-            server.wait()
+                           str(tmp_path / "out")], env={"TF_CONFIG": cluster.tf_config("chief", 0)})
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert chief.process.poll() is None and time.monotonic() < deadline, chief.text
+        time.sleep(0.05)
+    time.sleep(random.uniform(1.0, 3.0))
+    servers[2].kill()
+    assert chief.finish(timeout=400) == 0, chief.text[-5000:]
     (result,) = json.loads((tmp_path / "out.json").read_text())
     assert result["global_step"] == 512
     extra = np.asarray(result["total"]) - 2      # 2 epochs of one pass each

@@ -109,7 +109,7 @@ def test_a_ps_job_on_hosts_survives_a_frozen_worker_a_partition_and_a_killed_ps(
     # A loop it had begun ran again elsewhere, and the chief says so (repeated steps, or
     # re-read batches); frozen before its loop began (once, beside a busy core), it has
     # nothing to repeat and nothing is said. The count itself is checked against the ids trained in
-    # tests/test_visits.py, and the message in tests/test_driver.py.
+    # tests/distribute/ps/test_visits.py, and the message in tests/loop/test_driver.py.
     reruns = re.findall(r"\[chief:0\] kerastrain: (?:a worker failed with loops in flight; they "
                         r"ran again on other workers, so (\d+) step|a loop run again after a "
                         r"worker failed)", text)

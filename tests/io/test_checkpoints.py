@@ -240,23 +240,19 @@ def test_sigterm_saves_at_the_step_reached_and_exits_143_then_resumes(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_multi_worker_sigterm_on_one_worker_stops_all_at_one_step_then_resumes(tmp_path):
-    cluster = {"worker": [f"127.0.0.1:{kt.cluster.free_port()}" for _ in range(2)]}
+def test_multi_worker_sigterm_on_one_worker_stops_all_at_one_step_then_resumes(
+        tmp_path, tf_config_cluster):
+    cluster = tf_config_cluster(worker=2)
     model_dir = tmp_path / "shared"  # both workers see it, as on shared storage
     marker = tmp_path / "started"
 
     def start():
-        procs = []
-        for i in range(2):
-            job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": 2, "n": 960,
-                              "data": "slow", "steps_per_loop": 5, "model_dir": str(model_dir),
-                              "started_marker": str(marker)})
-            env = helpers.child_env(TF_CONFIG=helpers.tf_config(cluster, "worker", i),
-                                    TF_CPP_MIN_LOG_LEVEL="2")
-            procs.append(subprocess.Popen(
-                [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
-                cwd=helpers.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        return procs
+        job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": 2, "n": 960,
+                          "data": "slow", "steps_per_loop": 5, "model_dir": str(model_dir),
+                          "started_marker": str(marker)})
+        return [cluster.start("worker", i, ["tests/_worker.py", job, str(tmp_path / f"w{i}")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                for i in range(2)]
 
     procs = start()
     deadline = time.monotonic() + 120

@@ -83,7 +83,7 @@ def test_stop_training_set_by_a_callback_is_respected():
     assert trainer.global_step == 6
 
 
-def test_terminate_on_nan_stops():
+def test_terminate_on_nan_stops(make_trainer):
     def nan_fn(ctx):
         import tensorflow as tf
         x, y = helpers.arrays(96)
@@ -92,7 +92,7 @@ def test_terminate_on_nan_stops():
         y[40] = np.nan
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
 
-    trainer = kt.Trainer(helpers.build_model, nan_fn, strategy="default", verbose=0)
+    trainer = make_trainer(nan_fn, strategy="default")
     history = trainer.fit(epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()])
     assert trainer.model.stop_training
     assert len(history.history.get("loss", [])) <= 1
@@ -165,7 +165,7 @@ def test_one_callback_or_action_needs_no_list_as_in_model_fit():
         make().fit(epochs=1, callbacks=[[stop], 5])
 
 
-def test_validation_inside_fit_runs_the_callbacks_test_hooks_as_model_fit_does():
+def test_validation_inside_fit_runs_the_callbacks_test_hooks_as_model_fit_does(make_trainer):
     # Keras's fit validates through `evaluate` with the fit's callbacks: on_test_begin, then
     # on_test_end with the validation logs, before on_epoch_end (TensorBoard writes its
     # `evaluation_*_vs_iterations` there). They were not called at all.
@@ -189,7 +189,7 @@ def test_validation_inside_fit_runs_the_callbacks_test_hooks_as_model_fit_does()
     helpers.build_model().fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
                               validation_data=(x[:32], y[:32]), callbacks=[theirs])
     keras.utils.set_random_seed(0)
-    kt.Trainer(helpers.build_model, strategy="one_device", verbose=0).fit(
+    make_trainer(strategy="one_device").fit(
         x, y, batch_size=16, epochs=2, shuffle=False, validation_data=(x[:32], y[:32]),
         callbacks=[ours])
     assert ours.calls == theirs.calls

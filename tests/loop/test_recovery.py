@@ -11,7 +11,7 @@ import kerastrain as kt
 from kerastrain.cli import config, template
 from kerastrain.cli import training
 from kerastrain.loop import recovery
-from test_monitoring import read_scalars
+from helpers import read_scalars
 
 BATCHES, BATCH, POISONED = 12, 16, 6  # batch 6 of each pass has NaN labels
 

@@ -15,26 +15,11 @@ import pytest
 
 import helpers
 import kerastrain as kt
+from helpers import read_scalars
 from kerastrain.io import monitor as monitor_lib
 from kerastrain.io import summaries
 
 EPOCHS, N = 2, 96  # 6 steps per epoch
-
-
-def read_scalars(run_dir):
-    """{tag: [(step, value), ...]} read back with TensorBoard's own event reader."""
-    import tensorflow as tf
-    from tensorboard.backend.event_processing import event_accumulator
-    acc = event_accumulator.EventAccumulator(run_dir, size_guidance={"tensors": 0})
-    acc.Reload()
-    out = {}
-    for tag in acc.Tags()["tensors"]:
-        events = acc.Tensors(tag)
-        if events and events[0].tensor_proto.dtype == tf.float32.as_datatype_enum:
-            # TensorBoard's Scalars tab shows only what carries the scalars plugin's metadata.
-            assert acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", tag
-            out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -205,8 +190,8 @@ def test_console_one_line_per_epoch_on_a_pipe_and_silence_at_zero(capfd):
 
 
 @pytest.mark.multiprocess
-def test_multi_worker_only_the_chief_writes(tmp_path):
-    cluster = {"worker": [f"127.0.0.1:{kt.cluster.free_port()}" for _ in range(2)]}
+def test_multi_worker_only_the_chief_writes(tmp_path, tf_config_cluster):
+    cluster = tf_config_cluster(worker=2)
     procs = []
     for i in range(2):
         # A log step at each epoch's end: the chief alone writes, yet every worker must
@@ -217,16 +202,9 @@ def test_multi_worker_only_the_chief_writes(tmp_path):
                           "tensorboard": {"log_every_steps": 6}})
         scratch = tmp_path / f"tmp{i}"
         scratch.mkdir()
-        env = helpers.child_env(TF_CONFIG=helpers.tf_config(cluster, "worker", i),
-                                TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(scratch))
-        procs.append(subprocess.Popen(
-            [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
-            cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:  # a hung worker must not outlive its test
-        for p in procs:
-            p.kill()
+        procs.append(cluster.start("worker", i, ["tests/_worker.py", job, str(tmp_path / f"w{i}")],
+                                   env={"TMPDIR": str(scratch)}))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
     # The chief keeps logs, checkpoints and exports ...
     assert glob.glob(str(tmp_path / "dir0/logs/train/events.out.tfevents.*"))

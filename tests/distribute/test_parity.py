@@ -58,26 +58,12 @@ def test_two_logical_cpus_match_one_device(name, two_cpus, reference):
 
 
 @pytest.mark.multiprocess
-def test_multi_worker_mirrored_two_processes_match_one_device(tmp_path, reference):
-    import subprocess
-    import sys
-
-    cluster = {"worker": [f"127.0.0.1:{kt.cluster.free_port()}" for _ in range(2)]}
-    job = json.dumps({"strategy": "multi_worker_mirrored", "epochs": EPOCHS, "predict": True})
-    procs = []
-    for i in range(2):
-        env = helpers.child_env(TF_CONFIG=helpers.tf_config(cluster, "worker", i),
-                                TF_CPP_MIN_LOG_LEVEL="2")
-        procs.append(subprocess.Popen(
-            [sys.executable, "tests/_worker.py", job, str(tmp_path / f"w{i}")], env=env,
-            cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = []
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=300)[0])
-        finally:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+def test_multi_worker_mirrored_two_processes_match_one_device(tmp_path, reference,
+                                                              tf_config_cluster):
+    job = {"strategy": "multi_worker_mirrored", "epochs": EPOCHS, "predict": True}
+    codes, outputs = tf_config_cluster(worker=2).run_workers("tests/_worker.py", job,
+                                                             str(tmp_path / "w"))
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
     for i in range(2):
         result = json.loads((tmp_path / f"w{i}.json").read_text())
         weights = list(np.load(tmp_path / f"w{i}.npz").values())

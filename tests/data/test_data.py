@@ -69,7 +69,7 @@ def test_a_global_batch_that_does_not_divide_over_the_replicas_is_an_error(two_c
 
 # -- NumPy input -----------------------------------------------------------------------
 
-def test_numpy_input_trains_exactly_like_the_equivalent_dataset_fn():
+def test_numpy_input_trains_exactly_like_the_equivalent_dataset_fn(make_trainer):
     import tensorflow as tf
 
     x, y = helpers.arrays(100)
@@ -82,7 +82,7 @@ def test_numpy_input_trains_exactly_like_the_equivalent_dataset_fn():
 
     results = []
     for data in [(x, y, w), dataset_fn]:
-        trainer = kt.Trainer(helpers.build_model, data, strategy="one_device", seed=5, verbose=0)
+        trainer = make_trainer(data, strategy="one_device", seed=5)
         history = trainer.fit(epochs=3, batch_size=16 if isinstance(data, tuple) else None)
         results.append((trainer.model.get_weights(), history.history["loss"], trainer.global_step))
     (w_np, loss_np, steps_np), (w_fn, loss_fn, steps_fn) = results
@@ -94,14 +94,14 @@ def test_numpy_input_trains_exactly_like_the_equivalent_dataset_fn():
     assert loss_np[0] != loss_np[1]
 
 
-def test_a_loop_of_fits_keeps_one_copy_and_evaluation_leaves_the_training_position():
+def test_a_loop_of_fits_keeps_one_copy_and_evaluation_leaves_the_training_position(make_trainer):
     import gc
     import weakref
 
     x, y = helpers.arrays(96)
 
     def run(evaluate_between):
-        trainer = kt.Trainer(helpers.build_model, strategy="one_device", seed=2, verbose=0)
+        trainer = make_trainer(strategy="one_device", seed=2)
         data = (x, y)
         trainer.fit(data, batch_size=16, epochs=1, steps_per_epoch=4)  # 4 of 6 batches
         if evaluate_between:  # the same arrays evaluated: a separate input, own position
@@ -114,7 +114,7 @@ def test_a_loop_of_fits_keeps_one_copy_and_evaluation_leaves_the_training_positi
 
     # Keras's idiom of one `fit` per epoch, new arrays each time: the trainer holds the
     # latest data only (it held a copy per call).
-    trainer = kt.Trainer(helpers.build_model, strategy="one_device", seed=2, verbose=0)
+    trainer = make_trainer(strategy="one_device", seed=2)
     first = x.copy()
     gone = weakref.ref(first)
     trainer.fit((first, y), batch_size=16, epochs=1)
@@ -124,11 +124,11 @@ def test_a_loop_of_fits_keeps_one_copy_and_evaluation_leaves_the_training_positi
     assert gone() is None
 
 
-def test_numpy_training_data_with_a_dataset_for_validation():
+def test_numpy_training_data_with_a_dataset_for_validation(make_trainer):
     import tensorflow as tf
 
     x, y = helpers.arrays(64)
-    trainer = kt.Trainer(helpers.build_model, strategy="one_device", seed=0, verbose=0)
+    trainer = make_trainer(strategy="one_device", seed=0)
     # `batch_size` is for the NumPy training data; the validation dataset batches itself.
     history = trainer.fit((x, y), batch_size=16, epochs=1,
                           validation_dataset_fn=tf.data.Dataset.from_tensor_slices((x, y)).batch(8))
@@ -263,7 +263,8 @@ def test_batches_within_files_hold_one_files_records_and_every_record_once(recor
         kt.data.files(pattern, batch_size=4, batch_within_files="yes")
 
 
-def test_two_workers_shard_files_and_data_exactly_once(tmp_path, record_dirs):
+def test_two_workers_shard_files_and_data_exactly_once(tmp_path, record_dirs,
+                                                       tf_config_cluster):
     job = {"strategy": "multi_worker_mirrored", "scenarios": [
         {"name": "eight-auto", "dir": record_dirs["eight"], "shard": "auto"},
         {"name": "one-auto", "dir": record_dirs["one"], "shard": "auto"},
@@ -271,8 +272,8 @@ def test_two_workers_shard_files_and_data_exactly_once(tmp_path, record_dirs):
         {"name": "one-off", "dir": record_dirs["one"], "shard": "off"},
     ], "fit": {"dir": record_dirs["eight"], "epochs": 2}}
     # TensorFlow's own C++ warnings are let through, to show none is about sharding.
-    codes, outputs = helpers.run_workers("tests/_data_worker.py", job, str(tmp_path / "w"),
-                                         env={"TF_CPP_MIN_LOG_LEVEL": "0"})
+    codes, outputs = tf_config_cluster(worker=2).run_workers(
+        "tests/_data_worker.py", job, str(tmp_path / "w"), env={"TF_CPP_MIN_LOG_LEVEL": "0"})
     assert codes == [0, 0], "\n".join(o[-4000:] for o in outputs)
     results = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(2)]
     everything = list(range(N_FILES_EXAMPLES))
@@ -340,5 +341,5 @@ def test_parameter_server_workers_read_different_shards(tmp_path, record_dirs):
     assert fit["global_step"] == 24
     assert fit["history"]["count"] == [96, 96]
     assert "worker i takes batches i, i+2, i+4" in proc.stderr   # the scenarios' inputs
-    # Training data under ps: loops carry positions instead (tests/test_visits.py).
+    # Training data under ps: loops carry positions instead (tests/distribute/ps/test_visits.py).
     assert "training data: every worker reads the whole data, in one device's order" in proc.stderr

@@ -19,15 +19,16 @@ def per_replica_dataset_fn(n, global_batch, weighted=False):
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_partial_last_batch_epoch_loss_and_accuracy_equal_single_device(two_cpus, weighted):
+def test_partial_last_batch_epoch_loss_and_accuracy_equal_single_device(two_cpus, weighted,
+                                                                        make_trainer):
     # 100 examples in per-replica batches of 8: 13 batches, the last holding 4, so the
     # final step of the 2-replica run has one partial and one empty replica batch.
     fn = per_replica_dataset_fn(100, 16, weighted)
     logs = {}
     for name in ("one_device", "mirrored"):
         strategy = {"name": name, **(two_cpus if name == "mirrored" else {})}
-        trainer = kt.Trainer(lambda: helpers.build_model(l2=0.01), fn, strategy=strategy,
-                             seed=0, verbose=0)
+        trainer = make_trainer(fn, model=lambda: helpers.build_model(l2=0.01),
+                               strategy=strategy, seed=0)
         history = trainer.fit(epochs=2).history
         logs[name] = (history, trainer.evaluate(), trainer.model.get_weights())
     (h1, e1, w1), (h2, e2, w2) = logs["one_device"], logs["mirrored"]
@@ -38,7 +39,7 @@ def test_partial_last_batch_epoch_loss_and_accuracy_equal_single_device(two_cpus
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_evaluate_equals_keras_evaluate_on_partial_batches(two_cpus):
+def test_evaluate_equals_keras_evaluate_on_partial_batches(two_cpus, make_trainer):
     import keras
     import tensorflow as tf
 
@@ -49,7 +50,7 @@ def test_evaluate_equals_keras_evaluate_on_partial_batches(two_cpus):
     expected = model.evaluate(tf.data.Dataset.from_tensor_slices((x, y, sw)).batch(16),
                               verbose=0, return_dict=True)
     # A model made outside the scope is rebuilt inside it, weights and compile settings kept.
-    trainer = kt.Trainer(model, strategy={"name": "mirrored", **two_cpus}, verbose=0)
+    trainer = make_trainer(model=model, strategy={"name": "mirrored", **two_cpus})
     assert trainer.model is not model
     results = trainer.evaluate(per_replica_dataset_fn(100, 16, weighted=True))
     assert set(results) == {"loss", "accuracy"}
@@ -59,44 +60,42 @@ def test_evaluate_equals_keras_evaluate_on_partial_batches(two_cpus):
                                                 else expected["accuracy"], abs=1e-6)
 
 
-def test_steps_per_loop_does_not_change_results():
+def test_steps_per_loop_does_not_change_results(make_trainer):
     fn = per_replica_dataset_fn(100, 16)
     runs = []
     for steps_per_loop in (1, 3, "auto"):
-        trainer = kt.Trainer(helpers.build_model, fn, strategy="one_device", seed=0,
-                             verbose=0, steps_per_loop=steps_per_loop)
+        trainer = make_trainer(fn, strategy="one_device", seed=0, steps_per_loop=steps_per_loop)
         runs.append((trainer.fit(epochs=2).history["loss"], trainer.global_step))
     for loss, step in runs[1:]:
         np.testing.assert_allclose(loss, runs[0][0], atol=1e-6)
         assert step == runs[0][1] == 14
 
 
-def test_steps_per_epoch_continues_the_data_across_epochs():
+def test_steps_per_epoch_continues_the_data_across_epochs(make_trainer):
     # 7 batches per pass; 5 steps per epoch: epoch 2 reads batches 6, 7 then starts a new pass.
-    trainer = kt.Trainer(helpers.build_model, per_replica_dataset_fn(100, 16),
-                         strategy="default", seed=0, verbose=0, steps_per_loop=2)
+    trainer = make_trainer(per_replica_dataset_fn(100, 16), strategy="default", seed=0,
+                           steps_per_loop=2)
     history = trainer.fit(epochs=3, steps_per_epoch=5)
     assert trainer.global_step == 15
     assert len(history.history["loss"]) == 3
 
 
-def test_learning_rate_schedule_sees_the_true_step():
+def test_learning_rate_schedule_sees_the_true_step(make_trainer):
     import keras
     schedule = keras.optimizers.schedules.PiecewiseConstantDecay([10], [0.1, 0.001])
-    trainer = kt.Trainer(helpers.build_model, per_replica_dataset_fn(96, 16), strategy="default",
-                         optimizer=keras.optimizers.SGD(schedule), verbose=0)
+    trainer = make_trainer(per_replica_dataset_fn(96, 16), strategy="default",
+                           optimizer=keras.optimizers.SGD(schedule))
     trainer.fit(epochs=2)  # 12 steps
     assert trainer.global_step == 12
     assert int(trainer.model.optimizer.iterations.numpy()) == 12
     assert float(trainer.model.optimizer.learning_rate.numpy()) == pytest.approx(0.001)
 
 
-def test_jit_compile_gives_the_same_training():
+def test_jit_compile_gives_the_same_training(make_trainer):
     fn = per_replica_dataset_fn(100, 16)
     runs = []
     for jit in (False, True):
-        trainer = kt.Trainer(helpers.build_model, fn, strategy="one_device", seed=0, verbose=0,
-                             jit_compile=jit)
+        trainer = make_trainer(fn, strategy="one_device", seed=0, jit_compile=jit)
         runs.append((trainer.fit(epochs=2).history["loss"], trainer.model.get_weights()))
     np.testing.assert_allclose(runs[1][0], runs[0][0], atol=1e-5)
     for a, b in zip(runs[1][1], runs[0][1]):

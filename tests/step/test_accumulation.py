@@ -2,7 +2,8 @@
 
 k batches of B examples make one update equal to one batch of k x B, and the iteration
 counts Keras keeps (the schedule's, Adam's) are Keras's. Multi-process strategies (multi-worker
-mirrored, parameter servers) are in `test_accumulation_cluster.py`.
+mirrored, parameter servers) run in `_accumulation_worker.py` processes, which import this file's
+`data`, `builder` and `StopAfter`.
 """
 
 import json
@@ -184,7 +185,8 @@ def _check(result, weights, history, steps):
 
 
 @pytest.mark.multiprocess
-def test_accumulation_under_multi_worker_mirrored_and_parameter_servers(tmp_path):
+def test_accumulation_under_multi_worker_mirrored_and_parameter_servers(tmp_path,
+                                                                       tf_config_cluster):
     """4 x 64 equals one batch of 256 on 2 multi-worker mirrored workers (258 examples: a
     partial group) and under parameter servers (one worker, so no asynchrony; 512 examples:
     workers read repeated data, so every group is whole). Both clusters run at once."""
@@ -200,8 +202,8 @@ def test_accumulation_under_multi_worker_mirrored_and_parameter_servers(tmp_path
     try:
         mwm_job = {"strategy": "multi_worker_mirrored", "n": 258, "k": 4, "batch": 64,
                    "epochs": 2}
-        codes, outputs = helpers.run_workers("tests/_accumulation_worker.py", mwm_job,
-                                             str(tmp_path / "w"))
+        codes, outputs = tf_config_cluster(worker=2).run_workers(
+            "tests/_accumulation_worker.py", mwm_job, str(tmp_path / "w"))
         ps_output = ps.communicate(timeout=300)[0]
     finally:
         ps.kill()

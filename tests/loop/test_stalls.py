@@ -89,18 +89,19 @@ def test_a_peer_tensorflow_calls_unhealthy_is_named_in_one_line_with_where_to_re
         "--max-restarts N`) to resume from it.")
 
 
-def test_auto_watches_only_where_a_peer_can_stall_a_task_and_seconds_apply_anywhere():
+def test_auto_watches_only_where_a_peer_can_stall_a_task_and_seconds_apply_anywhere(
+        make_trainer):
     """A process alone (here one device) is never stopped by "auto" (a slow validation or
     callback is not a stall, and a notebook must not lose its kernel); a number applies."""
     import helpers
     import kerastrain as kt
-    auto = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0)
+    auto = make_trainer(strategy="one_device")
     epochs = auto._new_epochs()
     with epochs.stall_watch() as watch:
         assert watch.timeout is None and watch._thread is None
         assert epochs.beat == watch.beat
     assert epochs.beat is None
-    fixed = kt.Trainer(helpers.build_model, strategy="one_device", verbose=0, stall_timeout=900)
+    fixed = make_trainer(strategy="one_device", stall_timeout=900)
     with fixed._new_epochs().stall_watch() as watch:
         assert watch.timeout == 900 and watch._thread.is_alive()
     with pytest.raises(ValueError, match=r"Received: stall_timeout='soon'"):

@@ -179,7 +179,7 @@ def test_twenty_simultaneous_takeovers_leave_exactly_one_owner(tmp_path, stale):
 def tiny_disk():
     """A 4 MiB tmpfs (needs root, as in CI); removed afterwards. Not under /tmp: while a file
     system is mounted beneath /tmp, Linux refuses the multihost rehearsal's /tmp overlay
-    (tests/test_hosts.py runs beside this)."""
+    (tests/cli/test_hosts.py runs beside this)."""
     import tempfile
     from pathlib import Path
     if os.geteuid() != 0:

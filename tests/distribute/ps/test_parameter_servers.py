@@ -3,13 +3,10 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 import helpers
-import kerastrain as kt
 
 pytestmark = pytest.mark.multiprocess
 
@@ -77,8 +74,7 @@ def test_ps_without_cluster_starts_local_in_process_cluster(local_cluster):
     check_result(result)
     # The coordinator (chief) wrote TensorBoard logs: running values every 6 steps, and at
     # each epoch end the epoch's value, although results arrive only after each join.
-    from test_monitoring import read_scalars
-    train = read_scalars(str(local_cluster["dir"] / "run" / "logs" / "train"))
+    train = helpers.read_scalars(str(local_cluster["dir"] / "run" / "logs" / "train"))
     assert [s for s, _ in train["loss"]] == list(range(6, EPOCHS * STEPS + 1, 6))
     epoch_ends = dict(train["loss"])
     assert [epoch_ends[(e + 1) * STEPS] for e in range(EPOCHS)] == pytest.approx(
@@ -127,42 +123,30 @@ def test_an_optimizer_object_made_before_the_trainer_trains_under_ps(local_clust
     assert result["iterations"] == result["global_step"] > 0
 
 
-def test_ps_with_tf_config_cluster_of_real_processes(tmp_path):
+def test_ps_with_tf_config_cluster_of_real_processes(tmp_path, tf_config_cluster):
     """Two ps processes, and every variable with two rows or more split over both."""
-    port = kt.cluster.free_port
-    cluster = {"chief": [f"127.0.0.1:{port()}"],
-               "worker": [f"127.0.0.1:{port()}", f"127.0.0.1:{port()}"],
-               "ps": [f"127.0.0.1:{port()}", f"127.0.0.1:{port()}"]}
-    env_base = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
-    servers = []
-    for task_type, index in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)):
-        env = dict(env_base, TF_CONFIG=helpers.tf_config(cluster, task_type, index))
-        servers.append(subprocess.Popen(
-            [sys.executable, "-m", "kerastrain.distribute.cluster"], env=env, cwd=helpers.REPO,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        split = {"name": "fixed_shards", "num_shards": 2}
-        job = json.dumps({"strategy": {"name": "ps", "variable_partitioner": split},
-                          "epochs": EPOCHS, "steps_per_epoch": STEPS, "data": "infinite",
-                          "steps_per_loop": 4})
-        chief = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")],
-                                   env={"TF_CONFIG": helpers.tf_config(cluster, "chief", 0)})
-        assert chief.returncode == 0, chief.stdout[-3000:] + chief.stderr[-5000:]
-        result = json.loads((tmp_path / "chief.json").read_text())
-        check_result(result)
-        assert {d.split("/task:")[1][0] for d in result["devices"]} == {"0", "1"}
-        # The last bias has one row: it stays whole.
-        assert sorted(result["shards"].values()) == [2, 2, 2], result["shards"]
-        assert "2 workers and 2 ps from TF_CONFIG; variables split by fixed_shards(num_shards=2)" \
-            in chief.stderr
-        # Worker and ps servers notice that the chief has finished and stop by themselves.
-        for server in servers:
-            out = server.communicate(timeout=60)[0]
-            assert server.returncode == 0, out[-2000:]
-            assert "chief-finished" in out, out[-2000:]
-    finally:
-        for server in servers:
-            server.kill()
+    cluster = tf_config_cluster(chief=1, worker=2, ps=2)
+    servers = [cluster.serve(task_type, index)
+               for task_type, index in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1))]
+    split = {"name": "fixed_shards", "num_shards": 2}
+    job = json.dumps({"strategy": {"name": "ps", "variable_partitioner": split},
+                      "epochs": EPOCHS, "steps_per_epoch": STEPS, "data": "infinite",
+                      "steps_per_loop": 4})
+    chief = helpers.run_python(["tests/_worker.py", job, str(tmp_path / "chief")],
+                               env={"TF_CONFIG": cluster.tf_config("chief", 0)})
+    assert chief.returncode == 0, chief.stdout[-3000:] + chief.stderr[-5000:]
+    result = json.loads((tmp_path / "chief.json").read_text())
+    check_result(result)
+    assert {d.split("/task:")[1][0] for d in result["devices"]} == {"0", "1"}
+    # The last bias has one row: it stays whole.
+    assert sorted(result["shards"].values()) == [2, 2, 2], result["shards"]
+    assert "2 workers and 2 ps from TF_CONFIG; variables split by fixed_shards(num_shards=2)" \
+        in chief.stderr
+    # Worker and ps servers notice that the chief has finished and stop by themselves.
+    for server in servers:
+        out = server.communicate(timeout=60)[0]
+        assert server.returncode == 0, out[-2000:]
+        assert "chief-finished" in out, out[-2000:]
 
 
 @pytest.mark.multiprocess
