@@ -30,6 +30,8 @@ from kerastrain.loop import workdir as workdir_lib
 from kerastrain.step import instances
 
 logger = logging.getLogger("kerastrain")
+# The loop options' defaults, written once in their dataclass (a recipe's `trainer:`).
+_DEFAULT = TrainerConfig()
 
 
 class Trainer:
@@ -54,10 +56,9 @@ class Trainer:
             optimizer and the metrics may be given as functions returning them,
             called inside the strategy's scope.
         verbose: 0, 1, 2 or `"auto"` as in `model.fit` (non-chief tasks: 0).
-        jit_compile: compile each step with XLA: None (the model's compile setting),
-            `"auto"`, True or False.
-        mixed_precision: None, `"mixed_float16"` or `"mixed_bfloat16"` (needs a model
-            function).
+        jit_compile, mixed_precision: XLA for each step (None: the model's compile setting,
+            `"auto"`, True, False); a Keras dtype policy (None, `"mixed_float16"`,
+            `"mixed_bfloat16"`; needs a model function).
         tuning: what kerastrain tunes for speed by itself without changing results
             (`kerastrain.loop.tuning.TuningOptions`): True (all), False (none), or a dict.
         tensorboard: with a `model_dir`, the chief writes TensorBoard logs to
@@ -93,11 +94,13 @@ class Trainer:
     """
 
     def __init__(self, model, dataset_fn=None, *, strategy="auto", strategy_options=None,
-                 model_dir=None, seed=None, steps_per_loop="auto", optimizer=None, loss=None,
-                 metrics=None, verbose="auto", jit_compile=None, tensorboard=True, writers=None,
-                 checkpoint=True, shard="auto", mixed_precision=None, tuning=True,
-                 on_nonfinite="stop", max_recoveries=3, spike_factor=None, data_service=None,
-                 stall_timeout="auto"):
+                 optimizer=None, loss=None, metrics=None, tensorboard=True, writers=None,
+                 checkpoint=True, shard="auto", tuning=True, data_service=None,
+                 model_dir=_DEFAULT.model_dir, seed=_DEFAULT.seed, verbose=_DEFAULT.verbose,
+                 steps_per_loop=_DEFAULT.steps_per_loop, jit_compile=_DEFAULT.jit_compile,
+                 mixed_precision=_DEFAULT.mixed_precision, on_nonfinite=_DEFAULT.on_nonfinite,
+                 max_recoveries=_DEFAULT.max_recoveries, spike_factor=_DEFAULT.spike_factor,
+                 stall_timeout=_DEFAULT.stall_timeout):
         if dataset_fn is not None:
             data_lib.input_form(dataset_fn)
         shard = sharding.check_policy(shard)
@@ -146,8 +149,7 @@ class Trainer:
 
     @property
     def model_dir(self) -> str | None:
-        """Where the run's outputs go (a `BackupAndRestore`'s backup_dir while one is in use;
-        None: nowhere)."""
+        """Where the run's outputs go (None: nowhere; a `BackupAndRestore`'s backup_dir)."""
         return self._workdir.model_dir
 
     @property
@@ -182,11 +184,9 @@ class Trainer:
         return getattr(self._epochs and self._epochs.recovery, "count", 0)
 
     def write_text(self, name: str, text: str):
-        """Write a text file into `model_dir` on the chief only (e.g. the resolved recipe).
-
-        Returns its path, or None on other tasks and without a `model_dir`. A
-        different file of that name is kept as `name.previous-N`, never overwritten.
-        """
+        """Write a text file into `model_dir` on the chief only (e.g. the resolved recipe):
+        its path, or None on other tasks and without a `model_dir`. A different file of that
+        name is kept as `name.previous-N`, never overwritten."""
         return self._workdir.outputs.write_text(name, text)
 
     def close(self):
@@ -221,15 +221,15 @@ class Trainer:
 
     # -- training -------------------------------------------------------------
 
-    def fit(self, dataset_fn=None, y=None, *, epochs=1, steps_per_epoch=None,
-            validation_dataset_fn=None, validation_steps=None, callbacks=None, verbose=None,
+    def fit(self, dataset_fn=None, y=None, *, epochs=_DEFAULT.epochs,
+            steps_per_epoch=_DEFAULT.steps_per_epoch, validation_dataset_fn=None,
+            validation_steps=_DEFAULT.validation_steps, callbacks=None, verbose=None,
             initial_epoch=0, batch_size=None, validation_freq=1, actions=None, **keras_args):
         """Train for `epochs` epochs and return a `keras.callbacks.History`.
 
         Args:
-            dataset_fn: overrides the Trainer's `dataset_fn`: any input form
-                (a `dataset_fn(ctx)`, a zero-argument function or a dataset of
-                global batches, or NumPy arrays `x` or `(x, y[, sample_weight])`).
+            dataset_fn: overrides the Trainer's `dataset_fn`: any input form (a `dataset_fn(ctx)`,
+                a function or a dataset of global batches, NumPy `x` or `(x, y[, sample_weight])`).
             y: targets, when `dataset_fn` is the NumPy inputs `x`.
             epochs, initial_epoch, batch_size, steps_per_epoch, validation_steps,
                 validation_freq, verbose: as in `model.fit` (`batch_size`, the global
