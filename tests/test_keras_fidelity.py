@@ -372,7 +372,12 @@ def _assert_same(ours, theirs, ours_model, their_model):
     {"class_weight": {0: 1.0, 1: 3.0}},
     {"validation_split": 0.25},
     {"validation_data": "held_out", "validation_freq": 2},
-], ids=["x_y", "sample_weight", "class_weight", "validation_split", "validation_data_freq"])
+    # class_weight weighs the training data only, not the split-off validation data.
+    {"class_weight": {0: 1.0, 1: 3.0}, "validation_split": 0.25},
+    # validation_data wins: nothing is held out, every example trains.
+    {"validation_split": 0.25, "validation_data": "held_out"},
+], ids=["x_y", "sample_weight", "class_weight", "validation_split", "validation_data_freq",
+        "class_weight_and_split", "split_and_validation_data"])
 def test_fit_arguments_mean_what_they_mean_in_model_fit(arguments):
     import helpers
     x, y = _binary()

@@ -134,17 +134,18 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
                           stacklevel=3)
     else:
         data = _arrays(data, y, sample_weight)
-    if class_weight is not None:
-        data = _with_class_weight(data, form, class_weight)
     validation = validation_data
     if validation_split == 0.0 and not isinstance(validation_split, bool):
         validation_split = None  # model.fit's default: nothing held out
     if validation_split is not None:
         _check_split(validation_split)
-        train, held_out = _split(data, validation_split)
-        data = train
-        if validation is None:  # as in Keras, validation_data wins
-            validation = held_out
+        if validation is None:
+            data, validation = _split(data, validation_split)
+        else:  # as in Keras, validation_data wins: nothing is held out
+            logger.info("validation_split=%s is not used: validation_data is given, and every "
+                        "example trains (as in model.fit)", validation_split)
+    if class_weight is not None:  # the training data only, as in model.fit
+        data = _with_class_weight(data, form, class_weight)
     return FitData(data, validation, shuffle=True if shuffle is None else bool(shuffle),
                    validation_batch_size=validation_batch_size)
 
