@@ -328,6 +328,7 @@ class Trainer:
         """
         callbacks = callbacks_lib.check_callbacks(callbacks)
         self._predictor = self._predictor or predicting.Predictor(self._built, self.model)
+        self._state.take_user_changes()
         with self._state.cluster_errors_explained():
             return self._predictor.predict(x, batch_size=batch_size, steps=steps,
                                            callbacks=callbacks,

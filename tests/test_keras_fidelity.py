@@ -175,6 +175,30 @@ def test_an_optimizer_state_that_does_not_fit_the_copy_is_said_and_left(caplog):
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, copy.optimizer.variables))
 
 
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
+def test_what_code_does_to_the_users_object_between_calls_is_where_the_next_call_starts(
+        strategy):
+    """`trainer.fit; model.fit; trainer.fit` continues from `model.fit`'s result, as three
+    `model.fit` calls do; `model.set_weights` between calls is what `trainer.evaluate` and
+    `trainer.predict` see. (The next call used the Trainer's copy: the epoch of `model.fit`
+    was silently undone, an evaluation after `load_weights` scored the old weights.)"""
+    x, y = _binary(48)
+    kwargs = dict(batch_size=16, shuffle=False, verbose=0, epochs=1)
+    reference, model = _instance(), _instance()
+    initial = model.get_weights()
+    trainer = kt.Trainer(model, strategy=strategy, verbose=0)
+    for fit in (trainer.fit, model.fit, trainer.fit):
+        expected = reference.fit(x, y, **kwargs).history["loss"]
+        np.testing.assert_allclose(fit(x, y, **kwargs).history["loss"], expected, rtol=1e-5)
+    assert int(model.optimizer.iterations.numpy()) == 9 == int(
+        reference.optimizer.iterations.numpy())
+    model.set_weights(initial)
+    assert trainer.evaluate(x, y, batch_size=16)["loss"] == pytest.approx(
+        model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)["loss"], rel=1e-5)
+    np.testing.assert_allclose(trainer.predict(x, batch_size=16),
+                               model.predict(x, batch_size=16, verbose=0), rtol=1e-5, atol=1e-6)
+
+
 def test_the_users_model_instance_is_updated_when_training_stops_early():
     """Diverged (a NaN label): the user's object holds the weights of the steps taken."""
     import helpers

@@ -112,6 +112,7 @@ class TrainingState:
         those of its methods that, overridden, decide what its batches need)."""
         data_lib.check_against_model(element_spec, self.model, steps)
         if self.step is not None:
+            self.take_user_changes()
             return
         model, built = self.model, self.built
         models_lib.check_resources_placed(model, built)
@@ -135,6 +136,14 @@ class TrainingState:
             unroll=tuning_lib.UNROLL if self._tuning.unroll_steps else 1)
         with self.strategy.scope():
             self.run.attach(width=self.step.width, model=model, global_step=self.global_step)
+        self.take_user_changes()
+
+    def take_user_changes(self):
+        """What code did to the user's own model object since the Trainer last read it or
+        handed it back (`model.fit`, `set_weights`, `load_weights`) goes into the copy that
+        trains, as the next `model.fit` would start from it (a model function: nothing)."""
+        if self.user_model is not None:
+            instances.take_changes(self.model, self.user_model)
 
     def load_checkpoint(self, path: str) -> int:
         """The model's weights and the global step from the checkpoint `path` (see

@@ -204,3 +204,42 @@ def _rehome_unreadable(variables, moved):
         except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
             _compat.replace_storage([variable], [np.zeros(variable.shape, variable.dtype)])
             moved.append(variable)
+
+
+def take_changes(trained, user_model):
+    """Put the user's own object's weights and optimizer state into `trained` where they
+    differ from it: code between two Trainer calls changed the object the user sees
+    (`model.fit`, `set_weights`, `load_weights`), and the next call trains, evaluates or
+    predicts from it, as Keras would. Nothing while the object cannot be read (under
+    parameter servers, until the first `fit` hands it back). Returns whether it changed."""
+    import tensorflow as tf
+    pairs = [(trained.variables, user_model.variables)]
+    mine, theirs = getattr(trained, "optimizer", None), getattr(user_model, "optimizer", None)
+    if mine is not None and theirs is not None and type(mine) is type(theirs) and \
+            getattr(mine, "built", False) and getattr(theirs, "built", False):
+        pairs.append((mine.variables, theirs.variables))
+    changed = False
+    for variables, sources in pairs:
+        try:
+            values = _values_if_paired(variables, sources)
+            if values is None:
+                continue
+            current = [v.numpy() for v in variables]
+        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+            return False  # on a device that is gone: not handed back yet
+        if any(not _same(a, b) for a, b in zip(current, values)):
+            assign(variables, values, [])
+            changed = True
+    if changed:
+        logger.info("the model object %r changed since kerastrain last read it (model.fit, "
+                    "set_weights, load_weights...): training goes on from its weights and "
+                    "optimizer state, as model.fit would", user_model.name)
+    return changed
+
+
+def _same(a, b) -> bool:
+    import numpy as np
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    return np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")  # NaN equals NaN: unchanged
