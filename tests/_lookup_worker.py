@@ -11,6 +11,7 @@ def main():
     import kerastrain as kt
     import keras
     import numpy as np
+    import tensorflow as tf
 
     words = np.array(["a", "b", "c", "d"] * 16)[:, None]
     labels = (np.arange(64) % 2).astype("float32")[:, None]
@@ -36,6 +37,18 @@ def main():
     trainer = kt.Trainer(instance, strategy=ps, verbose=0, seed=0)
     report["instance_loss"] = trainer.fit(words, labels, batch_size=16, epochs=2).history["loss"]
     report["instance_eval"] = trainer.evaluate((words, labels), batch_size=16)["loss"]
+    # The user's own object after the fit, as after `model.fit`: its lookup table was made
+    # before the cluster connected ("unknown device" until kerastrain made it again).
+    expected = trainer.predict(words, batch_size=16)
+    strings = tf.constant(words)  # Keras's own fit and predict take no NumPy strings
+    report["predict_gap"] = float(np.abs(instance.predict(strings, batch_size=16, verbose=0)
+                                         - expected).max())
+    report["call_gap"] = float(np.abs(np.asarray(instance(strings[:4])) - expected[:4]).max())
+    report["user_eval"] = instance.evaluate(strings, labels, batch_size=16, verbose=0)
+    report["user_fit"] = instance.fit(strings, labels, batch_size=16, epochs=1,
+                                      verbose=0).history["loss"]
+    adapted.adapt(words.ravel())  # its adapt state was made before the connection too
+    report["vocabulary"] = [vocabulary, adapted.get_vocabulary(include_special_tokens=False)]
 
     built = kt.Trainer(lambda: tower(keras.layers.StringLookup(vocabulary=vocabulary)),
                        strategy=ps, verbose=0, seed=0)

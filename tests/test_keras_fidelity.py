@@ -615,8 +615,10 @@ def test_backup_and_restore_options_map_onto_checkpoints(tmp_path):
 
 @pytest.mark.multiprocess
 def test_lookup_tables_under_parameter_servers(tmp_path):
-    """An adapted StringLookup instance trains and evaluates under ps; one made in the model
-    function too; one made before the Trainer is a clear error (it used to hang for ever)."""
+    """An adapted StringLookup instance trains and evaluates under ps, and the user's object
+    predicts, evaluates, fits and adapts after (its table was on a device gone: "unknown
+    device"); one made in the model function trains too; one made before the Trainer is a
+    clear error (it used to hang for ever)."""
     import json
 
     import helpers
@@ -625,6 +627,11 @@ def test_lookup_tables_under_parameter_servers(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert len(report["instance_loss"]) == 2 and np.isfinite(report["instance_eval"])
+    # The user's instance works after the fit and holds what the trained copy holds.
+    assert report["predict_gap"] < 1e-6 and report["call_gap"] < 1e-6, report
+    assert abs(report["user_eval"] - report["instance_eval"]) < 1e-5, report
+    assert len(report["user_fit"]) == 1 and np.isfinite(report["user_fit"][0])
+    assert report["vocabulary"][1] == report["vocabulary"][0], report["vocabulary"]
     assert np.isfinite(report["builder_eval"])
     assert "holds a lookup table created before kerastrain connected" in report["stale"] \
         or "was created before kerastrain connected" in report["stale"], report["stale"]
@@ -1188,6 +1195,36 @@ def test_an_adapted_normalization_layer_in_a_model_instance_keeps_its_statistics
         np.testing.assert_allclose(history[key], theirs[key], rtol=1e-5, err_msg=key)
     for a, b in zip(ours.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_an_adapted_tf_idf_text_vectorization_in_a_model_instance_trains_as_under_fit():
+    """`TextVectorization(output_mode="tf_idf")` adapted in a model instance: the copy built
+    in scope was given the vocabulary without its IDF weights, and the Trainer failed at
+    once ("`idf_weights` must be set if output_mode is 'tf_idf'"). Now equal to fit."""
+    rng = np.random.RandomState(0)
+    words = np.array("the cat sat on a mat dog ran far away".split())
+    texts = np.array([" ".join(rng.choice(words, size=rng.randint(2, 6))) for _ in range(48)])
+    y = (np.char.count(texts, "cat") > 0).astype("float32")[:, None]
+
+    def model():
+        keras.utils.set_random_seed(1)
+        vectorize = keras.layers.TextVectorization(max_tokens=16, output_mode="tf_idf",
+                                                   pad_to_max_tokens=True)
+        vectorize.adapt(texts)
+        inputs = keras.Input((), dtype="string")
+        m = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(vectorize(inputs)))
+        m.compile("adam", "binary_crossentropy")
+        return m
+
+    def data():
+        return tf.data.Dataset.from_tensor_slices((texts, y)).batch(16)
+
+    reference, ours = model(), model()
+    theirs = reference.fit(data(), epochs=2, verbose=0).history
+    history = kt.Trainer(ours, strategy="one_device", verbose=0).fit(data(), epochs=2).history
+    np.testing.assert_allclose(history["loss"], theirs["loss"], rtol=1e-6)
+    np.testing.assert_allclose(ours.predict(data(), verbose=0),
+                               reference.predict(data(), verbose=0), rtol=1e-5, atol=1e-6)
 
 
 def test_a_model_made_in_a_mirrored_scope_of_the_users_own_trains_and_is_handed_back():

@@ -43,7 +43,8 @@ _check_keras_version(keras.__version__)
 from kerastrain._compat.models import (
     compile_metrics, compile_loss, layer_metrics, symbolic_build, compile_args, stateless_scope,
     model_losses, compute_loss, flatten_metrics_in_order, model_supports_jit, keras_mask,
-    all_layers, sublayers_built, variable_owners, lookup_layers, table_job)
+    all_layers, sublayers_built, variable_owners, lookup_layers, lookup_contents,
+    set_lookup_contents, renew_adapt_state, table_job)
 from kerastrain._compat.optimizers import (
     rekey_optimizer, share_optimizer_state, optimizer_strategy_scope, optimizer_slot,
     iteration_counter, learning_rate_schedule, learning_rate_at, moving_averages,

@@ -154,6 +154,44 @@ def lookup_layers(model):
             if isinstance(layer, IndexLookup)]
 
 
+def lookup_contents(layer):
+    """What a lookup layer of `lookup_layers` looks up, for `set_lookup_contents`: its
+    vocabulary (special tokens included, so indices stay) and, under `output_mode="tf_idf"`,
+    its IDF weights (`idf_weights_const`, private; cut to the vocabulary's length, as
+    `set_vocabulary` pads them again to `max_tokens`)."""
+    import numpy as np
+    vocabulary = layer.get_vocabulary(include_special_tokens=True)
+    if layer.output_mode != "tf_idf":
+        return vocabulary, None
+    return vocabulary, np.asarray(layer.idf_weights_const)[:len(vocabulary)]
+
+
+def set_lookup_contents(layer, contents):
+    """Make a lookup layer's table (and IDF weights) again, holding `contents`
+    (`lookup_contents`), where the current scope and device put them: the public
+    `set_vocabulary`, given the IDF weights a `"tf_idf"` layer needs."""
+    vocabulary, idf_weights = contents
+    layer.set_vocabulary(vocabulary, idf_weights=idf_weights)
+
+
+def renew_adapt_state(layer):
+    """Make a lookup layer's adapt state (`token_counts`, and under `"tf_idf"`
+    `token_document_counts`, `num_documents`: made in `IndexLookup.__init__` when no
+    vocabulary was given, Keras 3.3-3.15) again, empty, on this process's device: the next
+    `adapt` empties it first anyway. Nothing for a layer given its vocabulary."""
+    import tensorflow as tf
+    if layer._has_input_vocabulary:
+        return
+
+    def counts():
+        return tf.lookup.experimental.MutableHashTable(
+            key_dtype=layer.vocabulary_dtype, value_dtype="int64", default_value=0)
+    layer.token_counts = counts()
+    if layer.output_mode == "tf_idf":
+        layer.token_document_counts = counts()
+        layer.num_documents = tf.Variable(0, dtype="int64", trainable=False)
+
+
 def table_job(table):
     """The job of a lookup table's resource (None for a per-worker `DistributedTable`)."""
     import tensorflow as tf

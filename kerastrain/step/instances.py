@@ -46,9 +46,9 @@ class Detached:
         # layer was made): the copy goes on with the user's random stream, not a new one.
         weights = {id(v) for v in model.weights}
         self.states = [v.numpy() for v in model.variables if id(v) not in weights]
-        # Lookup tables are not variables: read their vocabularies, and the layers'
-        # configs (TextVectorization's reads its table), while they can be read.
-        self.vocabularies = [layer.get_vocabulary() for layer in _compat.lookup_layers(model)]
+        # Lookup tables are not variables: read their vocabularies (and TF-IDF weights), and
+        # the layers' configs (TextVectorization's reads its table), while they can be read.
+        self.lookups = [_compat.lookup_contents(layer) for layer in _compat.lookup_layers(model)]
         self.layer_configs = {id(layer): layer.get_config() for layer in model.layers}
         args = _compat.compile_args(model) if getattr(model, "compiled", False) else None
         self.compile_args = None if args is None else {
@@ -102,7 +102,8 @@ def hand_back(trained, user_model, *, keep_functions=False):
       learning rate, slots; built first if the user's never was) take `trained`'s values.
     - Under parameter servers the user's variables, optimizer and metrics made before this
       process connected to the cluster sit on a device that is gone ("Client for target
-      /job:localhost... not found"): they get new storage here.
+      /job:localhost... not found"): they get new storage here; so do its lookup layers'
+      tables (StringLookup's, TextVectorization's: "unknown device"), with the same vocabulary.
     - Keras's cached train / test / predict functions were traced for those devices and the
       old values: they are dropped, and Keras traces them again on next use. With
       `keep_functions` (an epoch end: callbacks may use the user's object, as under
@@ -130,6 +131,7 @@ def hand_back(trained, user_model, *, keep_functions=False):
             assign(mine.variables, values, moved)
     _rehome_unreadable(user_model.metrics_variables + _compiled_metric_variables(user_model),
                        moved)
+    _rehome_lookup_tables(user_model, trained, moved)
     if moved or not keep_functions:
         user_model.train_function = user_model.test_function = user_model.predict_function = None
 
@@ -140,6 +142,25 @@ def _compiled_metric_variables(model):
     args = _compat.compile_args(model) or {}
     given = keras.tree.flatten([args.get("metrics"), args.get("weighted_metrics")])
     return [v for m in given if isinstance(m, keras.metrics.Metric) for v in m.variables]
+
+
+def _rehome_lookup_tables(user_model, trained, moved):
+    """A lookup table (StringLookup's, IntegerLookup's, TextVectorization's) is a TensorFlow
+    resource, not a variable: the user's, made before this process connected to a
+    parameter-server cluster, is on a device that is gone ("unknown device"). Each such
+    table is made again here, holding what `trained`'s copy of it holds (the vocabulary
+    `Detached` read, which training does not change); its layer is added to `moved`."""
+    import tensorflow as tf
+    mine, theirs = _compat.lookup_layers(user_model), _compat.lookup_layers(trained)
+    if len(mine) != len(theirs):
+        return
+    for layer, source in zip(mine, theirs):
+        try:
+            layer.lookup_table.size().numpy()
+        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+            _compat.set_lookup_contents(layer, _compat.lookup_contents(source))
+            _compat.renew_adapt_state(layer)  # its token counts were on that device too
+            moved.append(layer)
 
 
 def carry_optimizer(model, detached):

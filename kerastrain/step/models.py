@@ -332,8 +332,8 @@ def _rebuild(model, detached):
         instances.assign(states, detached.states, [])
     _normalize_with_its_variables(clone)
     # In scope: each table is made again where the strategy wants it (per worker under ps).
-    for layer, vocabulary in zip(_compat.lookup_layers(clone), detached.vocabularies):
-        layer.set_vocabulary(vocabulary)
+    for layer, contents in zip(_compat.lookup_layers(clone), detached.lookups):
+        _compat.set_lookup_contents(layer, contents)
     return clone
 
 
