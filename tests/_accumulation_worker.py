@@ -29,7 +29,11 @@ def run(job, out):
     x, y = cases.data(job["n"])
     resume = {"model_dir": job["model_dir"], "checkpoint": {"every_steps": 1}} \
         if "model_dir" in job else {}
-    trainer = kt.Trainer(cases.builder(job["k"]), strategy=job["strategy"], verbose=0,
+    model = cases.builder(job["k"])
+    if job.get("instance"):  # the user's own object, trained by model.fit first
+        model = model()
+        model.fit(x, y, batch_size=job["batch"], epochs=1, shuffle=False, verbose=0)
+    trainer = kt.Trainer(model, strategy=job["strategy"], verbose=0,
                          steps_per_loop=job.get("steps_per_loop", "auto"), **resume)
     callbacks = [cases.StopAfter(job["stop_after"])] if "stop_after" in job else []
     history = trainer.fit(x, y, batch_size=job["batch"], epochs=job["epochs"], shuffle=False,
@@ -37,6 +41,10 @@ def run(job, out):
     result = {"history": history.history, "global_step": trainer.global_step,
               "iterations": int(trainer.model.optimizer.iterations),
               "weights": [w.tolist() for w in trainer.model.get_weights()]}
+    if job.get("instance"):  # what the object holds after the Trainer, and then model.fit
+        result["user_optimizer"] = [v.numpy().tolist() for v in model.optimizer.variables]
+        model.fit(x, y, batch_size=job["batch"], epochs=1, shuffle=False, verbose=0)
+        result["user_weights_after_fit"] = [w.tolist() for w in model.get_weights()]
     with open(out + ".json", "w") as f:
         json.dump(result, f)
     trainer.close()  # the next job's Trainer starts as in a new process

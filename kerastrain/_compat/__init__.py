@@ -47,9 +47,9 @@ from kerastrain._compat.models import (
     set_lookup_contents, renew_adapt_state, table_job)
 from kerastrain._compat.optimizers import (
     rekey_optimizer, share_optimizer_state, optimizer_strategy_scope, optimizer_slot,
-    iteration_counter, learning_rate_schedule, learning_rate_at, moving_averages,
-    clips_gradients, clip_as_optimizer, clipping_off, RowSparseWeightDecay, unique_rows,
-    decays_weights)
+    iteration_counter, gradient_accumulators, learning_rate_schedule, learning_rate_at,
+    moving_averages, clips_gradients, clip_as_optimizer, clipping_off, RowSparseWeightDecay,
+    unique_rows, decays_weights)
 from kerastrain._compat.data import (
     class_weight_to_sample_weights, class_weight_map_fn, auto_shard, service_distribute,
     service_from_dataset_id, service_worker_port, serialize_dataset, deserialize_dataset,

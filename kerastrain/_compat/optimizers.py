@@ -62,6 +62,14 @@ def iteration_counter(optimizer):
     return getattr(optimizer, "inner_optimizer", optimizer)._iterations
 
 
+def gradient_accumulators(optimizer) -> list:
+    """The variables a built optimizer with `gradient_accumulation_steps` sums gradients into
+    between updates (Keras 3.10-3.15's private `_accumulated_gradients`; a LossScaleOptimizer's
+    are its inner optimizer's); [] when it has none."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return [v for v in getattr(inner, "_accumulated_gradients", None) or () if v is not None]
+
+
 def learning_rate_schedule(optimizer):
     """The optimizer's LearningRateSchedule, or None for a fixed (variable) rate.
 

@@ -73,6 +73,7 @@ class TrainingState:
         # The user's own model object, when kerastrain trains a copy built in scope: it
         # gets the trained weights whenever fit ends, so code written for model.fit works.
         self.user_model = model if detached is not None and model is not self.model else None
+        self._users_object = detached is not None and model is self.model  # trained in place
         self.mode = modes.for_strategy(self.built)
         precision.ensure_loss_scaling(self.model, precision_policy)
         with self.strategy.scope():
@@ -117,7 +118,8 @@ class TrainingState:
         model, built = self.model, self.built
         models_lib.check_resources_placed(model, built)
         with self.strategy.scope():
-            partitioned = models_lib.build_state(model, built, element_spec)
+            partitioned = models_lib.build_state(model, built, element_spec,
+                                                 users_object=self._users_object)
             instances.carry_optimizer(model, self._detached)
             self._detached = None  # its copies of the weights and slots are no longer needed
             if not loops_lib.overrides(model, "train_step"):

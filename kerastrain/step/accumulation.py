@@ -18,10 +18,13 @@ under Keras.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from kerastrain import _compat
 from kerastrain.step import updates
 from kerastrain._tracing import unconverted
+
+logger = logging.getLogger("kerastrain")
 
 
 def tf_cast(value, dtype):
@@ -60,6 +63,30 @@ def keras_accumulation_off(optimizer):
         optimizer.gradient_accumulation_steps = steps
 
 
+def whole_groups(optimizer, steps) -> int:
+    """The optimizer's count of batches (returned), made whole groups of `steps`.
+
+    kerastrain's updates start a group where the count stands (`Accumulator._update`).
+    A `model.fit` that ended inside a group left the gradients of its batches in Keras's
+    accumulators, which kerastrain's own accumulation does not read: they are dropped
+    (emptied where the optimizer has them), said, and the count goes back to the group's
+    start, so that Adam's step and the schedule go on from the updates made.
+    """
+    counter = _compat.iteration_counter(optimizer)
+    count = int(counter.numpy())
+    held = count % steps
+    if held:
+        logger.warning(
+            "the model's optimizer held the gradients of %d batch(es) of an unfinished group "
+            "of gradient_accumulation_steps=%d (a model.fit ended inside the group): kerastrain "
+            "accumulates itself and starts a new group, so those gradients are dropped, unlike "
+            "a second model.fit", held, steps)
+        counter.assign(count - held)
+        for accumulator in _compat.gradient_accumulators(optimizer):
+            accumulator.assign(tf_zeros_like(accumulator))
+    return count - held
+
+
 class Accumulator:
     """The compiled training loops of a `loops.Step` whose optimizer accumulates k batches.
 
@@ -76,6 +103,11 @@ class Accumulator:
         self.steps = steps
         self._present = None  # which variables get a gradient (known when traced)
         self._held = None  # `batch_loop`'s sums between calls: per-replica variables
+        counted = whole_groups(step.model.optimizer, steps)
+        # Under parameter servers a group's batch count comes from the global step, which
+        # starts at 0 in each Trainer (`ps_steps`): the batches the optimizer counted before
+        # (an earlier `model.fit`, carried by `instances.carry_optimizer`) come first.
+        self._batches_before = counted if step.built.is_parameter_server else 0
         # XLA fuses one batch's forward pass and gradients; the update runs apart.
         self._run_micro = (tf.function(self._micro, jit_compile=True) if jit_compile
                            else self._micro)
@@ -253,6 +285,6 @@ class Accumulator:
                 sums, totals, examples = add(sums, batch, totals, examples)
             # Keras's counter loses increments under asynchronous training: the
             # batches before this group come from the exact step.
-            update(sums, examples, before=step_counter.read_value() * k)
+            update(sums, examples, before=step_counter.read_value() * k + self._batches_before)
             step_counter.assign_add(1)
         return totals, state

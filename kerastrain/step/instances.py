@@ -99,7 +99,8 @@ def hand_back(trained, user_model, *, keep_functions=False):
     written for `model.fit` does next works on it: `predict`, `evaluate`, `fit`, `save`.
 
     - Its variables (weights and random seeds' states) and its optimizer's (step count,
-      learning rate, slots; built first if the user's never was) take `trained`'s values.
+      learning rate, slots; built first if the user's never was) take `trained`'s values;
+      Keras's gradient accumulators, which kerastrain's copy has not, are emptied.
     - Under parameter servers the user's variables, optimizer and metrics made before this
       process connected to the cluster sit on a device that is gone ("Client for target
       /job:localhost... not found"): they get new storage here; so do its lookup layers'
@@ -126,9 +127,9 @@ def hand_back(trained, user_model, *, keep_functions=False):
             with _compat.optimizer_strategy_scope(mine):
                 mine.build(user_model.trainable_variables)
             moved.append(mine)
-        values = _values_if_paired(mine.variables, theirs.variables)
-        if values is not None:
-            assign(mine.variables, values, moved)
+        pairs = _optimizer_pairs(mine, theirs, theirs.variables)
+        if pairs is not None:
+            assign(*pairs, moved)
     _rehome_unreadable(user_model.metrics_variables + _compiled_metric_variables(user_model),
                        moved)
     _rehome_lookup_tables(user_model, trained, moved)
@@ -172,24 +173,51 @@ def carry_optimizer(model, detached):
             model.optimizer is detached.optimizer or \
             type(model.optimizer) is not type(detached.optimizer):
         return
-    mine, values = model.optimizer.variables, detached.optimizer_state
-    if len(mine) != len(values) or any(tuple(v.shape) != tuple(a.shape)
-                                       for v, a in zip(mine, values)):
+    pairs = _optimizer_pairs(model.optimizer, detached.optimizer, detached.optimizer_state)
+    if pairs is None:
         logger.warning(
             "the model's optimizer had trained before (%d variables), and its state does not "
             "fit the optimizer built for training here (%d variables): training starts with "
-            "a fresh optimizer state, unlike a second model.fit", len(values), len(mine))
+            "a fresh optimizer state, unlike a second model.fit",
+            len(detached.optimizer_state), len(model.optimizer.variables))
         return
-    assign(mine, values, [])
+    assign(*pairs, [])
+
+
+def _optimizer_pairs(mine, theirs, state):
+    """(`mine`'s variables, the value each takes from `state`), `state` being the variables
+    or values of optimizer `theirs` in its variables' order; None when they do not pair up.
+
+    kerastrain's own accumulation builds no Keras gradient accumulators
+    (`accumulation.keras_accumulation_off`), whereas an optimizer Keras built (the user's)
+    has one per trainable variable, among its variables. Between kerastrain's updates they
+    hold nothing: where only one side has them, they are left out of the pairing, and
+    `mine`'s are emptied.
+    """
+    import numpy as np
+    variables, state = list(mine.variables), list(state)
+    own = {id(v) for v in _compat.gradient_accumulators(mine)}
+    other = {id(v) for v in _compat.gradient_accumulators(theirs)}
+    emptied = []
+    if bool(own) != bool(other):
+        emptied = [v for v in variables if id(v) in own]
+        variables = [v for v in variables if id(v) not in own]
+        state = [s for v, s in zip(theirs.variables, state) if id(v) not in other]
+    values = _values_if_paired(variables, state)
+    if values is None:
+        return None
+    return variables + emptied, values + [np.zeros(v.shape, v.dtype) for v in emptied]
 
 
 def _values_if_paired(mine, theirs):
-    """`theirs`' values when the two lists pair up one to one by shape, else None."""
+    """`theirs`' values (variables or arrays) when the two lists pair up one to one by
+    shape, else None."""
+    import numpy as np
     if len(mine) != len(theirs) or any(tuple(a.shape) != tuple(b.shape)
                                        for a, b in zip(mine, theirs)):
         return None
     try:
-        return [v.numpy() for v in theirs]
+        return [v if isinstance(v, (np.ndarray, np.generic)) else v.numpy() for v in theirs]
     except (AttributeError, TypeError, ValueError):  # e.g. a partitioned variable's shards
         return None
 

@@ -136,11 +136,12 @@ def _own_step_with_parts_built(model) -> bool:
     return _compat.sublayers_built(model)
 
 
-def build_state(model, built, element_spec):
+def build_state(model, built, element_spec, *, users_object=False):
     """Create the model's, metrics' and optimizer's variables from the data's shapes.
 
     Call inside `strategy.scope()`. Under parameter servers, variables the strategy
     partitioned are set up for training shard by shard (`kerastrain.distribute.ps.partitioning`).
+    `users_object`: `model` is the user's own object, trained in place (not a copy).
 
     Returns:
         The `Partitioning` of the model, or None when no variable is partitioned.
@@ -153,9 +154,11 @@ def build_state(model, built, element_spec):
     from kerastrain.step import loops
 
     optimizer = model.optimizer
-    if optimizer is None or loops.overrides(model, "train_step"):
+    # kerastrain's own step accumulates gradients itself: no Keras accumulators to build,
+    # but on the user's own object, whose `model.fit` needs them afterwards (they stay empty).
+    if optimizer is None or loops.overrides(model, "train_step") or (
+            users_object and not built.is_parameter_server):
         return _build_state(model, built, element_spec)
-    # kerastrain's own step accumulates gradients itself: no Keras accumulators to build.
     with accumulation.keras_accumulation_off(optimizer):
         return _build_state(model, built, element_spec)
 

@@ -169,6 +169,75 @@ def test_a_per_batch_callback_sees_the_model_fit_shows_it(strategy):
     assert trainer.global_step == 3  # two groups of 4 and one of 2
 
 
+def _model_fit_states(n, epochs, batch=64):
+    """What `model.fit` alone leaves: the optimizer's variables after each run of `epochs`
+    (a list: `epochs` = (1, 2, 1) runs fit three times), and the weights at the end."""
+    x, y = data(n)
+    reference, states = builder(4)(), []
+    for run in epochs:
+        reference.fit(x, y, batch_size=batch, epochs=run, shuffle=False, verbose=0)
+        states.append([np.array(v.numpy()) for v in reference.optimizer.variables])
+    return states, reference.get_weights()
+
+
+def _check_optimizer(variables, expected):
+    """The user's optimizer holds the state `model.fit` would leave (Keras's accumulators
+    among it, empty between updates), variable by variable."""
+    assert len(variables) == len(expected)
+    for got, want in zip(variables, expected):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("strategy, prior", [
+    ("one_device", False), ("one_device", True), (MIRRORED, False), (MIRRORED, True),
+    ("default", False), ("default", True)], ids=[
+        "one_device", "one_device-fitted", "mirrored", "mirrored-fitted", "in_place",
+        "in_place-fitted"])
+def test_the_users_model_object_goes_on_with_model_fit_as_after_model_fit(strategy, prior):
+    """`Trainer(model).fit` between (or before) `model.fit` calls on the user's own object:
+    the object ends with the optimizer state `model.fit` would leave (Keras's batch count,
+    learning rate, Adam's moments, its accumulators: kerastrain's copy has none), and a
+    later `model.fit` goes on as after `model.fit` alone; an earlier one's state is carried
+    into the copy. It was left untrained (iterations 0, empty slots). Under "default" the
+    object itself trains: its optimizer still gets Keras's accumulators, which a later
+    `model.fit` needs."""
+    x, y = data(512)
+    runs = (1, 2, 1) if prior else (2, 1)
+    states, weights = _model_fit_states(512, runs)
+    model = builder(4)()
+    if prior:
+        model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    trainer = kt.Trainer(model, strategy=strategy, verbose=0)
+    trainer.fit(x, y, batch_size=64, epochs=2, shuffle=False)
+    assert (trainer.model is model) == (strategy == "default")
+    _check_optimizer([v.numpy() for v in model.optimizer.variables], states[-2])
+    assert int(model.optimizer.iterations) == (6 if prior else 4)  # 2 updates an epoch
+    model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    _check_optimizer([v.numpy() for v in model.optimizer.variables], states[-1])
+    assert max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), weights)) < 1e-5
+
+
+def test_a_group_a_model_fit_left_unfinished_is_dropped_and_said(caplog):
+    """7 batches of 4 per update: `model.fit` ends holding 3 batches' gradients in Keras's
+    accumulators. kerastrain's own accumulation cannot take them: a warning says they are
+    dropped, and the count goes back to the group's start (4 batches, 1 update) so that
+    Adam's step goes on from the updates made."""
+    import logging
+    x, y = data(448)
+    model = builder(4)()
+    model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    assert int(model.optimizer._iterations.numpy()) == 7
+    trainer = kt.Trainer(model, strategy="one_device", verbose=0)
+    logging.getLogger("kerastrain").addHandler(caplog.handler)
+    try:
+        trainer.fit(x[:256], y[:256], batch_size=64, epochs=1, shuffle=False)
+    finally:
+        logging.getLogger("kerastrain").removeHandler(caplog.handler)
+    assert "held the gradients of 3 batch(es) of an unfinished group" in caplog.text
+    assert int(model.optimizer._iterations.numpy()) == 8 and int(model.optimizer.iterations) == 2
+    assert all(not np.any(v.numpy()) for v in model.optimizer._accumulated_gradients)
+
+
 def _reference(n, epochs):
     """Weights and logs of one device trained on batches of 256, no accumulation."""
     x, y = data(n)
@@ -189,15 +258,23 @@ def test_accumulation_under_multi_worker_mirrored_and_parameter_servers(tmp_path
                                                                        tf_config_cluster):
     """4 x 64 equals one batch of 256 on 2 multi-worker mirrored workers (258 examples: a
     partial group) and under parameter servers (one worker, so no asynchrony; 512 examples:
-    workers read repeated data, so every group is whole). Both clusters run at once."""
+    workers read repeated data, so every group is whole). Both clusters run at once.
+
+    Under ps, a second job trains the user's own object, fitted by `model.fit` before: the
+    copy goes on from its step count, and the object ends with the optimizer state
+    `model.fit` would leave (its learning rate was 0.0: the variable made before the
+    cluster connected got new storage and never the trained value), so a later `model.fit`
+    goes on as after `model.fit` alone."""
     import subprocess
     import sys
     ps_job = {"strategy": {"name": "ps", "num_workers": 1, "num_ps": 1}, "n": 512, "k": 4,
               "batch": 64, "epochs": 2, "steps_per_loop": 1}
+    ps_jobs = [[ps_job, str(tmp_path / "ps")],
+               [dict(ps_job, instance=True), str(tmp_path / "ps_instance")]]
     env = helpers.child_env(TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
-    ps = subprocess.Popen([sys.executable, "tests/_accumulation_worker.py", json.dumps(ps_job),
-                           str(tmp_path / "ps")], cwd=helpers.REPO, env=env,
+    ps = subprocess.Popen([sys.executable, "tests/_accumulation_worker.py", json.dumps(ps_jobs)],
+                          cwd=helpers.REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         mwm_job = {"strategy": "multi_worker_mirrored", "n": 258, "k": 4, "batch": 64,
@@ -214,6 +291,12 @@ def test_accumulation_under_multi_worker_mirrored_and_parameter_servers(tmp_path
         _check(json.loads((tmp_path / f"w{i}.json").read_text()), weights, history, 4)
     weights, history = _reference(512, 2)
     _check(json.loads((tmp_path / "ps.json").read_text()), weights, history, 4)
+    instance = json.loads((tmp_path / "ps_instance.json").read_text())
+    states, weights = _model_fit_states(512, (1, 2, 1))
+    assert instance["global_step"] == 4 and instance["iterations"] == 6
+    _check_optimizer(instance["user_optimizer"], states[1])
+    assert max(float(np.abs(np.asarray(a) - b).max())
+               for a, b in zip(instance["user_weights_after_fit"], weights)) < 1e-5
 
 
 def _leg(strategy, k, model_dir, stop_after=None, epochs=3):
