@@ -138,12 +138,12 @@ class TrainingState:
             unroll=tuning_lib.UNROLL if self._tuning.unroll_steps else 1)
         with self.strategy.scope():
             self.run.attach(width=self.step.width, model=model, global_step=self.global_step)
-        self.take_user_changes()
 
     def take_user_changes(self):
-        """What code did to the user's own model object since the Trainer last read it or
-        handed it back (`model.fit`, `set_weights`, `load_weights`) goes into the copy that
-        trains, as the next `model.fit` would start from it (a model function: nothing)."""
+        """What code did to the user's own model object since the Trainer handed it back
+        (`model.fit`, `set_weights`, `load_weights`) goes into the copy that trains, as the
+        next `model.fit` would start from it (a model function: nothing). Once built: the
+        first build takes the object as the Trainer read it when made."""
         if self.user_model is not None:
             instances.take_changes(self.model, self.user_model)
 

@@ -262,21 +262,18 @@ def take_changes(trained, user_model):
     predicts from it, as Keras would. Nothing while the object cannot be read (under
     parameter servers, until the first `fit` hands it back). Returns whether it changed."""
     import tensorflow as tf
-    pairs = [(trained.variables, user_model.variables)]
     mine, theirs = getattr(trained, "optimizer", None), getattr(user_model, "optimizer", None)
-    if mine is not None and theirs is not None and type(mine) is type(theirs) and \
-            getattr(mine, "built", False) and getattr(theirs, "built", False):
-        pairs.append((mine.variables, theirs.variables))
+    try:
+        pairs = [(trained.variables, _values_if_paired(trained.variables, user_model.variables))]
+        if mine is not None and theirs is not None and type(mine) is type(theirs) and \
+                getattr(mine, "built", False) and getattr(theirs, "built", False):
+            pairs.append(_optimizer_pairs(mine, theirs, theirs.variables) or (None, None))
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+        return False  # on a device that is gone: not handed back yet
     changed = False
-    for variables, sources in pairs:
-        try:
-            values = _values_if_paired(variables, sources)
-            if values is None:
-                continue
-            current = [v.numpy() for v in variables]
-        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
-            return False  # on a device that is gone: not handed back yet
-        if any(not _same(a, b) for a, b in zip(current, values)):
+    for variables, values in pairs:
+        if values is not None and any(
+                not _same(v.numpy(), value) for v, value in zip(variables, values)):
             assign(variables, values, [])
             changed = True
     if changed:
