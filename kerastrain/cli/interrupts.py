@@ -45,6 +45,7 @@ class Interrupts:
         self._pending = False
         self._previous = {}
         self._handled = threading.Event()
+        self._sending = threading.Lock()  # held by the watcher while it checks and sends
         self._wakeup = None       # (read end, write end) of the wakeup pipe
         self._previous_wakeup = -1
         self._watcher = None
@@ -70,11 +71,12 @@ class Interrupts:
         return self
 
     def __exit__(self, *exc):
+        with self._sending:          # no send after this, so none reaches a restored handler
+            self._handled.set()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         signal.set_wakeup_fd(self._previous_wakeup)
-        self._handled.set()          # a watcher between two sends stops there,
-        os.close(self._wakeup[1])    # and one reading the pipe reads its end
+        os.close(self._wakeup[1])    # a watcher reading the pipe reads its end
         if self._watcher is None:
             os.close(self._wakeup[0])
         return False
@@ -85,7 +87,9 @@ class Interrupts:
             while data := os.read(read, 64):
                 sent = [s for s in self.SIGNALS if s in data]
                 while sent and not self._handled.wait(_GRACE_SECS):
-                    signal.pthread_kill(main_thread, sent[0])
+                    with self._sending:
+                        if not self._handled.is_set():
+                            signal.pthread_kill(main_thread, sent[0])
         finally:
             os.close(read)
 
