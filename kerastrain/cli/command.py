@@ -206,7 +206,11 @@ def _launch_job(args, launch, interrupts):
         launch.isolate(network, tree)
     interrupts.watch()  # then threads: this watcher's, those of the recipe's modules
     # Every task would fail the same way: say it once.
-    model_dir = None if script else recipes.load(args.recipe, args.set)[0].trainer.model_dir
+    recipe = None if script else recipes.load(args.recipe, args.set)[0]
+    model_dir = None if script else recipe.trainer.model_dir
+    if recipe is not None:
+        from kerastrain.cli import manifests
+        manifests.check_ps_for(recipe.strategy["name"], args.ps, command="launch")
     # Under --ray the addresses come from the actors (below): host names stand in until then,
     # reserving no port here.
     spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,

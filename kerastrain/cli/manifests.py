@@ -68,7 +68,7 @@ def tfjob(recipe_path, *, workers, ps=0, chief=False, evaluator=False,
     """
     if workers < 1:
         raise ValueError(f"`workers` must be >= 1. Received: workers={workers}")
-    _check_ps_for(strategy, ps)
+    check_ps_for(strategy, ps)
     shared = shared_model_dir(model_dir, volume)
     command = ["kerastrain", "run", recipe_path]
     for item in sets:
@@ -113,14 +113,14 @@ def tfjob(recipe_path, *, workers, ps=0, chief=False, evaluator=False,
             "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": specs}}
 
 
-def _check_ps_for(strategy, ps):
+def check_ps_for(strategy, ps, command="export k8s"):
     """Parameter servers exactly where the recipe's strategy (`strategy.name`) uses them: a
-    mismatch would fail in every pod at start ("TF_CONFIG has no `ps` tasks")."""
+    mismatch would fail in every task at start ("TF_CONFIG has no `ps` tasks")."""
     if strategy == "ps" and ps < 1:
-        raise ValueError("export k8s: the recipe's strategy is 'ps', which needs parameter "
+        raise ValueError(f"{command}: the recipe's strategy is 'ps', which needs parameter "
                          f"servers: pass --ps N (N >= 1). Received: --ps {ps}")
     if ps and strategy not in ("ps", "auto"):
-        raise ValueError(f"export k8s: --ps {ps} gives parameter servers to a recipe whose "
+        raise ValueError(f"{command}: --ps {ps} gives parameter servers to a recipe whose "
                          f"strategy is {strategy!r}, which does not use them: drop --ps, or "
                          f"--set strategy.name=ps. Received: --ps {ps}")
 

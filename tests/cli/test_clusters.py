@@ -193,6 +193,15 @@ def test_an_exported_job_that_would_fail_in_every_task_is_refused_saying_what_to
         assert cli.main(["export", *args, "--volume", "runs"] if args[0] == "k8s" else
                         ["export", *args]) == 2, args
         assert said in capsys.readouterr().err, args
+    # `launch` refuses them too, before any task starts (each failed at start, said once).
+    for args, said in [
+            (["recipes/parameter_server.yaml", "--workers", "2"],
+             "launch: the recipe's strategy is 'ps', which needs parameter servers: pass --ps"),
+            (["recipes/multi_worker.yaml", "--workers", "2", "--ps", "1"],
+             "launch: --ps 1 gives parameter servers to a recipe whose strategy is "
+             "'multi_worker_mirrored'")]:
+        assert cli.main(["launch", *args, "--dry-run"]) == 2, args
+        assert said in capsys.readouterr().err, args
     # An `auto` recipe takes its strategy from TF_CONFIG: parameter servers are its choice.
     assert cli.main(["export", "k8s", "recipes/quickstart.yaml", "--workers", "2", "--ps",
                      "1", "--volume", "runs"]) == 0
