@@ -512,6 +512,37 @@ def test_weight_regularizers_beside_a_metric_a_layer_updates_train_as_under_fit(
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, err_msg=key)
 
 
+def test_a_short_batch_before_the_end_is_one_step_under_mirrored_as_on_one_device(two_cpus):
+    """Batches 2, 2, 1, 2, 2, 1 (two batched parts joined): one device takes 6 steps, and
+    so must 2 replicas, each global batch split on its own. TensorFlow's `OFF` auto-shard
+    policy (which kerastrain set for one pipeline) regrouped the examples across batches:
+    5 steps of other batches, and `predict(steps=4)` of a repeated dataset gave 8 rows."""
+    x = np.arange(10, dtype="float32").reshape(-1, 1)
+
+    def data():
+        return tf.data.Dataset.from_tensor_slices((x[:5], 2 * x[:5])).batch(2).concatenate(
+            tf.data.Dataset.from_tensor_slices((x[5:], 2 * x[5:])).batch(2))
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse")
+        return model
+
+    runs = {}
+    for strategy in ("one_device", "mirrored"):
+        trainer = kt.Trainer(build, strategy=strategy, verbose=0,
+                             strategy_options=two_cpus if strategy == "mirrored" else {})
+        history = trainer.fit(data, epochs=2).history
+        ids = data().map(lambda a, b: a).repeat()
+        runs[strategy] = (trainer.global_step, history["loss"],
+                          trainer.predict(ids, steps=4).ravel().tolist())
+    assert runs["mirrored"][0] == runs["one_device"][0] == 12
+    np.testing.assert_allclose(runs["mirrored"][1], runs["one_device"][1], rtol=1e-5)
+    assert runs["mirrored"][2] == pytest.approx(runs["one_device"][2], rel=1e-4, abs=1e-5)
+    assert len(runs["mirrored"][2]) == 7  # batches of 2, 2, 1, 2: 7 rows
+
+
 def test_fit_arguments_that_do_not_apply_get_clear_errors():
     import helpers
     x, y = _binary()

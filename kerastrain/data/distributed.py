@@ -18,7 +18,14 @@ logger = logging.getLogger("kerastrain")
 
 
 def _with_policy(dataset, policy):
+    """`dataset` with the auto-shard policy of the plan. One pipeline ("none") keeps
+    TensorFlow's default, which shards nothing for one worker and splits each global batch
+    on its own across the replicas: `OFF` made TensorFlow regroup examples across batch
+    boundaries (a short batch before the end merged with the next: other steps than one
+    device's, silently)."""
     import tensorflow as tf
+    if policy == "none":
+        return dataset
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = {
         "file": tf.data.experimental.AutoShardPolicy.FILE,
