@@ -543,6 +543,29 @@ def test_a_short_batch_before_the_end_is_one_step_under_mirrored_as_on_one_devic
     assert len(runs["mirrored"][2]) == 7  # batches of 2, 2, 1, 2: 7 rows
 
 
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
+def test_one_feature_arrays_of_shape_n_train_a_model_of_input_1_as_under_fit(strategy):
+    """keras.io's structured-data models take `Input((1,))` and arrays of shape (n,): Keras's
+    functional models add the last dimension. kerastrain refused them ("Did you forget
+    `.batch(...)`?"), for NumPy arrays and batched datasets alike."""
+    x = np.linspace(-1, 1, 24).astype("float32")
+    y = 3 * x + 1
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    theirs = build().fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    trainer = kt.Trainer(build, strategy=strategy, verbose=0)
+    ours = trainer.fit(x, y, batch_size=8, epochs=2, shuffle=False).history
+    np.testing.assert_allclose(ours["loss"], theirs["loss"], rtol=1e-5)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    assert trainer.evaluate(dataset)["loss"] == pytest.approx(
+        trainer.model.evaluate(dataset, verbose=0), rel=1e-5)
+
+
 def test_fit_arguments_that_do_not_apply_get_clear_errors():
     import helpers
     x, y = _binary()

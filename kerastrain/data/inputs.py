@@ -265,13 +265,17 @@ def check_against_model(element_spec, model, steps=("train_step", "compute_loss"
 
     inputs = getattr(model, "inputs", None)
     try:
-        expected = [len(t.shape) for t in tf.nest.flatten(inputs)] if inputs else None
+        shapes = [tuple(t.shape) for t in tf.nest.flatten(inputs)] if inputs else None
     except (AttributeError, TypeError, ValueError):
-        expected = None
+        shapes = None
     _check_targets(element_spec, model, steps)
     got = [s.shape.rank for s in tf.nest.flatten(split_batch(element_spec)[0])]
+    expected = shapes and [len(shape) for shape in shapes]
+    # Keras's functional models add a last dimension of 1 themselves (`Input((1,))` fed
+    # arrays of shape (n,): keras.io's structured-data models): not a missing batch.
     if expected and len(expected) == len(got) and all(
-            g is not None and g == e - 1 for g, e in zip(got, expected)):
+            g is not None and g == len(shape) - 1 and shape[-1:] != (1,)
+            for g, shape in zip(got, shapes)):
         raise ValueError(
             f"The inputs (x) have rank {got} but the model expects rank {expected} (with a batch "
             f"dimension). Received: element_spec={describe(element_spec)}. "
