@@ -566,6 +566,42 @@ def test_one_feature_arrays_of_shape_n_train_a_model_of_input_1_as_under_fit(str
         trainer.model.evaluate(dataset, verbose=0), rel=1e-5)
 
 
+class _SeenAndMean(keras.metrics.Metric):
+    """A metric whose `result()` is a dict of two values, as Keras allows."""
+
+    def __init__(self, name="seen", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.count.assign(self.count + ops.cast(ops.shape(y_true)[0], "float32"))
+        self.total.assign(self.total + ops.sum(y_pred))
+
+    def result(self):
+        return {"examples": self.count * 1.0, "mean_prediction": self.total / self.count}
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
+def test_a_metric_whose_result_is_a_dict_is_logged_as_fit_logs_it(strategy):
+    """Keras logs each entry of a dict-valued `result()`; kerastrain failed ("Failed to
+    convert elements of {'examples': ...} to Tensor")."""
+    x, y = _binary(40)
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", metrics=[_SeenAndMean()])
+        return model
+
+    theirs = build().fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+    ours = kt.Trainer(build, strategy=strategy, verbose=0).fit(
+        x, y, batch_size=16, epochs=2, shuffle=False).history
+    assert set(ours) == set(theirs) == {"loss", "examples", "mean_prediction"}
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, err_msg=key)
+
+
 def test_fit_arguments_that_do_not_apply_get_clear_errors():
     import helpers
     x, y = _binary()

@@ -14,6 +14,7 @@ import numpy as np
 
 from kerastrain import _compat
 from kerastrain.data import inputs as data_lib
+from kerastrain.distribute.ps import worker_steps
 
 logger = logging.getLogger("kerastrain")
 
@@ -166,8 +167,10 @@ class MetricState:
             # of its variables would otherwise be read outside, at its live value.
             with _compat.stateless_scope(list(zip(variables, values))):
                 result = metric.result()
-                if not isinstance(result, dict):
-                    result = {metric.name: result}
+                # A dict (a metric's own, or the compiled metrics' holding one) is flattened
+                # into the logs, as Keras's `fit` logs it.
+                result = worker_steps.flat_logs(
+                    result if isinstance(result, dict) else {metric.name: result})
                 # Converted here, in the scope: a variable returned would be read after it.
                 parts.append({k: tf.convert_to_tensor(r) for k, r in result.items()})
         return parts
