@@ -32,12 +32,15 @@ class Feeds:
         self._tuning = tuning
         self._service = service
         self._numpy_inputs = 0  # NumPy training inputs given so far (`order_seed`)
-        self.inputs = {}
+        self.inputs = {}       # use -> (data, its DistributedInput)
+        self._contents = {}    # use -> `_content(data)` when it was made
 
     def get(self, data, argument, role, batch_size=None, shuffle=True):
         """The `DistributedInput` of `data` for this use: the one kept, or a new one."""
-        key = (argument, role, batch_size, shuffle)
-        if key not in self.inputs or self.inputs[key][0] is not data:
+        key, content = (argument, role, batch_size, shuffle), _content(data)
+        if key not in self.inputs or self.inputs[key][0] is not data or \
+                self._contents.get(key) != content:
+            self._contents[key] = content
             self.inputs[key] = (data, distributed.DistributedInput(
                 self.built, data, argument=argument, shard=self._shard,
                 batch_size=batch_size, seed=self.order_seed(data, argument, role), role=role,
@@ -55,3 +58,20 @@ class Feeds:
         k, self._numpy_inputs = self._numpy_inputs, self._numpy_inputs + 1
         return seed if k == 0 else int(
             np.random.SeedSequence([seed, k]).generate_state(1)[0] % 2 ** 31)
+
+
+def _content(data):
+    """A checksum of NumPy data's arrays (None for other forms): arrays changed in place
+    between two calls are new data, which Keras reads anew at every call (kerastrain kept
+    the copy it made of them first: an evaluation scored the old values)."""
+    import zlib
+    leaves = None if callable(data) else data_lib.array_leaves(data)
+    if leaves is None:
+        return None
+    sums = []
+    for leaf in leaves:
+        array = np.asarray(leaf)
+        raw = "\x00".join(map(str, array.ravel().tolist())).encode() \
+            if array.dtype == object else np.ascontiguousarray(array).view(np.uint8).ravel()
+        sums.append((array.shape, str(array.dtype), zlib.crc32(raw)))
+    return tuple(sums)

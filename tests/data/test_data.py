@@ -343,3 +343,23 @@ def test_parameter_server_workers_read_different_shards(tmp_path, record_dirs):
     assert "worker i takes batches i, i+2, i+4" in proc.stderr   # the scenarios' inputs
     # Training data under ps: loops carry positions instead (tests/distribute/ps/test_visits.py).
     assert "training data: every worker reads the whole data, in one device's order" in proc.stderr
+
+
+def test_arrays_changed_in_place_between_calls_are_read_anew_as_keras_reads_them(make_trainer):
+    """`data = (x, y)`; `evaluate(data)`; `x *= 10`; `evaluate(data)`: Keras reads the arrays
+    at every call. kerastrain kept its first copy of the same tuple: the second evaluation
+    scored the old values (and `fit` trained on them). Strings (object arrays) too."""
+    x, y = helpers.arrays(64)
+    data = (x, y)
+    trainer = make_trainer()
+    first = trainer.evaluate(data, batch_size=16)["loss"]
+    assert trainer.evaluate(data, batch_size=16)["loss"] == first   # unchanged: the same
+    x *= 10
+    expected = trainer.model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)["loss"]
+    assert trainer.evaluate(data, batch_size=16)["loss"] == pytest.approx(expected, rel=1e-5)
+    assert expected != pytest.approx(first, rel=1e-3)
+    from kerastrain.data import feeds
+    words = np.array(["a", "b", "c"], dtype=object)
+    before = feeds._content((words,))
+    words[1] = "z"
+    assert feeds._content((words,)) != before
