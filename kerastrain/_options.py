@@ -173,14 +173,6 @@ def choice(*choices, extra=None, recipe=None):
     return check
 
 
-def booleans(optional=False):
-    def check(value):
-        if (value is None and optional) or isinstance(value, bool):
-            return value
-        raise Bad("true or false" + (" or null" if optional else ""))
-    return check
-
-
 def strings(optional=False):
     """A non-empty string; with `optional`, also null."""
     def check(value):
