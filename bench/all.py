@@ -21,8 +21,9 @@ Sections:
 
 `--real-models` also runs the real-model benchmarks after the table, each printing its own:
 bench/real_models.py (keras.io convnet, Transformer and recommender against `fit` defaults,
-the best `fit` and a bare loop, on one_device, mirrored and ps) and bench/multi_worker.py (two
-local workers under multi-worker mirrored).
+the best `fit` and a bare loop, on one_device, mirrored and ps), bench/multi_worker.py (two
+local workers under multi-worker mirrored) and bench/jit_auto.py (what `jit_compile="auto"`
+chooses, against XLA on and off).
 
     python bench/all.py [--quick] [--only readme,numpy] [--real-models] [--json out.json]
 """
@@ -394,7 +395,7 @@ def main():
     parser.add_argument("--only", default=None, help=f"comma-separated sections of {SECTIONS}")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--real-models", action="store_true",
-                        help="then run bench/real_models.py and bench/multi_worker.py too")
+                        help="then run bench/real_models.py, multi_worker.py and jit_auto.py too")
     parser.add_argument("--section", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.section:
@@ -432,10 +433,10 @@ def main():
 
 def _real_models(args):
     """The real-model benchmarks, each in turn with the same `--quick` / `--rounds`; their
-    tables go straight to this output. Returns only when both have finished."""
+    tables go straight to this output. Returns only when all have finished."""
     extra = (["--quick"] if args.quick else []) + (["--rounds", str(args.rounds)]
                                                    if args.rounds else [])
-    for script in ("real_models.py", "multi_worker.py"):
+    for script in ("real_models.py", "multi_worker.py", "jit_auto.py"):
         print(f"\n## bench/{script}\n", flush=True)
         done = subprocess.run([sys.executable, os.path.join(HERE, script), *extra])
         if done.returncode:

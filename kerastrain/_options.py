@@ -245,10 +245,11 @@ class TrainerConfig:
             made absolute.
         verbose: 0, 1, 2 or `"auto"` as in `model.fit` (non-chief tasks: 0).
         jit_compile: compile each step with XLA. None follows the model's compile setting,
-            which Keras resolves to False on CPU-only machines; `"auto"`: Keras's rule (on
-            with a GPU and XLA-capable layers) and off under strategies that place variables
-            (`kerastrain.loop.tuning.resolve_jit_compile`); True is allowed with the
-            `default` and `one_device` strategies only.
+            which Keras resolves to False on CPU-only machines; `"auto"`: measured on the
+            first training loops, XLA kept if its step is at least 10% faster, off under
+            strategies that place variables and with gradient accumulation
+            (`kerastrain.loop.tuning.JitTrial`); True is allowed with the `default` and
+            `one_device` strategies only.
         mixed_precision: None, `"mixed_float16"` (with dynamic loss scaling) or
             `"mixed_bfloat16"`: the Keras dtype policy the model is built under
             (`kerastrain.step.precision`); needs a model function.
@@ -283,8 +284,8 @@ class TrainerConfig:
     verbose: int | str = option("auto", "0 silent, 1 progress bar, 2 one line per epoch",
                                 check=choice(0, 1, 2, "auto"))
     jit_compile: bool | str | None = option(
-        None, "XLA for each step; null follows the model's compile setting; auto: on with a "
-              "GPU (Keras's rule), off under strategies that place variables",
+        None, "XLA for each step; null follows the model's compile setting; auto: measured on "
+              "the first loops, kept if at least 10% faster (one replica only)",
         check=_jit_compile)
     mixed_precision: str | None = option(
         None, "null, mixed_float16 (with loss scaling) or mixed_bfloat16",

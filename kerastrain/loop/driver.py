@@ -67,8 +67,10 @@ class SyncDriver:
             checkpoint resumes under any strategy.
     """
 
-    def __init__(self, train_loop, skip_loop, accumulation=1, batch_loop=None, reset=None):
+    def __init__(self, train_loop, skip_loop, accumulation=1, batch_loop=None, reset=None,
+                 jit_trial=None):
         self._loop = train_loop
+        self._trial = jit_trial  # `tuning.JitTrial` of jit_compile="auto", or None
         self._skip = skip_loop
         self._batches = accumulation
         # One batch per call, the update at each k-th (`Accumulator.batch_loop`), and how
@@ -198,12 +200,26 @@ class SyncDriver:
             if self.skips or self.probe:
                 self._skip_poisoned()
                 n = self._cut(n)
+            loop, jit = self._loop, None
+            if self._trial is not None and not (self.skips or self.probe):
+                jit, n = self._trial.choose(n, sized=sizer is None or sizer.size is not None)
+                loop = self._loop if jit is None else self._trial.step.train_loop(jit)
             started = time.perf_counter()
-            part, ran = self._loop(self._iterator, tf.constant(n, tf.int32))
+            try:
+                part, ran = loop(self._iterator, tf.constant(n, tf.int32))
+            except tf.errors.OpError as error:
+                if not (jit and self._trial.compiling):
+                    raise
+                self._xla_failed(error, train_input)
+                continue
             ran = int(ran)
             self.last_loop = (self.passes, self.offset, ran)
             if sizer is not None:
                 sizer.observe(n, ran, time.perf_counter() - started)
+            if self._trial is not None:
+                self._trial.observe(jit, ran, time.perf_counter() - started)
+                if self._trial.decided is not None:
+                    self._loop, self._trial = self._trial.step.train_loop(), None
             done += ran
             step += ran
             self.offset += ran
@@ -218,6 +234,20 @@ class SyncDriver:
                 self._say_new_pass(steps_per_epoch)
                 self._new_iterator(train_input)
                 restarted = True
+
+    def _xla_failed(self, error, train_input):
+        """jit_compile="auto": the step compiled with XLA failed on its first batch, before
+        any update. Off for good, and the data is read again from where that loop began
+        (it may have taken a batch from a tf.data iterator)."""
+        import tensorflow as tf
+        self._trial.failed(error)
+        self._loop, self._trial = self._trial.step.train_loop(), None
+        passes, offset = self.passes, self.offset
+        train_input.distributed(fresh=True)
+        self.fast_forward(train_input, passes - 1, 0)  # the passes before this one
+        self._new_iterator(train_input)
+        if offset:  # one batch a step: a trial runs without gradient accumulation
+            self.offset = int(self._skip(self._iterator, tf.constant(offset, tf.int32)))
 
     def _say_new_pass(self, steps_per_epoch):
         """Once a fit: finite data ended inside an epoch, where `model.fit` would stop."""

@@ -89,7 +89,8 @@ class Synchronous:
             map(callbacks_lib.wants_every_batch, callbacks))
         batches = step.batch_loop() if watched else None
         return driver_lib.SyncDriver(step.train_loop(), loops_lib.skip_loop(), step.accumulation,
-                                     batch_loop=batches, reset=step.reset_held)
+                                     batch_loop=batches, reset=step.reset_held,
+                                     jit_trial=step.jit_trial)
 
     def epoch_length(self, cardinality, accumulation):
         """Steps of an epoch asked with `steps_per_epoch=None`, from the data's `cardinality`

@@ -13,13 +13,13 @@ import contextlib
 
 from kerastrain import _logging
 from kerastrain.data import inputs as data_lib
-from kerastrain.distribute import devices
 from kerastrain.distribute import strategies
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import modes
 from kerastrain.loop import preemption
 from kerastrain.loop import run_state
 from kerastrain.loop import tuning as tuning_lib
+from kerastrain.step import accumulation as accumulation_lib
 from kerastrain.step import loops as loops_lib
 from kerastrain.step import instances
 from kerastrain.step import metrics as metrics_lib
@@ -125,17 +125,21 @@ class TrainingState:
             if not loops_lib.overrides(model, "train_step"):
                 metrics_lib.MetricState(model).check_sums(model, element_spec)
         models_lib.say_unsynchronized_batchnorm(model, self.strategy)
+        own = loops_lib.overrides(model, "train_step") or loops_lib.overrides(model, "test_step")
         jit, why = tuning_lib.resolve_jit_compile(
             self._jit_compile, model, places_variables=built.places_variables,
-            has_gpu=bool(devices.gpus()))
-        _logging.tuning(f"jit_compile {jit}", "jit_compile: %s (%s)", jit, why)
+            measurable=own or accumulation_lib.steps_of(model.optimizer) == 1)
+        _logging.tuning("jit_compile auto: measuring" if jit == tuning_lib.MEASURE
+                        else f"jit_compile {jit}", "jit_compile: %s (%s)", jit, why)
         # Where workers must agree on where to stop (collectives would hang otherwise),
         # no per-worker stop inside their loops.
         flag = self.stop_flag if self.mode.stops_on_own_flag else None
         self.step = own_step.step_for(
-            built, model, self.global_step, jit_compile=jit, stop_flag=flag,
+            built, model, self.global_step, jit_compile=jit is True, stop_flag=flag,
             partitioned=partitioned,
             unroll=tuning_lib.UNROLL if self._tuning.unroll_steps else 1)
+        if jit == tuning_lib.MEASURE:
+            self.step.jit_trial = tuning_lib.JitTrial(self.step)
         with self.strategy.scope():
             self.run.attach(width=self.step.width, model=model, global_step=self.global_step)
 

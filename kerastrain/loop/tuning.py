@@ -1,5 +1,6 @@
 """Speed choices kerastrain makes by itself; each is logged once, can be switched off, and
-changes neither the order of examples nor the numbers computed.
+changes neither the order of examples nor the numbers computed (but `jit_compile="auto"`,
+asked for, which may choose XLA: a step's float rounding then differs, as with `True`).
 
 - tf.data options on the pipelines kerastrain is given (`input_options`,
   `kerastrain.data.pipelines`);
@@ -9,7 +10,8 @@ changes neither the order of examples nor the numbers computed.
   to be left: on such input, and on parameter-server workers (`unroll_steps`, `loops.Step`);
 - `steps_per_loop="auto"` sized from a measurement of the compiled call's fixed
   cost (`LoopSizer`);
-- `jit_compile="auto"` (`resolve_jit_compile`), a rule, not a measurement.
+- `jit_compile="auto"` (`resolve_jit_compile`, `JitTrial`): XLA where it can compile the
+  step and measured at least 10% faster on the first loops.
 
 All-reduce for mirrored is chosen in `kerastrain.distribute.strategies` (`choose_cross_device_ops`).
 """
@@ -156,15 +158,17 @@ def check_jit_compile(jit_compile, built):
             "XLA cannot compile. Remove it. Received: jit_compile=True")
 
 
-def resolve_jit_compile(requested, model, *, places_variables, has_gpu):
-    """The `jit_compile` a step uses, and why (a sentence for the log).
+MEASURE = "measure"  # `resolve_jit_compile`'s answer where "auto" times both (`JitTrial`)
 
-    "auto" is Keras's own rule (`Trainer._resolve_auto_jit_compile`: XLA where a GPU or
-    TPU is present and every layer supports it) plus kerastrain's: not under a strategy
-    that places variables (a step then holds cross-device or remote-variable ops XLA
-    cannot compile). It is a rule, not a timing: XLA changes a step's numerics
-    slightly, so a choice made by a noisy measurement would make reruns differ
-    (on a shared 2-core CPU host XLA measured 0.6x to 1.3x the non-XLA loop).
+
+def resolve_jit_compile(requested, model, *, places_variables, measurable=True):
+    """The `jit_compile` a step uses, and why (a sentence for the log): True, False, or
+    `MEASURE` (`JitTrial` times a loop with XLA against one without and keeps the faster).
+
+    "auto" is measured, not guessed, where XLA can run: one replica (under a strategy
+    that places variables a step holds cross-device or remote-variable ops XLA cannot
+    compile, measured: it fails), every layer supporting XLA (Keras's `supports_jit`),
+    and a step the trial can run both ways (`measurable`: no gradient accumulation).
     """
     if requested is None:  # the model's compile setting, as before
         jit = bool(getattr(model, "jit_compile", False)) and not places_variables
@@ -172,12 +176,113 @@ def resolve_jit_compile(requested, model, *, places_variables, has_gpu):
     if requested != "auto":
         return bool(requested), "requested"
     if places_variables:
-        return False, "auto: off under a strategy that places variables"
-    if not has_gpu:
-        return False, "auto: off on a host without GPUs (as Keras's rule)"
+        return False, "auto: off under a strategy that places variables (XLA cannot compile " \
+                      "their cross-device or remote-variable operations)"
     if not _supports_jit(model):
         return False, "auto: off, a layer of the model does not support XLA"
-    return True, "auto: on, a GPU is present and every layer supports XLA (as Keras's rule)"
+    if not measurable:
+        return False, "auto: off, not measured with gradient accumulation"
+    return MEASURE, ("auto: measured on the first training loops, with XLA against without; "
+                     "XLA is kept if it is at least 10% faster (said when measured)")
+
+
+class JitTrial:
+    """`jit_compile="auto"`: which of two compiled training loops, the step compiled with
+    XLA or not, trains faster here; measured once per Trainer on its first loops.
+
+    Once the loop size is known (the `LoopSizer` has measured, or `steps_per_loop` is a
+    number) and a second loop without XLA has given the time of a step, the XLA loop runs one
+    step untimed (it compiles), then the two take turns `pairs` times each (in the order
+    X, P, P, X, X, P... so a drifting host favours neither), in loops of about `seconds`
+    of training, at most the driver's loop size. XLA is kept when its median time per
+    step is at most `margin` of the other's: XLA changes a step's float rounding, so it
+    must pay clearly. Every trial loop trains for real: the same batches in the same
+    order, each step compiled one way or the other. An XLA loop that fails (an op XLA
+    cannot compile) ends the trial: off, with a warning, and no batch lost (the driver
+    reads the data again from where that loop began).
+
+    Args:
+        step: the `Step`, whose `train_loop(jit)` gives each loop and whose `jit_compile`
+            takes the answer (the loop later fits use).
+    """
+
+    def __init__(self, step, *, pairs=3, margin=0.9, seconds=0.25):
+        self.step, self.margin, self.seconds = step, margin, seconds
+        self.decided = None    # True / False once measured (or failed)
+        self.per_step = {False: [], True: []}  # seconds per step of each timed loop
+        # The timed loops, XLA or not: X, P, P, X, X, P, ... (after one untimed XLA step).
+        self._plan = [k % 4 in (0, 3) for k in range(2 * pairs)]
+        self._warm = True      # the next XLA loop is the untimed first one
+        self._plain = None     # seconds per step without XLA, before the trial
+        self._seen_plain = 0   # loops without XLA seen before the trial
+        self._size = None      # steps per trial loop
+        self._steps = 0        # the most steps a timed loop ran (said with the answer)
+
+    def choose(self, n, sized):
+        """`(jit, steps)` of the next loop, given the driver's `n` steps; `sized`: the
+        loop size is decided. `jit` None: not a trial loop (the driver's own)."""
+        if self.decided is not None or not sized or n < 1 or self._plain is None:
+            return None, n
+        if self._size is None:
+            self._size = max(2, math.ceil(self.seconds / max(self._plain, 1e-9)))
+        if self._warm:
+            return True, 1
+        return self._plan[0], min(n, self._size)
+
+    def observe(self, jit, ran, seconds):
+        """A loop (`jit` None: not a trial's) ran `ran` steps in `seconds`."""
+        if self.decided is not None or ran < 1:
+            return
+        if jit is None:
+            # The first loop may have traced the loop: the second gives a step's time (an
+            # upper bound: the call's fixed cost included).
+            self._seen_plain += 1
+            if self._seen_plain >= 2:
+                self._plain = seconds / ran
+            return
+        if self._warm:
+            self._warm = False
+            return
+        self.per_step[self._plan.pop(0)].append(seconds / ran)
+        self._steps = max(self._steps, ran)
+        if not self._plan:
+            self._decide()
+
+    def _decide(self):
+        import statistics
+        with_xla = statistics.median(self.per_step[True])
+        without = statistics.median(self.per_step[False])
+        self.decided = with_xla <= self.margin * without
+        self.step.jit_compile = self.decided
+        logger.info(  # once a Trainer, after the start-up line that said it would measure
+            "jit_compile: %s (auto, measured over %d loops of up to %d steps each way: %.3f "
+            "ms a step with XLA, %.3f ms without, %.2fx; XLA is kept at %.2fx or less; "
+            "jit_compile=True/False fixes the choice)", self.decided,
+            len(self.per_step[True]), self._steps, with_xla * 1e3, without * 1e3,
+            with_xla / without, self.margin)
+
+    @property
+    def compiling(self):
+        """The next XLA loop is the first: one that fails is XLA's failure to compile."""
+        return self._warm
+
+    def failed(self, error):
+        """The first XLA loop failed: off for good (the driver reads the data again)."""
+        self.decided = self.step.jit_compile = False
+        logger.warning("jit_compile: False (auto: the step compiled with XLA failed, so it "
+                       "trains without; no step was lost: %s: %s)", type(error).__name__,
+                       _first_reason(getattr(error, "message", str(error))))
+
+
+def _first_reason(message, most=300):
+    """The line of a TensorFlow error that says what failed (not "Graph execution error:",
+    the node or the Python stack), cut to `most` characters."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    told = [line for line in lines if not line.startswith(
+        ("Graph execution error", "Detected at node", "File ", "The op is created at"))]
+    reason = next((line for line in told if "unsupported" in line.lower()),
+                  told[0] if told else (lines[0] if lines else "no message"))
+    return reason if len(reason) <= most else reason[:most] + "..."
 
 
 def _supports_jit(model):

@@ -39,6 +39,15 @@ def loop_condition(stop_flag):
     return go_on
 
 
+def _say_unrolled(step):
+    """Once a Step: its training loop runs `step.unroll` steps per iteration."""
+    if not getattr(step, "_said_unrolled", False):
+        step._said_unrolled = True
+        logger.debug("training loop: %d steps per iteration where that many are known to be "
+                     "left, so consecutive steps overlap; same steps, same order (switch off "
+                     "with tuning={'unroll_steps': False})", step.unroll)
+
+
 def skip_loop():
     """`fn(iterator, n) -> skipped`: read and drop up to n batches (resuming mid-pass;
     a step reads `accumulation` of them)."""
@@ -79,19 +88,21 @@ class Step:
         self.partitioned = partitioned
         # What each replica computes in one step (its gradients, update and totals).
         self.replica = replica_lib.ReplicaStep(model, self.metrics, partitioned)
-        self._train = None
+        self._train = {}  # XLA or not -> its compiled training loop
         self._pass = None
         self._eval = None
         self._eval_local = None
-        # XLA fuses the forward pass, gradients and optimizer update of one step.
-        self._train_replica = (tf.function(self.replica.train_step, jit_compile=True)
-                               if jit_compile else self.replica.train_step)
+        # XLA fuses the forward pass, gradients and optimizer update of one step. The
+        # other variant is made on demand (`train_loop(jit=...)`: `jit_compile="auto"`
+        # measures both).
+        self.jit_compile = bool(jit_compile)
+        self.jit_trial = None  # `tuning.JitTrial` where jit_compile="auto" measures
+        self._replicas = {False: self.replica.train_step}
         # Batches per update: more than one when the optimizer accumulates gradients.
         self.accumulation = accumulation
         # Training steps per loop iteration where that many are known to be left (`_until_end`
         # on in-memory input, `worker_steps`).
         self.unroll = unroll
-        self._said_unrolled = False
         self._accumulator = (accumulation_lib.Accumulator(self, accumulation, jit_compile)
                              if accumulation > 1 else None)
         self._batches = None  # `batch_loop`, made on first use
@@ -116,9 +127,18 @@ class Step:
         """Sum a per-replica value across replicas."""
         return self.strategy.reduce("SUM", per_replica, axis=None)
 
-    def _run_train(self, data):
-        """One step on every replica, reduced: what the loop accumulates."""
-        return self.reduce(self.strategy.run(self._train_replica, args=(data,)))
+    def _train_replica_for(self, jit):
+        """What one replica runs for a training step, compiled with XLA or not."""
+        if jit not in self._replicas:
+            import tensorflow as tf
+            self._replicas[jit] = tf.function(self.replica.train_step, jit_compile=True)
+        return self._replicas[jit]
+
+    def _run_train(self, data, jit=None):
+        """One step on every replica, reduced: what the loop accumulates (`jit`: XLA or
+        not; None: the Step's own choice)."""
+        replica_fn = self._train_replica_for(self.jit_compile if jit is None else jit)
+        return self.reduce(self.strategy.run(replica_fn, args=(data,)))
 
     def _run_eval(self, data, local=False):
         if local:  # coordinator-side evaluation under parameter servers
@@ -127,15 +147,26 @@ class Step:
 
     # -- compiled loops ------------------------------------------------------
 
-    def train_loop(self):
+    def train_loop(self, jit=None):
         """`fn(iterator, num_steps) -> (totals float32[width], steps int32)`.
 
         Synchronous strategies stop early at the end of a finite dataset; under
         parameter servers the per-worker data repeats and exactly `num_steps` run.
+        `jit`: the loop whose steps are compiled with XLA (True) or not (False), on one
+        replica without gradient accumulation (`tuning.JitTrial`); None: the Step's own.
         """
-        if self._train is None:
-            self._train = self._build_train_loop()
-        return self._train
+        jit = self.jit_compile if jit is None else bool(jit)
+        if jit not in self._train:
+            self._train[jit] = (self._build_train_loop() if jit == self.jit_compile
+                                else self._build_variant_loop(jit))
+        return self._train[jit]
+
+    def _build_variant_loop(self, jit):
+        if self.built.is_parameter_server or self._accumulator is not None:
+            raise ValueError("A training loop of the other `jit_compile` is made on one "
+                             "replica without gradient accumulation only.")
+        return self._until_end(lambda data: self._run_train(data, jit), after=self._count_steps,
+                               stop_flag=self.stop_flag, unroll=self.unroll)
 
     def _build_train_loop(self):
         import tensorflow as tf
@@ -183,7 +214,7 @@ class Step:
         totals = tf.zeros([width or self.width], tf.float32)
         read, worker_step = unconverted(read), unconverted(self._worker_step)
         if self.unroll > 1:  # exactly `num_steps` run: `unroll` per iteration, then the rest
-            self._say_unrolled()
+            _say_unrolled(self)
             for _ in tf.range(num_steps // self.unroll):
                 for _ in range(self.unroll):
                     batch, state = read(state)
@@ -259,7 +290,7 @@ class Step:
                 first, left = iterator.read_ahead()
                 ahead = tf.minimum(num_steps, left)
                 if unroll > 1:
-                    self._say_unrolled()
+                    _say_unrolled(self)
                     while go_on(steps + (unroll - 1), ahead):
                         for k in range(unroll):
                             totals = accumulate(totals, run_one(iterator.batch_at(
@@ -283,13 +314,6 @@ class Step:
                 after(steps)
             return totals, steps
         return loop
-
-    def _say_unrolled(self):
-        if not self._said_unrolled:
-            self._said_unrolled = True
-            logger.debug("training loop: %d steps per iteration where that many are known "
-                         "to be left, so consecutive steps overlap; same steps, same order "
-                         "(switch off with tuning={'unroll_steps': False})", self.unroll)
 
     def eval_loop(self):
         """`fn(iterator, num_steps) -> (totals, steps)` over distributed data (sync strategies)."""

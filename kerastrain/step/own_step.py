@@ -17,7 +17,8 @@ def step_for(built, model, global_step, **options):
     """kerastrain's exact `Step`, or `ModelStep` for a model with its own train/test step."""
     from kerastrain.step import accumulation
     if overrides(model, "train_step") or overrides(model, "test_step"):
-        return ModelStep(built, model, global_step, stop_flag=options.get("stop_flag"))
+        return ModelStep(built, model, global_step, stop_flag=options.get("stop_flag"),
+                         jit_compile=options.get("jit_compile", False))
     return Step(built, model, global_step, accumulation=accumulation.steps_of(model.optimizer),
                 **options)
 
@@ -40,8 +41,9 @@ class ModelStep(Step):
     step's value.
     """
 
-    def __init__(self, built, model, global_step, stop_flag=None):
-        super().__init__(built, model, global_step, stop_flag=stop_flag)
+    def __init__(self, built, model, global_step, stop_flag=None, jit_compile=False):
+        super().__init__(built, model, global_step, stop_flag=stop_flag, jit_compile=jit_compile)
+        self._jit_train_step = None  # the model's train_step compiled with XLA, made on use
         self.keys = {}   # "train" / "eval" -> the sorted keys of the step's logs
         self.shapes = {}  # log key -> its value's shape (a metric may give one per class)
         self._tracing = "train"  # which loop is being traced (sets `width`)
@@ -145,10 +147,16 @@ class ModelStep(Step):
         return self._pack_logs(kind, tf.nest.map_structure(self._mean, logs),
                                self.strategy.reduce("SUM", n, axis=None))
 
-    def _run_train(self, data):
+    def _run_train(self, data, jit=None):
         if self.exact is not None:
             return self._run_exact(self.model.train_step, data)
-        return self._run("train", self.model.train_step, data)
+        step_fn = self.model.train_step
+        if self.jit_compile if jit is None else jit:  # as fit's `jit_compile=True` compiles it
+            if self._jit_train_step is None:
+                import tensorflow as tf
+                self._jit_train_step = tf.function(step_fn, jit_compile=True)
+            step_fn = self._jit_train_step
+        return self._run("train", step_fn, data)
 
     def _run_eval(self, data, local=False):
         return self._run("eval", self.model.test_step, data, local=local)
@@ -182,6 +190,9 @@ class ModelStep(Step):
 
     def _build_train_loop(self):
         return self._keyed("train", super()._build_train_loop)
+
+    def _build_variant_loop(self, jit):
+        return self._keyed("train", lambda: Step._build_variant_loop(self, jit))
 
     def _build_pass_loop(self):
         return self._keyed("train", super()._build_pass_loop)

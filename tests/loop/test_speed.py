@@ -268,30 +268,6 @@ def test_loop_sizer_rule_and_probes():
     assert sizer.decide(fixed=0.001, per_step=0.0) == 100    # unusable: the constant
 
 
-def test_jit_compile_auto_rule():
-    import keras
-    model = build_model()
-    resolve = tuning.resolve_jit_compile
-    assert resolve("auto", model, places_variables=False, has_gpu=False)[0] is False
-    assert resolve("auto", model, places_variables=True, has_gpu=True)[0] is False
-    assert resolve("auto", model, places_variables=False, has_gpu=True)[0] is True
-    assert resolve(True, model, places_variables=False, has_gpu=False) == (True, "requested")
-    model.jit_compile = False
-    assert resolve(None, model, places_variables=False, has_gpu=True)[0] is False
-
-    class NoXla(keras.layers.Layer):
-        def __init__(self):
-            super().__init__()
-            self.supports_jit = False
-
-        def call(self, x):
-            return x
-    odd = keras.Sequential([keras.Input((FEATURES,)), NoXla(), keras.layers.Dense(1)])
-    assert resolve("auto", odd, places_variables=False, has_gpu=True)[0] is False
-    with pytest.raises(ValueError, match="'auto', True or False. Received: jit_compile='yes'"):
-        kt.Trainer(build_model, jit_compile="yes")
-
-
 def test_all_reduce_chosen_by_device_count():
     choose = strategies.choose_cross_device_ops
     assert choose(["/gpu:0", "/gpu:1"], nccl_available=True)[0] == "nccl"
