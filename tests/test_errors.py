@@ -103,7 +103,7 @@ def test_dataset_with_wrong_structure():
 
     with pytest.raises(ValueError, match=r"Did you forget `.batch\(...\)`"):
         trainer.fit(unbatched)
-    with pytest.raises(TypeError, match=r"not usable as training data. Pass one of: a function "
+    with pytest.raises(TypeError, match=r"not data kerastrain can read. Pass one of: a function "
                                         r"`dataset_fn\(ctx\)`.*Received: dataset_fn=42"):
         trainer.fit(42)
 

@@ -127,6 +127,12 @@ def test_predict_mistakes_get_clear_errors():
         trainer.predict(ds, steps=0)
     with pytest.raises(TypeError, match=r"`callbacks` must be a list of keras.callbacks"):
         trainer.predict(ds, callbacks=[print])
+    # Python batches: the same refusal as in fit, and no word of training.
+    for call in (trainer.predict, trainer.evaluate):
+        with pytest.raises(TypeError, match=r"`(x|dataset_fn)` is not data kerastrain can read\. A "
+                                            r"keras.utils.PyDataset, a generator") as caught:
+            call(row for row in X)
+        assert "training" not in str(caught.value).split(". A keras")[0]
 
 
 # -- evaluate takes model.evaluate's arguments -------------------------------------------
@@ -171,7 +177,7 @@ def _fit_errors():
     two_y = [Y, Y]
     return {
         "x": ({"x": (row for row in X)}, TypeError,
-              r"`x` is not usable as training data\. A keras.utils.PyDataset, a generator.*"
+              r"`x` is not data kerastrain can read\. A keras.utils.PyDataset, a generator.*"
               r"from_generator.*Pass one of: .*Received: x=<generator"),
         "y": ({"x": ds, "y": Y}, ValueError,
               r"`y` applies to NumPy arrays `x`.*Put it in the dataset, or pass arrays\. "

@@ -91,7 +91,7 @@ def input_form(data, argument="dataset_fn") -> str:
             f"{type(data).__name__}" + (f" with {len(data)} items" if hasattr(data, "__len__")
                                          else ""))
     if not callable(data):
-        raise TypeError(f"`{argument}` is not usable as training data.{_python_batches(data)} "
+        raise TypeError(f"`{argument}` is not data kerastrain can read.{_python_batches(data)} "
                         f"{_FORMS_HELP} Received: {argument}={data!r} of type "
                         f"{type(data).__name__}")
     try:

@@ -166,7 +166,7 @@ def test_numpy_input_errors():
     with pytest.raises(TypeError, match=r"not a tuple `\(x, y\)`.*Received: dataset_fn of type "
                                         r"dict"):
         DistributedInput(built, {"x": x, "y": y})
-    with pytest.raises(TypeError, match=r"not usable as training data.*Received: "
+    with pytest.raises(TypeError, match=r"not data kerastrain can read.*Received: "
                                         r"dataset_fn='data.csv'"):
         DistributedInput(built, "data.csv")
 
