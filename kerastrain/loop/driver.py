@@ -204,7 +204,7 @@ class SyncDriver:
             if self._trial is not None and not (self.skips or self.probe):
                 jit, n = self._trial.choose(n, sized=sizer is None or sizer.size is not None)
                 loop = self._loop if jit is None else self._trial.step.train_loop(jit)
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             try:
                 part, ran = loop(self._iterator, tf.constant(n, tf.int32))
             except tf.errors.OpError as error:
@@ -217,7 +217,8 @@ class SyncDriver:
             if sizer is not None:
                 sizer.observe(n, ran, time.perf_counter() - started)
             if self._trial is not None:
-                self._trial.observe(jit, ran, time.perf_counter() - started)
+                self._trial.observe(jit, ran, time.perf_counter() - started,
+                                    time.process_time() - cpu_started)
                 if self._trial.decided is not None:
                     self._loop, self._trial = self._trial.step.train_loop(), None
             done += ran

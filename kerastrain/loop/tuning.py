@@ -194,9 +194,10 @@ class JitTrial:
     number) and a second loop without XLA has given the time of a step, the XLA loop runs one
     step untimed (it compiles), then the two take turns `pairs` times each (in the order
     X, P, P, X, X, P... so a drifting host favours neither), in loops of about `seconds`
-    of training, at most the driver's loop size. XLA is kept when its median time per
-    step is at most `margin` of the other's: XLA changes a step's float rounding, so it
-    must pay clearly. Every trial loop trains for real: the same batches in the same
+    of training, at most the driver's loop size. XLA is kept when the median ratio of
+    adjacent loops' times per step (XLA over not) is at most `margin`, in wall time and in
+    this process's CPU time alike: XLA changes a step's float rounding, so it must pay
+    clearly, and on a shared host wall time alone mistook noise for a gain (measured). Every trial loop trains for real: the same batches in the same
     order, each step compiled one way or the other. An XLA loop that fails (an op XLA
     cannot compile) ends the trial: off, with a warning, and no batch lost (the driver
     reads the data again from where that loop began).
@@ -206,10 +207,11 @@ class JitTrial:
             takes the answer (the loop later fits use).
     """
 
-    def __init__(self, step, *, pairs=3, margin=0.9, seconds=0.25):
+    def __init__(self, step, *, pairs=4, margin=0.9, seconds=0.25):
         self.step, self.margin, self.seconds = step, margin, seconds
         self.decided = None    # True / False once measured (or failed)
         self.per_step = {False: [], True: []}  # seconds per step of each timed loop
+        self.cpu_per_step = {False: [], True: []}  # and CPU seconds (None: not measured)
         # The timed loops, XLA or not: X, P, P, X, X, P, ... (after one untimed XLA step).
         self._plan = [k % 4 in (0, 3) for k in range(2 * pairs)]
         self._warm = True      # the next XLA loop is the untimed first one
@@ -229,8 +231,9 @@ class JitTrial:
             return True, 1
         return self._plan[0], min(n, self._size)
 
-    def observe(self, jit, ran, seconds):
-        """A loop (`jit` None: not a trial's) ran `ran` steps in `seconds`."""
+    def observe(self, jit, ran, seconds, cpu_seconds=None):
+        """A loop (`jit` None: not a trial's) ran `ran` steps in `seconds` (wall), using
+        `cpu_seconds` of this process's CPU (all threads; None: not measured)."""
         if self.decided is not None or ran < 1:
             return
         if jit is None:
@@ -243,23 +246,36 @@ class JitTrial:
         if self._warm:
             self._warm = False
             return
-        self.per_step[self._plan.pop(0)].append(seconds / ran)
+        jit = self._plan.pop(0)
+        self.per_step[jit].append(seconds / ran)
+        self.cpu_per_step[jit].append(None if cpu_seconds is None else cpu_seconds / ran)
         self._steps = max(self._steps, ran)
         if not self._plan:
             self._decide()
 
     def _decide(self):
         import statistics
-        with_xla = statistics.median(self.per_step[True])
-        without = statistics.median(self.per_step[False])
-        self.decided = with_xla <= self.margin * without
+
+        def ratio(times):
+            # Loops 2k and 2k+1 ran one after the other: their ratio is what the host's
+            # drift (2x over minutes here) disturbs least.
+            pairs = list(zip(times[True], times[False]))
+            if not pairs or any(x is None or p is None or p <= 0 for x, p in pairs):
+                return None
+            return statistics.median(x / p for x, p in pairs)
+        wall, cpu = ratio(self.per_step), ratio(self.cpu_per_step)
+        # Faster, and not by taking more of the host's CPU (on a shared or busy host, wall
+        # time alone misleads: other tenants' time is not the step's).
+        self.decided = wall <= self.margin and (cpu is None or cpu <= self.margin)
         self.step.jit_compile = self.decided
         logger.info(  # once a Trainer, after the start-up line that said it would measure
             "jit_compile: %s (auto, measured over %d loops of up to %d steps each way: %.3f "
-            "ms a step with XLA, %.3f ms without, %.2fx; XLA is kept at %.2fx or less; "
-            "jit_compile=True/False fixes the choice)", self.decided,
-            len(self.per_step[True]), self._steps, with_xla * 1e3, without * 1e3,
-            with_xla / without, self.margin)
+            "ms a step with XLA, %.3f ms without: %.2fx wall, %s CPU (medians of adjacent "
+            "loops' ratios); XLA is kept at %.2fx or less in both; jit_compile=True/False "
+            "fixes the choice)", self.decided, len(self.per_step[True]), self._steps,
+            statistics.median(self.per_step[True]) * 1e3,
+            statistics.median(self.per_step[False]) * 1e3, wall,
+            "unmeasured" if cpu is None else f"{cpu:.2f}x", self.margin)
 
     @property
     def compiling(self):
