@@ -197,10 +197,11 @@ class JitTrial:
     of training, at most the driver's loop size. XLA is kept when the median ratio of
     adjacent loops' times per step (XLA over not) is at most `margin`, in wall time and in
     this process's CPU time alike: XLA changes a step's float rounding, so it must pay
-    clearly, and on a shared host wall time alone mistook noise for a gain (measured). Every trial loop trains for real: the same batches in the same
-    order, each step compiled one way or the other. An XLA loop that fails (an op XLA
-    cannot compile) ends the trial: off, with a warning, and no batch lost (the driver
-    reads the data again from where that loop began).
+    clearly, and on a shared host wall time alone mistook noise for a gain (measured).
+    Every trial loop trains for real: the same batches in the same order, each step
+    compiled one way or the other. An XLA loop that fails (an op XLA cannot compile) ends
+    the trial: off, with a warning, and no batch lost (the driver reads the data again
+    from where that loop began).
 
     Args:
         step: the `Step`, whose `train_loop(jit)` gives each loop and whose `jit_compile`
