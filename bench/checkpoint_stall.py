@@ -10,8 +10,9 @@ per fit, median over rounds. A timed fit ends only once its last checkpoint is w
 every `fit` does), so the background figure includes the wait for one write.
 
 Also printed: the time training is blocked per checkpoint (inside the save call: the copy,
-and a wait for the previous write if it is still going; and the end-of-fit wait), which is
-what is lost where the writer thread has a core of its own. `--train-threads 1` gives
+and a wait for the previous write if it is still going; and the end-of-fit wait, once a fit,
+shared among its checkpoints), which is what is lost where the writer thread has a core of its
+own; and the part inside the save calls alone, what each checkpoint of a long fit costs. `--train-threads 1` gives
 training one core of the two (TensorFlow's op thread pools), as on a GPU host whose cores are
 mostly idle: the writer then runs beside training instead of taking CPU from it.
 
@@ -65,6 +66,7 @@ class Run:
                                   checkpoint=checkpoint, steps_per_loop=1)
         self.trainer.fit(epochs=1, steps_per_epoch=steps)   # traces, builds the slots, warms
         self.blocked = []  # per timed fit: seconds training waited on checkpointing
+        self.in_save = []  # of which inside the save calls (the rest: the end-of-fit wait)
         checkpointer = self.trainer._state.run.checkpointer
         if checkpointer is not None:
             self._time_blocking(checkpointer)
@@ -73,7 +75,7 @@ class Run:
         import time
         inside = []
 
-        def timed(method):
+        def timed(method, name):
             def call(*args):
                 if inside:  # `save` waits for the previous write itself
                     return method(*args)
@@ -83,15 +85,16 @@ class Run:
                     return method(*args)
                 finally:
                     inside.clear()
-                    self._blocked += time.perf_counter() - start
+                    self._blocked[name] += time.perf_counter() - start
             return call
-        checkpointer.save = timed(checkpointer.save)
-        checkpointer.wait = timed(checkpointer.wait)
+        checkpointer.save = timed(checkpointer.save, "save")
+        checkpointer.wait = timed(checkpointer.wait, "wait")
 
     def epoch(self):
-        self._blocked = 0.0
+        self._blocked = {"save": 0.0, "wait": 0.0}
         self.trainer.fit(epochs=1, steps_per_epoch=self.steps)
-        self.blocked.append(self._blocked)
+        self.blocked.append(sum(self._blocked.values()))
+        self.in_save.append(self._blocked["save"])
 
 
 def main():
@@ -131,8 +134,10 @@ def main():
             if name != "no checkpoints":
                 lost = statistics.median((w - b) / saves for w, b in zip(wall[name], base))
                 blocked = statistics.median(runs[name].blocked) / saves
+                in_save = statistics.median(runs[name].in_save) / saves
                 line += (f"; lost per checkpoint {lost:5.2f} s; training blocked per "
-                         f"checkpoint {blocked:5.3f} s")
+                         f"checkpoint {blocked:5.3f} s ({in_save:5.3f} s in the save call, "
+                         "the rest the end-of-fit wait for the last write)")
             print(line)
         print(f"background / foreground fit time: "
               f"{statistics.median(b / f for b, f in zip(wall['background'], wall['foreground'])):.3f}")

@@ -9,9 +9,11 @@ measured, then medians of within-round ratios: auto over False, auto over True (
 faster), wall and CPU. Right when auto is about as fast as the faster of the two.
 
 Workloads: the core MLP (bench/core.py's: 65,536 examples of 64 features, global batch
-256, a `dataset_fn`), and bench/real_models.py's convnet and Transformer (NumPy input).
+256, a `dataset_fn`); a residual MLP of eight LayerNorm-GELU blocks of width 64 (32,768
+examples of 32 features, batch 128, NumPy input: many small ops, which XLA fuses); and
+bench/real_models.py's convnet and Transformer (NumPy input).
 
-    python bench/jit_auto.py [--only mlp,convnet,transformer] [--rounds 5] [--quick]
+    python bench/jit_auto.py [--only mlp,resmlp,convnet,transformer] [--rounds 5] [--quick]
 """
 
 from __future__ import annotations
@@ -29,7 +31,22 @@ sys.path.insert(0, HERE)
 
 from _rounds import FitEpochs, interleave, machine, ratio  # noqa: E402
 
-WORKLOADS = ("mlp", "convnet", "transformer")
+WORKLOADS = ("mlp", "resmlp", "convnet", "transformer")
+
+
+def build_resmlp():
+    """Residual blocks of LayerNorm -> Dense(64, gelu), eight of them: many small ops a step,
+    which XLA fuses (keras.io's tabular models and Transformer feed-forward stacks are
+    built of such blocks)."""
+    import keras
+    inputs = keras.Input((32,))
+    h = keras.layers.Dense(64)(inputs)
+    for _ in range(8):
+        r = keras.layers.LayerNormalization()(h)
+        h = keras.layers.Add()([h, keras.layers.Dense(64, activation="gelu")(r)])
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile(optimizer="adam", loss="mse")
+    return model
 CHOICES = {"auto": "auto", "off": False, "xla": True}
 
 
@@ -43,6 +60,14 @@ def contenders(name, quick):
                                       examples.synthetic_dataset_fn(n, 64, batch), seed=0,
                                       verbose=0, strategy="one_device", jit_compile=jit)
         fit_kwargs = {}
+    elif name == "resmlp":
+        import numpy as np
+        n, rng = (4096 if quick else 32768), np.random.RandomState(0)
+        x = rng.rand(n, 32).astype("float32")
+        y = (x[:, :4].sum(axis=1, keepdims=True) + 0.1 * rng.randn(n, 1)).astype("float32")
+        make = lambda jit: kt.Trainer(build_resmlp, (x, y), seed=0, verbose=0,  # noqa: E731
+                                      strategy="one_device", jit_compile=jit)
+        fit_kwargs = {"batch_size": 128}
     else:
         import real_models
         workload = real_models.WORKLOAD_CLASSES[name](quick)
