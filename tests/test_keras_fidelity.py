@@ -199,6 +199,33 @@ def test_what_code_does_to_the_users_object_between_calls_is_where_the_next_call
                                model.predict(x, batch_size=16, verbose=0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("first", ["fit", "evaluate"])
+def test_what_code_does_to_the_users_object_before_the_first_call_is_seen(first, tmp_path):
+    """`trainer = Trainer(model)`, then `model.load_weights(...)` (or `model.fit`), then the
+    first `trainer.fit` / `evaluate` starts from the loaded weights and optimizer state, as
+    `model.fit` would. (The Trainer's copy was read when the Trainer was made: the loaded
+    weights were silently ignored.)"""
+    x, y = _binary(48)
+    kwargs = dict(batch_size=16, shuffle=False, verbose=0, epochs=1)
+    trained = _instance()
+    trained.fit(x, y, **kwargs)
+    trained.save_weights(tmp_path / "trained.weights.h5")
+    reference, model = _instance(), _instance()
+    trainer = kt.Trainer(model, strategy="one_device", verbose=0)
+    for m in (reference, model):
+        m.fit(x, y, **kwargs)                            # the optimizer's state, 3 steps
+        m.load_weights(tmp_path / "trained.weights.h5")  # and other weights
+    if first == "fit":
+        expected = reference.fit(x, y, **kwargs).history["loss"]
+        np.testing.assert_allclose(trainer.fit(x, y, **kwargs).history["loss"], expected,
+                                   rtol=1e-5)
+        assert int(model.optimizer.iterations.numpy()) == 6
+    else:
+        assert trainer.evaluate(x, y, batch_size=16)["loss"] == pytest.approx(
+            reference.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)["loss"],
+            rel=1e-5)
+
+
 def test_the_users_model_instance_is_updated_when_training_stops_early():
     """Diverged (a NaN label): the user's object holds the weights of the steps taken."""
     import helpers

@@ -124,6 +124,9 @@ class TrainingState:
             self._detached = None  # its copies of the weights and slots are no longer needed
             if not loops_lib.overrides(model, "train_step"):
                 metrics_lib.MetricState(model).check_sums(model, element_spec)
+        # What code did to the user's object since the Trainer read it (`load_weights`,
+        # `model.fit`) is where this first call starts, as in every later call.
+        self.take_user_changes()
         models_lib.say_unsynchronized_batchnorm(model, self.strategy)
         own = loops_lib.overrides(model, "train_step") or loops_lib.overrides(model, "test_step")
         jit, why = tuning_lib.resolve_jit_compile(
@@ -146,8 +149,8 @@ class TrainingState:
     def take_user_changes(self):
         """What code did to the user's own model object since the Trainer handed it back
         (`model.fit`, `set_weights`, `load_weights`) goes into the copy that trains, as the
-        next `model.fit` would start from it (a model function: nothing). Once built: the
-        first build takes the object as the Trainer read it when made."""
+        next `model.fit` would start from it (a model function: nothing); also at the
+        first build, for what changed since the Trainer read the object."""
         if self.user_model is not None:
             instances.take_changes(self.model, self.user_model)
 
