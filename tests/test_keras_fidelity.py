@@ -730,6 +730,29 @@ def test_backup_and_restore_options_map_onto_checkpoints(tmp_path):
     trainer.close()
 
 
+def test_a_lookup_layer_never_adapted_is_a_clear_error_at_the_trainer():
+    """It failed inside TensorFlow ("keys and values cannot be empty tensors"), where
+    `model.fit` fails at its first step ("Table not initialized")."""
+    def build(layer):
+        inputs = keras.Input((1,), dtype="string")
+        ids = layer(inputs)
+        if isinstance(layer, keras.layers.StringLookup):
+            ids = keras.layers.CategoryEncoding(8, output_mode="one_hot")(ids)
+        model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(
+            keras.ops.cast(ids, "float32"))))
+        model.compile(optimizer="adam", loss="mse")
+        return model
+    for layer in (keras.layers.StringLookup(name="ids"),
+                  keras.layers.TextVectorization(output_sequence_length=3, name="words")):
+        with pytest.raises(ValueError, match=r"has lookup layers with no vocabulary: "
+                                             r"StringLookup '\w+' \(a TextVectorization.*Call `layer.adapt\(data\)`"
+                                             r".*Received: a model with 1 empty lookup layer"):
+            kt.Trainer(build(layer), strategy="one_device")
+    adapted = keras.layers.StringLookup()
+    adapted.adapt(["a", "b"])
+    kt.Trainer(build(adapted), strategy="one_device").close()
+
+
 @pytest.mark.multiprocess
 def test_lookup_tables_under_parameter_servers(tmp_path):
     """An adapted StringLookup instance trains and evaluates under ps, and the user's object

@@ -48,7 +48,9 @@ class Detached:
         self.states = [v.numpy() for v in model.variables if id(v) not in weights]
         # Lookup tables are not variables: read their vocabularies (and TF-IDF weights), and
         # the layers' configs (TextVectorization's reads its table), while they can be read.
-        self.lookups = [_compat.lookup_contents(layer) for layer in _compat.lookup_layers(model)]
+        lookups = _compat.lookup_layers(model)
+        _check_vocabularies(model, lookups)
+        self.lookups = [_compat.lookup_contents(layer) for layer in lookups]
         self.layer_configs = {id(layer): layer.get_config() for layer in model.layers}
         args = _compat.compile_args(model) if getattr(model, "compiled", False) else None
         self.compile_args = None if args is None else {
@@ -253,6 +255,21 @@ def _rehome_unreadable(variables, moved):
         except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
             _compat.replace_storage([variable], [np.zeros(variable.shape, variable.dtype)])
             moved.append(variable)
+
+
+def _check_vocabularies(model, lookups):
+    """A lookup layer with no vocabulary (never adapted, none given) cannot be copied, and
+    `model.fit` fails on it too ("Table not initialized"): a clear error first."""
+    empty = [f"{type(layer).__name__} {layer.name!r}" for layer in lookups
+             if not layer.get_vocabulary(include_special_tokens=False)]
+    if empty:
+        raise ValueError(
+            f"The model {model.name!r} has lookup layers with no vocabulary: "
+            f"{', '.join(empty)} (a "
+            "TextVectorization holds one such layer). Call `layer.adapt(data)`, or pass "
+            "`vocabulary=...`, before making the Trainer: the copy kerastrain trains is made "
+            "from the model as it is now, and model.fit fails on such a layer too (\"Table "
+            f"not initialized\"). Received: a model with {len(empty)} empty lookup layer(s)")
 
 
 def take_changes(trained, user_model):
