@@ -196,6 +196,8 @@ class SyncDriver:
             sizer.calibrate(self._loop, self._iterator)
         while steps_per_epoch is None or done < steps_per_epoch:
             most = steps_per_loop if sizer is None else sizer.next_size()
+            if self._trial is not None and (sizer is None or sizer.size is not None):
+                most = self._trial.most(most)  # jit_compile="auto": long enough to time
             n = loop_size(most, steps_per_epoch, done, boundary(step))
             if self.skips or self.probe:
                 self._skip_poisoned()

@@ -194,10 +194,11 @@ class JitTrial:
     number) and a second loop without XLA has given the time of a step, the XLA loop runs one
     step untimed (it compiles), then the two take turns `pairs` times each (in the order
     X, P, P, X, X, P... so a drifting host favours neither), in loops of about `seconds`
-    of training, at most the driver's loop size. XLA is kept when the median ratio of
-    adjacent loops' times per step (XLA over not) is at most `margin`, in wall time and in
-    this process's CPU time alike: XLA changes a step's float rounding, so it must pay
-    clearly, and on a shared host wall time alone mistook noise for a gain (measured).
+    of training (longer than the driver's loop size if need be; an epoch's end still cuts
+    them). XLA is kept when its fastest loop's time per step is at most `margin` of the
+    other's, in wall time and in this process's CPU time alike: XLA changes a step's float
+    rounding, so it must pay clearly, and on a shared host wall time alone mistook noise
+    for a gain (measured).
     Every trial loop trains for real: the same batches in the same order, each step
     compiled one way or the other. An XLA loop that fails (an op XLA cannot compile) ends
     the trial: off, with a warning, and no batch lost (the driver reads the data again
@@ -221,16 +222,26 @@ class JitTrial:
         self._size = None      # steps per trial loop
         self._steps = 0        # the most steps a timed loop ran (said with the answer)
 
+    def most(self, steps):
+        """The most steps the driver's next loop may take: a trial loop's `seconds` of
+        training, where the loop size alone (`steps`) would make it shorter and noisier."""
+        if self.decided is not None or self._plain is None:
+            return steps
+        return max(steps, self._trial_size())
+
+    def _trial_size(self):
+        if self._size is None:
+            self._size = max(2, math.ceil(self.seconds / max(self._plain, 1e-9)))
+        return self._size
+
     def choose(self, n, sized):
         """`(jit, steps)` of the next loop, given the driver's `n` steps; `sized`: the
         loop size is decided. `jit` None: not a trial loop (the driver's own)."""
         if self.decided is not None or not sized or n < 1 or self._plain is None:
             return None, n
-        if self._size is None:
-            self._size = max(2, math.ceil(self.seconds / max(self._plain, 1e-9)))
         if self._warm:
             return True, 1
-        return self._plan[0], min(n, self._size)
+        return self._plan[0], min(n, self._trial_size())
 
     def observe(self, jit, ran, seconds, cpu_seconds=None):
         """A loop (`jit` None: not a trial's) ran `ran` steps in `seconds` (wall), using
@@ -255,15 +266,14 @@ class JitTrial:
             self._decide()
 
     def _decide(self):
-        import statistics
-
         def ratio(times):
-            # Loops 2k and 2k+1 ran one after the other: their ratio is what the host's
-            # drift (2x over minutes here) disturbs least.
-            pairs = list(zip(times[True], times[False]))
-            if not pairs or any(x is None or p is None or p <= 0 for x, p in pairs):
+            # The fastest loop of each: a loop is slowed, never sped up, by what is not the
+            # step (the host's other tenants; XLA compiling again for a new batch shape, such
+            # as a pass's last, partial batch: measured, it made XLA look 1.07x the CPU of no
+            # XLA where it is 0.65x).
+            if any(t is None for t in times[True] + times[False]):
                 return None
-            return statistics.median(x / p for x, p in pairs)
+            return min(times[True]) / min(times[False])
         wall, cpu = ratio(self.per_step), ratio(self.cpu_per_step)
         # Faster, and not by taking more of the host's CPU (on a shared or busy host, wall
         # time alone misleads: other tenants' time is not the step's).
@@ -271,11 +281,10 @@ class JitTrial:
         self.step.jit_compile = self.decided
         logger.info(  # once a Trainer, after the start-up line that said it would measure
             "jit_compile: %s (auto, measured over %d loops of up to %d steps each way: %.3f "
-            "ms a step with XLA, %.3f ms without: %.2fx wall, %s CPU (medians of adjacent "
-            "loops' ratios); XLA is kept at %.2fx or less in both; jit_compile=True/False "
-            "fixes the choice)", self.decided, len(self.per_step[True]), self._steps,
-            statistics.median(self.per_step[True]) * 1e3,
-            statistics.median(self.per_step[False]) * 1e3, wall,
+            "ms a step with XLA, %.3f ms without (the fastest loop of each): %.2fx wall, %s "
+            "CPU; XLA is kept at %.2fx or less in both; jit_compile=True/False fixes the "
+            "choice)", self.decided, len(self.per_step[True]), self._steps,
+            min(self.per_step[True]) * 1e3, min(self.per_step[False]) * 1e3, wall,
             "unmeasured" if cpu is None else f"{cpu:.2f}x", self.margin)
 
     @property
