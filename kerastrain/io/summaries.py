@@ -181,7 +181,8 @@ class TensorBoardWriter(MetricWriter):
                 with writer.as_default():
                     for i in tf.range(tf.size(tags)):
                         tf.summary.write(tags[i], values[i], step=steps[i], metadata=plugin)
-            self._compiled[run] = write
+            from kerastrain import _compat
+            self._compiled[run] = _compat.quiet_retracing(write)  # one per writer, by design
         return self._compiled[run]
 
     def write_scalars(self, step, scalars):

@@ -141,7 +141,9 @@ class MetricState:
             return {}
         if self._results is None:
             # Compiled once: eager metric results cost ~1 ms per logged step.
-            self._results = tf.function(self._metric_results, autograph=False)
+            # One per model's metrics, by design: kept out of TensorFlow's retracing warning.
+            self._results = _compat.quiet_retracing(
+                tf.function(self._metric_results, autograph=False))
         totals = np.asarray(totals, np.float64)
         logs, offset = {}, 2
         for (_, variables), part in zip(self.parts, self._results(tf.constant(totals))):
