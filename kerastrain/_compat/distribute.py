@@ -198,9 +198,10 @@ def _atomic_add(variable, value, name, sign):
 def quiet_retracing(function):
     """`function` (a `tf.function`), kept out of TensorFlow's "N out of the last N calls
     triggered tf.function retracing" warning: `Function._omit_frequent_tracing_warning`
-    (private, TensorFlow 2.16-2.21). For a function made anew per object on purpose (one
-    per TensorBoard writer, which captures the writer; one per model's metrics), each traced
-    once: the warning counts every function made from the same code as one and would tell
-    the user of a sweep of Trainers in one process to fix a loop that is not theirs."""
+    (private; TensorFlow sets it on its restored functions; checked on 2.21). For a function
+    made anew per object on purpose (one per TensorBoard writer, which captures the writer;
+    one per model's metrics), each traced once: the warning counts every function made from
+    the same code as one and would tell the user of a sweep of Trainers in one process to
+    fix a loop that is not theirs."""
     function._omit_frequent_tracing_warning = True
     return function
