@@ -91,7 +91,7 @@ def main():
     parser.add_argument("--workload", default="recommender", choices=real_models.WORKLOADS)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per timed or traced call")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--traces", type=int, default=3)
+    parser.add_argument("--traces", type=int, default=3, help="0: time the epochs only")
     parser.add_argument("--top", type=int, default=12, help="op types shown")
     args = parser.parse_args()
     workload = real_models.WORKLOAD_CLASSES[args.workload](quick=False)
@@ -108,6 +108,9 @@ def main():
               f"{statistics.median(cpu[name]) / args.epochs * 1e3:7.1f} ms   "
               f"{statistics.median(b / a for a, b in zip(wall[name], wall[base])):.3f} / "
               f"{statistics.median(b / a for a, b in zip(cpu[name], cpu[base])):.3f}")
+    if not args.traces:  # timings only
+        print(f"\n{time.strftime('%Y-%m-%d')} on {machine()}")
+        return
     totals = {name: collections.defaultdict(lambda: [0, 0.0]) for name in runs}
     with tempfile.TemporaryDirectory() as directory:
         for trace in range(args.traces):
