@@ -265,11 +265,11 @@ def _check_vocabularies(model, lookups):
     if empty:
         raise ValueError(
             f"The model {model.name!r} has lookup layers with no vocabulary: "
-            f"{', '.join(empty)} (a "
-            "TextVectorization holds one such layer). Call `layer.adapt(data)`, or pass "
-            "`vocabulary=...`, before making the Trainer: the copy kerastrain trains is made "
-            "from the model as it is now, and model.fit fails on such a layer too (\"Table "
-            f"not initialized\"). Received: a model with {len(empty)} empty lookup layer(s)")
+            f"{', '.join(empty)} (a TextVectorization holds one such layer). Call "
+            "`layer.adapt(data)`, or pass `vocabulary=...`, before making the Trainer: the "
+            "copy kerastrain trains is made from the model as it is now, and model.fit fails "
+            "on such a layer too (\"Table not initialized\"). Received: a model with "
+            f"{len(empty)} empty lookup layer(s)")
 
 
 def take_changes(trained, user_model):
