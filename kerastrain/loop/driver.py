@@ -154,6 +154,11 @@ class SyncDriver:
                 return
             self.offset += 1
 
+    def _probing(self):
+        """Whether the next loop replays a recovery's range one step at a time."""
+        probe = self.probe
+        return probe is not None and probe[0] == self.passes and probe[1] <= self.offset < probe[2]
+
     def _cut(self, n):
         """`n`, cut so a loop ends before a marked batch and probes one step at a time."""
         here = self.offset
@@ -203,7 +208,7 @@ class SyncDriver:
                 self._skip_poisoned()
                 n = self._cut(n)
             loop, jit = self._loop, None
-            if self._trial is not None and not (self.skips or self.probe):
+            if self._trial is not None and not self._probing():
                 jit, n = self._trial.choose(n, sized=sizer is None or sizer.size is not None)
                 loop = self._loop if jit is None else self._trial.step.train_loop(jit)
             started, cpu_started = time.perf_counter(), time.process_time()

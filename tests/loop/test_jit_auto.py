@@ -211,3 +211,19 @@ def test_a_models_own_train_step_is_compiled_with_xla_as_fit_compiles_it(make_tr
     assert set(step._train) == {False, True} and step.jit_trial.decided is not None
     np.testing.assert_allclose(runs[True], runs[False], rtol=1e-5)
     np.testing.assert_allclose(runs["auto"], runs[False], rtol=1e-5)
+
+
+def test_auto_measures_and_decides_beside_recoveries_from_a_bad_batch(make_trainer):
+    """A recovery marks a batch to skip for the rest of the run: the trial went on being
+    skipped after it, so "auto" never decided. It now pauses only while a recovery replays
+    its range one step at a time; the same steps train as without XLA."""
+    x, y = arrays(96)
+    y[40] = np.nan  # batch 5 of every pass: a recovery each epoch
+    runs = {}
+    for jit in (False, "auto"):
+        trainer = make_trainer(None, strategy="one_device", seed=0, jit_compile=jit,
+                               steps_per_loop=3, on_nonfinite="recover", max_recoveries=10)
+        runs[jit] = trainer.fit((x, y), batch_size=8, epochs=10, shuffle=False).history["loss"]
+        assert trainer.global_step == 110  # 11 of 12 batches an epoch
+    assert trainer._state.step.jit_trial.decided is not None
+    np.testing.assert_allclose(runs["auto"], runs[False], rtol=1e-4)
