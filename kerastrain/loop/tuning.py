@@ -192,7 +192,8 @@ class JitTrial:
 
     Once the loop size is known (the `LoopSizer` has measured, or `steps_per_loop` is a
     number) and a second loop without XLA has given the time of a step, the XLA loop runs one
-    step untimed (it compiles), then the two take turns `pairs` times each (in the order
+    step untimed (it compiles; a whole loop where the loop size was asked for, so callbacks
+    see the same batches), then the two take turns `pairs` times each (in the order
     X, P, P, X, X, P... so a drifting host favours neither), in loops of about `seconds`
     of training (longer than the driver's loop size if need be; an epoch's end still cuts
     them). XLA is kept when its fastest loop's time per step is at most `margin` of the
@@ -234,11 +235,15 @@ class JitTrial:
             self._size = max(2, math.ceil(self.seconds / max(self._plain, 1e-9)))
         return self._size
 
-    def choose(self, n, sized):
+    def choose(self, n, sized, free=True):
         """`(jit, steps)` of the next loop, given the driver's `n` steps; `sized`: the
-        loop size is decided. `jit` None: not a trial loop (the driver's own)."""
+        loop size is decided; `free`: the size is kerastrain's to choose (not one asked for
+        with `steps_per_loop=N`, nor 1 for callbacks that see every batch, whose cadence
+        stays). `jit` None: not a trial loop (the driver's own)."""
         if self.decided is not None or not sized or n < 1 or self._plain is None:
             return None, n
+        if not free:
+            return (True if self._warm else self._plan[0]), n
         if self._warm:
             return True, 1
         return self._plan[0], min(n, self._trial_size())

@@ -227,3 +227,25 @@ def test_auto_measures_and_decides_beside_recoveries_from_a_bad_batch(make_train
         assert trainer.global_step == 110  # 11 of 12 batches an epoch
     assert trainer._state.step.jit_trial.decided is not None
     np.testing.assert_allclose(runs["auto"], runs[False], rtol=1e-4)
+
+
+def test_the_trial_keeps_the_loop_size_callbacks_see(make_trainer):
+    """A callback that watches every batch gets every batch while "auto" measures, and
+    `steps_per_loop=N` keeps its cadence: the trial lengthens only loops kerastrain sizes."""
+    import keras
+
+    class Count(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.batches = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches.append(batch)
+    for steps_per_loop, expected in (("auto", list(range(12)) * 10),
+                                     (4, [3, 7, 11] * 10)):
+        count = Count()
+        trainer = make_trainer(None, strategy="one_device", seed=0, jit_compile="auto",
+                               steps_per_loop=steps_per_loop)
+        trainer.fit(arrays(96), batch_size=8, epochs=10, callbacks=[count])
+        assert count.batches == expected
+        assert trainer._state.step.jit_trial.decided is not None
