@@ -1394,3 +1394,31 @@ def test_a_model_made_in_a_mirrored_scope_of_the_users_own_trains_and_is_handed_
     for a, b in zip(ours.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert int(ours.optimizer.iterations.numpy()) == 12
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
+def test_a_model_compiled_again_after_the_trainer_read_it_is_refused(strategy):
+    """`trainer = Trainer(model)`, then `model.compile(loss="mae", ...)`: `model.fit` would
+    train the new loss; the Trainer trained the old one (mse) and logged it as `loss`,
+    without a word. Refused, at the first call and after a fit alike; a new Trainer takes the
+    new compile."""
+    x, y = _binary(32)
+    model = _instance()
+    trainer = kt.Trainer(model, strategy=strategy, verbose=0)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mae")
+    for call in (lambda: trainer.fit(x, y, batch_size=16),
+                 lambda: trainer.evaluate(x, y, batch_size=16)):
+        with pytest.raises(ValueError, match=rf"The model '{model.name}' was compiled again "
+                                             r"after `kerastrain.Trainer\(model\)` read it.*"
+                                             r"Make a new `kerastrain.Trainer\(model, \.\.\.\)`"):
+            call()
+    again = kt.Trainer(model, strategy=strategy, verbose=0)
+    reference = _instance()
+    reference.set_weights(model.get_weights())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mae")
+    np.testing.assert_allclose(
+        again.fit(x, y, batch_size=16, shuffle=False).history["loss"],
+        reference.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"], rtol=1e-5)
+    model.compile(optimizer="adam", loss="mse")  # after a fit too
+    with pytest.raises(ValueError, match="was compiled again"):
+        again.fit(x, y, batch_size=16)

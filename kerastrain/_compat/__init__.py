@@ -44,7 +44,7 @@ from kerastrain._compat.models import (
     compile_metrics, compile_loss, layer_metrics, symbolic_build, compile_args, stateless_scope,
     model_losses, compute_loss, flatten_metrics_in_order, model_supports_jit, keras_mask,
     all_layers, sublayers_built, variable_owners, lookup_layers, lookup_contents,
-    set_lookup_contents, renew_adapt_state, table_job)
+    set_lookup_contents, renew_adapt_state, table_job, compile_token)
 from kerastrain._compat.optimizers import (
     rekey_optimizer, share_optimizer_state, optimizer_strategy_scope, optimizer_slot,
     iteration_counter, gradient_accumulators, learning_rate_schedule, learning_rate_at,

@@ -99,6 +99,13 @@ def flatten_metrics_in_order(model, logs):
     return model._flatten_metrics_in_order(logs)
 
 
+def compile_token(model):
+    """What the model's latest `compile` call made: Keras's `_compile_config`, a new object
+    at every call (Keras 3.0-3.15, private), compared by identity to tell that the user's
+    model was compiled again. None for a model never compiled."""
+    return getattr(model, "_compile_config", None)
+
+
 def model_supports_jit(model):
     """Keras's own test of whether every layer supports XLA (and op determinism is off):
     `keras.src.trainers.trainer.model_supports_jit`, private in Keras 3.3-3.15; the

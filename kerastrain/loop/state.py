@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
+from kerastrain import _compat
 from kerastrain import _logging
 from kerastrain.data import inputs as data_lib
 from kerastrain.distribute import strategies
@@ -93,6 +94,9 @@ class TrainingState:
                 contextlib.nullcontext():
             self.stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
         self.step = None  # the compiled step, once the data's spec is known
+        # The user's object as compiled when the Trainer was made (`check_compile`).
+        self._watched = self.user_model or (model if self._users_object else None)
+        self._compiled_as = _compat.compile_token(self._watched)
 
     def _materialize(self, model, policy, compile_overrides):
         with self.built.strategy.scope(), precision.policy(policy, model):
@@ -151,8 +155,25 @@ class TrainingState:
         (`model.fit`, `set_weights`, `load_weights`) goes into the copy that trains, as the
         next `model.fit` would start from it (a model function: nothing); also at the
         first build, for what changed since the Trainer read the object."""
+        self.check_compile()
         if self.user_model is not None:
             instances.take_changes(self.model, self.user_model)
+
+    def check_compile(self):
+        """The user's model object compiled again since the Trainer was made (another loss,
+        optimizer or metrics, which `model.fit` would use): refused, not ignored. The copy
+        kerastrain trains, and its compiled step, follow the compile the Trainer read."""
+        watched = self._watched
+        if watched is None or _compat.compile_token(watched) is self._compiled_as:
+            return
+        raise ValueError(
+            f"The model {watched.name!r} was compiled again after `kerastrain.Trainer(model)` "
+            "read it: kerastrain trains as the model was compiled when the Trainer was made, "
+            "so the new loss, optimizer or metrics would be ignored. Make a new "
+            "`kerastrain.Trainer(model, ...)` to train with the new compile (the model's "
+            "weights and its optimizer's state go with it), or pass `optimizer=`, `loss=`, "
+            "`metrics=` to the Trainer. Received: a second `model.compile(...)` on "
+            f"{watched.name!r}")
 
     def load_checkpoint(self, path: str) -> int:
         """The model's weights and the global step from the checkpoint `path` (see
