@@ -201,9 +201,11 @@ class SyncDriver:
             sizer.calibrate(self._loop, self._iterator)
         while steps_per_epoch is None or done < steps_per_epoch:
             most = steps_per_loop if sizer is None else sizer.next_size()
-            if self._trial is not None and sizer is not None and sizer.size is not None:
-                # jit_compile="auto": long enough to time, where the loop size is kerastrain's
-                # own (a size asked for, or 1 for callbacks that see every batch, stays).
+            # jit_compile="auto"'s trial, once the loop size is known; it may lengthen loops
+            # only where their size is kerastrain's own (`free`): a size asked for, or 1 for
+            # callbacks that see every batch, stays.
+            sized, free = sizer is None or sizer.size is not None, sizer is not None
+            if self._trial is not None and sized and free:
                 most = self._trial.most(most)
             n = loop_size(most, steps_per_epoch, done, boundary(step))
             if self.skips or self.probe:
@@ -211,8 +213,7 @@ class SyncDriver:
                 n = self._cut(n)
             loop, jit = self._loop, None
             if self._trial is not None and not self._probing():
-                jit, n = self._trial.choose(n, sized=sizer is None or sizer.size is not None,
-                                            free=sizer is not None)
+                jit, n = self._trial.choose(n, sized=sized, free=free)
                 loop = self._loop if jit is None else self._trial.step.train_loop(jit)
             started, cpu_started = time.perf_counter(), time.process_time()
             try:

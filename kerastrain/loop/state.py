@@ -94,8 +94,9 @@ class TrainingState:
                 contextlib.nullcontext():
             self.stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
         self.step = None  # the compiled step, once the data's spec is known
-        # The user's object as compiled when the Trainer was made (`check_compile`).
-        self._watched = self.user_model or (model if self._users_object else None)
+        # The user's object (copied or trained in place) as compiled when the Trainer was
+        # made (`check_compile`).
+        self._watched = model if detached is not None else None
         self._compiled_as = _compat.compile_token(self._watched)
 
     def _materialize(self, model, policy, compile_overrides):
@@ -132,10 +133,10 @@ class TrainingState:
         # `model.fit`) is where this first call starts, as in every later call.
         self.take_user_changes()
         models_lib.say_unsynchronized_batchnorm(model, self.strategy)
-        own = loops_lib.overrides(model, "train_step") or loops_lib.overrides(model, "test_step")
         jit, why = tuning_lib.resolve_jit_compile(
             self._jit_compile, model, places_variables=built.places_variables,
-            measurable=own or accumulation_lib.steps_of(model.optimizer) == 1)
+            measurable=own_step.has_own_step(model)
+            or accumulation_lib.steps_of(model.optimizer) == 1)
         _logging.tuning("jit_compile auto: measuring" if jit == tuning_lib.MEASURE
                         else f"jit_compile {jit}", "jit_compile: %s (%s)", jit, why)
         # Where workers must agree on where to stop (collectives would hang otherwise),

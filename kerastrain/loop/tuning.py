@@ -214,7 +214,7 @@ class JitTrial:
         self.step, self.margin, self.seconds = step, margin, seconds
         self.decided = None    # True / False once measured (or failed)
         self.per_step = {False: [], True: []}  # seconds per step of each timed loop
-        self.cpu_per_step = {False: [], True: []}  # and CPU seconds (None: not measured)
+        self.cpu_per_step = {False: [], True: []}  # and CPU seconds
         # The timed loops, XLA or not: X, P, P, X, X, P, ... (after one untimed XLA step).
         self._plan = [k % 4 in (0, 3) for k in range(2 * pairs)]
         self._warm = True      # the next XLA loop is the untimed first one
@@ -250,7 +250,7 @@ class JitTrial:
 
     def observe(self, jit, ran, seconds, cpu_seconds=None):
         """A loop (`jit` None: not a trial's) ran `ran` steps in `seconds` (wall), using
-        `cpu_seconds` of this process's CPU (all threads; None: not measured)."""
+        `cpu_seconds` of this process's CPU (all threads; a trial loop's is needed)."""
         if self.decided is not None or ran < 1:
             return
         if jit is None:
@@ -265,32 +265,29 @@ class JitTrial:
             return
         jit = self._plan.pop(0)
         self.per_step[jit].append(seconds / ran)
-        self.cpu_per_step[jit].append(None if cpu_seconds is None else cpu_seconds / ran)
+        self.cpu_per_step[jit].append(cpu_seconds / ran)
         self._steps = max(self._steps, ran)
         if not self._plan:
             self._decide()
 
     def _decide(self):
-        def ratio(times):
-            # The fastest loop of each: a loop is slowed, never sped up, by what is not the
-            # step (the host's other tenants; XLA compiling again for a new batch shape, such
-            # as a pass's last, partial batch: measured, it made XLA look 1.07x the CPU of no
-            # XLA where it is 0.65x).
-            if any(t is None for t in times[True] + times[False]):
-                return None
-            return min(times[True]) / min(times[False])
-        wall, cpu = ratio(self.per_step), ratio(self.cpu_per_step)
+        # The fastest loop of each: a loop is slowed, never sped up, by what is not the step
+        # (the host's other tenants; XLA compiling again for a new batch shape, such as a
+        # pass's last, partial batch: measured, it made XLA look 1.07x the CPU of no XLA
+        # where it is 0.65x).
+        fastest = {jit: min(times) for jit, times in self.per_step.items()}
+        wall = fastest[True] / fastest[False]
+        cpu = min(self.cpu_per_step[True]) / min(self.cpu_per_step[False])
         # Faster, and not by taking more of the host's CPU (on a shared or busy host, wall
         # time alone misleads: other tenants' time is not the step's).
-        self.decided = wall <= self.margin and (cpu is None or cpu <= self.margin)
+        self.decided = wall <= self.margin and cpu <= self.margin
         self.step.jit_compile = self.decided
         logger.info(  # once a Trainer, after the start-up line that said it would measure
             "jit_compile: %s (auto, measured over %d loops of up to %d steps each way: %.3f "
-            "ms a step with XLA, %.3f ms without (the fastest loop of each): %.2fx wall, %s "
-            "CPU; XLA is kept at %.2fx or less in both; jit_compile=True/False fixes the "
-            "choice)", self.decided, len(self.per_step[True]), self._steps,
-            min(self.per_step[True]) * 1e3, min(self.per_step[False]) * 1e3, wall,
-            "unmeasured" if cpu is None else f"{cpu:.2f}x", self.margin)
+            "ms a step with XLA, %.3f ms without (the fastest loop of each): %.2fx wall, "
+            "%.2fx CPU; XLA is kept at %.2fx or less in both; jit_compile=True/False fixes "
+            "the choice)", self.decided, len(self.per_step[True]), self._steps,
+            fastest[True] * 1e3, fastest[False] * 1e3, wall, cpu, self.margin)
 
     @property
     def compiling(self):

@@ -13,10 +13,15 @@ from kerastrain.step.metrics import MetricState, log_value
 from kerastrain.step.replica import batch_size
 
 
+def has_own_step(model) -> bool:
+    """Whether the model's class has its own `train_step` or `test_step` (`ModelStep`)."""
+    return overrides(model, "train_step") or overrides(model, "test_step")
+
+
 def step_for(built, model, global_step, **options):
     """kerastrain's exact `Step`, or `ModelStep` for a model with its own train/test step."""
     from kerastrain.step import accumulation
-    if overrides(model, "train_step") or overrides(model, "test_step"):
+    if has_own_step(model):
         return ModelStep(built, model, global_step, stop_flag=options.get("stop_flag"),
                          jit_compile=options.get("jit_compile", False))
     return Step(built, model, global_step, accumulation=accumulation.steps_of(model.optimizer),
