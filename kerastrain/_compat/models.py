@@ -56,7 +56,15 @@ def compile_args(model):
     config = getattr(model, "_compile_config", None)
     if config is None:
         return None
-    return dict(getattr(config, "config", {}) or {})
+    args = dict(getattr(config, "config", {}) or {})
+    # `auto_scale_loss` is not kept there (Keras 3.10-3.15): it is read off what compile
+    # did. A mixed_float16 model whose optimizer compile left unwrapped was compiled with
+    # `auto_scale_loss=False`, which a copy compiled again must keep.
+    if getattr(model.dtype_policy, "name", None) == "mixed_float16" and \
+            getattr(model, "optimizer", None) is not None and \
+            not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+        args["auto_scale_loss"] = False
+    return args
 
 
 def stateless_scope(mapping):

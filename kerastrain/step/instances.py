@@ -36,7 +36,7 @@ class Detached:
     Connecting to a parameter-server cluster moves this process's eager work off
     `/job:localhost`, where the instance's variables live; after that they (and the
     optimizer's learning rate, which `get_config` reads) cannot be read. So the
-    weights and the compile arguments (optimizer and metrics as configs) are read
+    weights and the compile arguments (the optimizer as a config) are read
     first, and the model is rebuilt in scope from them.
     """
 
@@ -63,7 +63,9 @@ class Detached:
 
 
 def _as_config(obj):
-    if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+    # An optimizer is copied from its config (its learning rate, a variable, is read now);
+    # a metric object is kept and given new storage in scope (`models._fresh`).
+    if isinstance(obj, keras.optimizers.Optimizer):
         return FromConfig(obj)
     if isinstance(obj, (list, tuple)):
         return type(obj)(_as_config(o) for o in obj)

@@ -24,16 +24,35 @@ def _created_in_scope(strategy, variable) -> bool:
 
 
 def _fresh(obj):
-    """A copy of an optimizer or metric instance, so its variables are made in scope."""
+    """An optimizer or metric instance whose variables are made in scope: a copy of an
+    optimizer (one optimizer cannot serve two models); a metric itself, its variables
+    given new storage here (`from_config(get_config())` is a round trip `model.fit` never
+    makes, and many user metrics do not survive it: an `__init__` without `name`, an
+    attribute set outside the config)."""
     if isinstance(obj, instances.FromConfig):
         return obj.make()
-    if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+    if isinstance(obj, keras.optimizers.Optimizer):
         return obj.__class__.from_config(obj.get_config())
+    if isinstance(obj, keras.metrics.Metric):
+        _compat.replace_storage(obj.variables, [_value_or_zeros(v) for v in obj.variables])
+        return obj
     if isinstance(obj, (list, tuple)):
         return type(obj)(_fresh(o) for o in obj)
     if isinstance(obj, dict):
         return {k: _fresh(v) for k, v in obj.items()}
     return obj
+
+
+def _value_or_zeros(variable):
+    """A metric variable's value, or zeros where it cannot be read any more (made before
+    this process joined a parameter-server cluster); a metric's state starts each epoch
+    from `reset_state` anyway."""
+    import numpy as np
+    import tensorflow as tf
+    try:
+        return variable.numpy()
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+        return np.zeros(variable.shape, variable.dtype)
 
 
 def materialize(model, built, *, detached=None, optimizer=None, loss=None, metrics=None):
@@ -355,7 +374,10 @@ def clone_compiled(model, why, compile_args=None, clone_function=None):
         # ps cluster is connected) and fails for unregistered custom losses; the clone is
         # compiled below from the arguments kerastrain holds, so skip that step.
         model.compiled = False
-        clone = keras.models.clone_model(model, clone_function=clone_function)
+        # Under the model's own dtype policy: a model made under mixed_float16 keeps it
+        # (its copy was float32, so `compile` gave it no loss scaling, without a word).
+        with _global_policy(model.dtype_policy):
+            clone = keras.models.clone_model(model, clone_function=clone_function)
     except Exception as e:  # clone_model raises several types for unclonable models
         cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise NotClonable(
@@ -369,6 +391,16 @@ def clone_compiled(model, why, compile_args=None, clone_function=None):
     if args is not None and compiled:
         _recompile(clone, args, fresh=True)
     return clone
+
+
+@contextlib.contextmanager
+def _global_policy(policy):
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
 
 
 def unpartitioned_copy(model, source=None):

@@ -1,0 +1,82 @@
+"""What `model.compile` says is what kerastrain trains: the metric objects as given, the
+compile arguments Keras does not record, a second compile, and a model never compiled.
+
+Each case runs `model.fit` on a twin of the model (same seed, same unshuffled batches) and
+kerastrain on the model itself, on one device and under a MirroredStrategy of 2 logical CPUs.
+"""
+
+import numpy as np
+import pytest
+
+import keras
+
+import kerastrain as kt
+
+X = np.random.RandomState(0).randn(64, 6).astype("float32")
+Y = (X[:, :1] * 2 + 1).astype("float32")
+MIRRORED = {"name": "mirrored", "cpu_devices": 2}
+STRATEGIES = pytest.mark.parametrize("strategy", ["one_device", MIRRORED],
+                                     ids=["one_device", "mirrored"])
+FIT = dict(batch_size=16, epochs=2, shuffle=False, verbose=0)
+
+
+class ScaledError(keras.metrics.Mean):
+    """A metric whose `__init__` takes no arguments (so `from_config` cannot remake it) and
+    whose `scale` is set after it is made, outside any config."""
+
+    def __init__(self):
+        super().__init__(name="scaled_error")
+        self.scale = 1.0
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        error = keras.ops.mean(keras.ops.abs(y_true - y_pred), axis=-1) * self.scale
+        return super().update_state(error, sample_weight=sample_weight)
+
+
+def regression(metrics=(), seed=1):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=list(metrics))
+    return model
+
+
+def close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@STRATEGIES
+def test_a_metric_object_is_used_as_given_not_remade_from_its_config(strategy):
+    metric = ScaledError()
+    metric.scale = 3.0  # from_config would make it with 1.0, and a name it cannot take
+    twin_metric = ScaledError()
+    twin_metric.scale = 3.0
+    expected = regression([twin_metric]).fit(X, Y, **FIT).history
+    model = regression([metric])
+    trainer = kt.Trainer(model, strategy=strategy, verbose=0, checkpoint=False,
+                         tensorboard=False)
+    got = trainer.fit(X, Y, **FIT).history
+    assert sorted(got) == sorted(expected) == ["loss", "scaled_error"]
+    for key in expected:
+        close(got[key], expected[key])
+    # The user's object goes on working after fit, as after model.fit.
+    close(model.evaluate(X, Y, verbose=0, return_dict=True)["scaled_error"],
+          trainer.evaluate(X, Y)["scaled_error"])
+
+
+@STRATEGIES
+@pytest.mark.parametrize("auto_scale_loss", [True, False])
+def test_a_mixed_float16_model_keeps_its_policy_and_its_loss_scaling_choice(
+        auto_scale_loss, strategy):
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    model.compile(optimizer="sgd", loss="mse", auto_scale_loss=auto_scale_loss)
+    trainer = kt.Trainer(model, strategy=strategy, verbose=0, checkpoint=False,
+                         tensorboard=False)
+    trainer.fit(X, Y, **FIT)
+    assert trainer.model.dtype_policy.name == "mixed_float16"
+    for optimizer in (trainer.model.optimizer, model.optimizer):
+        assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) == auto_scale_loss
