@@ -350,6 +350,10 @@ def _check_writers(writers):
                             f"Received an item of type {type(w).__name__}: {w!r}")
 
 
+def _type_name(obj):
+    return None if obj is None else type(obj).__name__
+
+
 def _settings(trainer, *, shard):
     """What the run resolved to, written to `model_dir/config.yaml` and TensorBoard."""
     built, config = trainer._built, trainer._config
@@ -361,7 +365,7 @@ def _settings(trainer, *, shard):
         "model_dir": trainer.model_dir, "shard": shard, "mixed_precision": config.mixed_precision,
         "tuning": dataclasses.asdict(trainer._tuning),
         "model": trainer.model.name,
-        "optimizer": type(trainer.model.optimizer).__name__,
+        "optimizer": _type_name(getattr(trainer.model, "optimizer", None)),  # None: uncompiled
         "checkpoint": None if trainer._workdir.checkpoint is None else dataclasses.asdict(
             trainer._workdir.checkpoint),
         "tensorboard": None if trainer._workdir.tensorboard is None else dataclasses.asdict(

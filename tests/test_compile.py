@@ -80,3 +80,16 @@ def test_a_mixed_float16_model_keeps_its_policy_and_its_loss_scaling_choice(
     assert trainer.model.dtype_policy.name == "mixed_float16"
     for optimizer in (trainer.model.optimizer, model.optimizer):
         assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) == auto_scale_loss
+
+
+@pytest.mark.parametrize("strategy", ["one_device", MIRRORED, "central_storage"],
+                         ids=["one_device", "mirrored", "central_storage"])
+def test_a_model_never_compiled_predicts_and_fit_says_to_compile(strategy):
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+    trainer = kt.Trainer(model, strategy=strategy, verbose=0, checkpoint=False,
+                         tensorboard=False)
+    close(trainer.predict(X[:37], batch_size=8), model.predict(X[:37], verbose=0))
+    for call in (lambda: trainer.fit(X, Y, epochs=1), lambda: trainer.evaluate(X, Y)):
+        with pytest.raises(ValueError, match=r"not compiled.*compiled=False"):
+            call()

@@ -116,6 +116,7 @@ class TrainingState:
         """The model's, optimizer's and metrics' variables for batches of `element_spec`,
         and the compiled step (once); every input is checked against the model (`steps`:
         those of its methods that, overridden, decide what its batches need)."""
+        models_lib.check_compiled(self.model, training="train_step" in steps)
         data_lib.check_against_model(element_spec, self.model, steps)
         if self.step is not None:
             self.take_user_changes()

@@ -101,17 +101,10 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
         args.update(overrides)
         args.setdefault("optimizer", _DEFAULT_OPTIMIZER)
         _recompile(instance, args, fresh=built.name != "default")
-    # Compiled without a loss is fine where the model adds its own (an "endpoint" layer's
-    # `add_loss`, as on keras.io); without any, Keras's compute_loss says "No loss to compute".
-    # A model with its own train_step may keep its optimizers itself (a GAN's two).
+    # A model never compiled may still predict, as with Keras; `fit` and `evaluate` ask
+    # for a compiled one (`check_compiled`).
     from kerastrain.step import loops
     own_step = loops.overrides(instance, "train_step")
-    if not getattr(instance, "compiled", False) or (instance.optimizer is None and not own_step):
-        raise ValueError(
-            "The model is not compiled and no `loss=` was given, so kerastrain does not know "
-            "what to minimise. Call `model.compile(optimizer=..., loss=...)` in your model "
-            "function, or pass `Trainer(..., optimizer='adam', loss='mse')`. "
-            f"Received: model {instance.name!r} with compiled={getattr(instance, 'compiled', False)}")
     if getattr(instance, "run_eagerly", False):
         # Keras then runs each step eagerly, for debugging (`.numpy()`, pdb, prints of values
         # in `call`); kerastrain's loops are compiled, where those fail or print symbols.
@@ -121,9 +114,33 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
             "tf.function call). Debug the model with `model.fit` on one device, then compile "
             "it without `run_eagerly` for kerastrain. Received: run_eagerly=True for model "
             f"{instance.name!r}")
-    if instance.optimizer is not None and own_step:
+    if getattr(instance, "optimizer", None) is not None and own_step:
         _check_accumulation(instance.optimizer, built.name)
     return instance
+
+
+def check_compiled(model, *, training):
+    """`fit` and `evaluate` need a compiled model, as Keras's do; `fit` an optimizer too.
+
+    Compiled without a loss is fine where the model adds its own (an "endpoint" layer's
+    `add_loss`, as on keras.io); without any, Keras's compute_loss says "No loss to compute".
+    A model with its own train_step may keep its optimizers itself (a GAN's two).
+
+    Raises:
+        ValueError: the model is not compiled, or (to train) has no optimizer.
+    """
+    from kerastrain.step import loops
+    compiled = getattr(model, "compiled", False)
+    if compiled and not (training and getattr(model, "optimizer", None) is None
+                         and not loops.overrides(model, "train_step")):
+        return
+    raise ValueError(
+        f"The model is not compiled, so kerastrain does not know what to "
+        f"{'minimise' if training else 'evaluate'}. Call `model.compile(optimizer=..., "
+        "loss=...)` (in your model function, or on the model before this call), or pass "
+        "`Trainer(..., optimizer='adam', loss='mse')`; `predict` needs no compile. Received: "
+        f"model {model.name!r} with compiled={compiled}, optimizer="
+        f"{getattr(model, 'optimizer', None)!r}")
 
 
 def _check_built_by_function(instance, model, built):
