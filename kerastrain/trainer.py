@@ -327,8 +327,9 @@ class Trainer:
             >>> probabilities = trainer.predict(x_test, batch_size=256)
         """
         callbacks = callbacks_lib.check_callbacks(callbacks)
-        self._predictor = self._predictor or predicting.Predictor(self._built, self.model)
-        self._state.take_user_changes()
+        self._state.take_user_changes()  # a new compile may have made a new model
+        if self._predictor is None or self._predictor.model is not self.model:
+            self._predictor = predicting.Predictor(self._built, self.model)
         with self._state.cluster_errors_explained():
             return self._predictor.predict(x, batch_size=batch_size, steps=steps,
                                            callbacks=callbacks,

@@ -1396,29 +1396,52 @@ def test_a_model_made_in_a_mirrored_scope_of_the_users_own_trains_and_is_handed_
     assert int(ours.optimizer.iterations.numpy()) == 12
 
 
+def _transfer_model():
+    """keras.io's transfer-learning shape: a frozen base under a new head."""
+    keras.utils.set_random_seed(0)
+    base = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu")],
+                            name="base")
+    base.trainable = False
+    model = keras.Sequential([base, keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def _fine_tune(model):
+    model.layers[0].trainable = True
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mae", metrics=["mse"])
+
+
 @pytest.mark.parametrize("strategy", ["one_device", MIRRORED], ids=["one_device", "mirrored"])
-def test_a_model_compiled_again_after_the_trainer_read_it_is_refused(strategy):
-    """`trainer = Trainer(model)`, then `model.compile(loss="mae", ...)`: `model.fit` would
-    train the new loss; the Trainer trained the old one (mse) and logged it as `loss`,
-    without a word. Refused, at the first call and after a fit alike; a new Trainer takes the
-    new compile."""
+def test_a_model_compiled_again_is_followed_as_model_fit_follows_it(strategy):
+    """keras.io's transfer learning: fit with the base frozen, unfreeze it, compile again
+    with another loss and optimizer, fit again. `model.fit` trains the new compile; the
+    Trainer refused it (and before that trained the old loss, logged as `loss`, without a
+    word). Now each phase equals `model.fit`'s, before the first call and after a fit."""
     x, y = _binary(32)
-    model = _instance()
+    fit = dict(batch_size=16, epochs=2, shuffle=False)
+    reference, model = _transfer_model(), _transfer_model()
     trainer = kt.Trainer(model, strategy=strategy, verbose=0)
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mae")
-    for call in (lambda: trainer.fit(x, y, batch_size=16),
-                 lambda: trainer.evaluate(x, y, batch_size=16)):
-        with pytest.raises(ValueError, match=rf"The model '{model.name}' was compiled again "
-                                             r"after `kerastrain.Trainer\(model\)` read it.*"
-                                             r"Make a new `kerastrain.Trainer\(model, \.\.\.\)`"):
-            call()
-    again = kt.Trainer(model, strategy=strategy, verbose=0)
-    reference = _instance()
-    reference.set_weights(model.get_weights())
-    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mae")
-    np.testing.assert_allclose(
-        again.fit(x, y, batch_size=16, shuffle=False).history["loss"],
-        reference.fit(x, y, batch_size=16, shuffle=False, verbose=0).history["loss"], rtol=1e-5)
-    model.compile(optimizer="adam", loss="mse")  # after a fit too
-    with pytest.raises(ValueError, match="was compiled again"):
-        again.fit(x, y, batch_size=16)
+    theirs = [reference.fit(x, y, verbose=0, **fit).history]
+    ours = [trainer.fit(x, y, **fit).history]
+    for m in (reference, model):
+        _fine_tune(m)
+    theirs.append(reference.fit(x, y, verbose=0, **fit).history)
+    ours.append(trainer.fit(x, y, **fit).history)
+    assert sorted(ours[1]) == ["loss", "mse"]
+    for a, b in zip(ours, theirs):
+        for key in b:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trainer.evaluate(x, y, batch_size=16)["mse"],
+                               reference.evaluate(x, y, batch_size=16, verbose=0,
+                                                  return_dict=True)["mse"], rtol=1e-5)
+    # Compiled again before the Trainer's first call.
+    fresh, reference = _transfer_model(), _transfer_model()
+    trainer = kt.Trainer(fresh, strategy=strategy, verbose=0)
+    for m in (fresh, reference):
+        _fine_tune(m)
+    np.testing.assert_allclose(trainer.fit(x, y, **fit).history["loss"],
+                               reference.fit(x, y, verbose=0, **fit).history["loss"], rtol=1e-5)

@@ -10,6 +10,7 @@ data, the work directory and each fit's `fitting.Epochs`.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from kerastrain import _compat
 from kerastrain import _logging
@@ -28,6 +29,7 @@ from kerastrain.step import models as models_lib
 from kerastrain.step import own_step
 from kerastrain.step import precision
 
+logger = logging.getLogger("kerastrain")
 # The methods of a model that, overridden, decide what its evaluation batches need.
 EVALUATION_STEPS = ("test_step", "compute_loss")
 
@@ -61,6 +63,7 @@ class TrainingState:
         # A model instance is copied from what `detach` read of it.
         compile_overrides = dict(detached=detached, optimizer=optimizer, loss=loss,
                                  metrics=metrics)
+        self._policy, self._overrides = precision_policy, compile_overrides
         try:
             self.model = self._materialize(model, precision_policy, compile_overrides)
         except models_lib.NotClonable:
@@ -116,6 +119,7 @@ class TrainingState:
         """The model's, optimizer's and metrics' variables for batches of `element_spec`,
         and the compiled step (once); every input is checked against the model (`steps`:
         those of its methods that, overridden, decide what its batches need)."""
+        self.check_compile()
         models_lib.check_compiled(self.model, training="train_step" in steps)
         data_lib.check_against_model(element_spec, self.model, steps)
         if self.step is not None:
@@ -162,20 +166,35 @@ class TrainingState:
             instances.take_changes(self.model, self.user_model)
 
     def check_compile(self):
-        """The user's model object compiled again since the Trainer was made (another loss,
-        optimizer or metrics, which `model.fit` would use): refused, not ignored. The copy
-        kerastrain trains, and its compiled step, follow the compile the Trainer read."""
+        """The user's model object compiled again since kerastrain read it (keras.io's
+        transfer learning: unfreeze the base, compile, fit again): from this call on,
+        kerastrain trains, evaluates and predicts as the new compile says, from the weights
+        the object holds, as `model.fit` would; the compiled step is made again. The
+        optimizer's state goes on where the new compile keeps the optimizer object, and
+        starts afresh with a new one, as in Keras."""
+        import tensorflow as tf
         watched = self._watched
-        if watched is None or _compat.compile_token(watched) is self._compiled_as:
+        token = _compat.compile_token(watched) if watched is not None else None
+        if token is self._compiled_as:
             return
-        raise ValueError(
-            f"The model {watched.name!r} was compiled again after `kerastrain.Trainer(model)` "
-            "read it: kerastrain trains as the model was compiled when the Trainer was made, "
-            "so the new loss, optimizer or metrics would be ignored. Make a new "
-            "`kerastrain.Trainer(model, ...)` to train with the new compile (the model's "
-            "weights and its optimizer's state go with it), or pass `optimizer=`, `loss=`, "
-            "`metrics=` to the Trainer. Received: a second `model.compile(...)` on "
-            f"{watched.name!r}")
+        if self.user_model is not None:
+            try:
+                detached = instances.Detached(self.user_model)
+            except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+                raise ValueError(
+                    f"The model {watched.name!r} was compiled again before the first `fit` "
+                    "under parameter servers, where the object cannot be read until `fit` "
+                    "hands it back. Compile it before making the Trainer, or call `fit` "
+                    "first. Received: a second `model.compile(...)` on "
+                    f"{watched.name!r}") from None
+            overrides = dict(self._overrides, detached=detached)
+            self.run.wait()
+            self.model = self._materialize(self.user_model, self._policy, overrides)
+            self._detached = detached if overrides.get("optimizer") is None else None
+        self.step = None  # made again for the new loss, metrics and optimizer
+        self._compiled_as = token
+        logger.info("the model %r was compiled again: kerastrain follows the new compile "
+                    "from its current weights, as model.fit would", watched.name)
 
     def load_checkpoint(self, path: str) -> int:
         """The model's weights and the global step from the checkpoint `path` (see
