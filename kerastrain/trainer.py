@@ -247,6 +247,7 @@ class Trainer:
         Raises:
             ValueError: missing data, infinite data without `steps_per_epoch`, or a
                 `model.fit` argument that does not apply to this input."""
+        strategies.check_outside_user_scope("trainer.fit(...)")
         _check_counts(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                       validation_steps=validation_steps, validation_freq=validation_freq)
         data = fit_args.of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args,
@@ -304,6 +305,7 @@ class Trainer:
         whole dataset itself, reading variables from the ps tasks, so every example
         counts exactly once.
         """
+        strategies.check_outside_user_scope("trainer.evaluate(...)")
         return self._evaluation.evaluate(
             dataset_fn, x, y, sample_weight, training_data=self._dataset_fn,
             batch_size=batch_size, steps=steps, return_dict=return_dict, callbacks=callbacks,
@@ -326,6 +328,7 @@ class Trainer:
         Example:
             >>> probabilities = trainer.predict(x_test, batch_size=256)
         """
+        strategies.check_outside_user_scope("trainer.predict(...)")
         callbacks = callbacks_lib.check_callbacks(callbacks)
         self._state.take_user_changes()  # a new compile may have made a new model
         if self._predictor is None or self._predictor.model is not self.model:

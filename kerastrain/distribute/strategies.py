@@ -201,6 +201,7 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
         2
     """
     name, options = normalize(strategy, strategy_options)
+    check_outside_user_scope()
     cluster_lib.use_slurm(name, options)
     if "cpu_devices" in options:
         configure_cpu_devices(options["cpu_devices"])
@@ -210,20 +211,51 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
     return built
 
 
+# The kerastrain name of each tf.distribute strategy class a user may have entered.
+_NAMES_OF_CLASSES = {
+    "OneDeviceStrategy": "one_device", "MirroredStrategy": "mirrored",
+    "CentralStorageStrategy": "central_storage",
+    "MultiWorkerMirroredStrategy": "multi_worker_mirrored",
+    "CollectiveAllReduceStrategy": "multi_worker_mirrored",
+    "ParameterServerStrategy": "ps"}
+
+
+def check_outside_user_scope(what="kerastrain.Trainer(...)"):
+    """kerastrain builds and enters its own strategy; inside a user's `strategy.scope()`
+    TensorFlow fails at the first variable ("Mixing different tf.distribute.Strategy
+    objects"). Refused first, saying which name to give instead.
+
+    Raises:
+        RuntimeError: called inside a `tf.distribute` strategy's scope.
+    """
+    import tensorflow as tf
+    if not tf.distribute.has_strategy():
+        return
+    outer = type(tf.distribute.get_strategy()).__name__.removesuffix("V1")
+    name = _NAMES_OF_CLASSES.get(outer)
+    instead = f"strategy={name!r}" if name else "the strategy's kerastrain name"
+    raise RuntimeError(
+        f"{what} was called inside a `tf.distribute` strategy's scope ({outer}). kerastrain "
+        f"builds and enters its strategy itself: call it outside `strategy.scope()` and pass "
+        f"{instead} (a model built in your scope may be given as it is). Received: a call "
+        f"inside {outer}.scope()")
+
+
 def default_for_instance(built, model):
-    """Under `one_device`, the default strategy for a model instance Keras cannot clone into
-    its scope (a subclassed model) whose variables already live on its device: training on
-    one device is the same, and the instance trains as it is. None for any other case."""
-    if built.name != "one_device":
+    """Under `one_device`, the default strategy for a model instance whose variables already
+    live on its device: training on one device is the same, and the instance trains as it
+    is, with no copy (Keras clones only Sequential and functional models, and a copy from a
+    config loses what the config does not say). None for any other case."""
+    import keras
+    if built.name != "one_device" or not isinstance(model, keras.Model):
         return None
     device = built.strategy.extended.worker_devices[0]
     if not on_one_device(model, device):
         return None
     fallback = _REGISTRY["default"].build()
     fallback.reason = (
-        f"one_device was chosen ({built.reason}), but the model instance cannot be cloned into "
-        f"its scope (Keras clones only Sequential and functional models); its variables are "
-        f"on {device}, so the default strategy trains it there as it is, the same training")
+        f"one_device was chosen ({built.reason}); the model instance's variables are on "
+        f"{device}, so the default strategy trains it there as it is, the same training")
     logger.info("strategy: %s (%s)", fallback.name, fallback.reason)
     return fallback
 

@@ -64,14 +64,11 @@ class TrainingState:
         compile_overrides = dict(detached=detached, optimizer=optimizer, loss=loss,
                                  metrics=metrics)
         self._policy, self._overrides = precision_policy, compile_overrides
-        try:
-            self.model = self._materialize(model, precision_policy, compile_overrides)
-        except models_lib.NotClonable:
-            fallback = strategies.default_for_instance(built, model)
-            if fallback is None:
-                raise
-            self.built = fallback
-            self.model = self._materialize(model, precision_policy, compile_overrides)
+        # On one device a model instance whose variables are there trains as it is, under
+        # the default strategy (no copy: a copy from its config may lose what the config
+        # does not say, such as a weight two layers share).
+        self.built = strategies.default_for_instance(built, model) or built
+        self.model = self._materialize(model, precision_policy, compile_overrides)
         # Its optimizer's state goes on in the copy (unless the Trainer replaces the optimizer).
         self._detached = detached if optimizer is None else None
         # The user's own model object, when kerastrain trains a copy built in scope: it

@@ -51,7 +51,12 @@ class Detached:
         lookups = _compat.lookup_layers(model)
         _check_vocabularies(model, lookups)
         self.lookups = [_compat.lookup_contents(layer) for layer in lookups]
-        self.layer_configs = {id(layer): layer.get_config() for layer in model.layers}
+        self.layer_configs = {}
+        for layer in model.layers:
+            try:
+                self.layer_configs[id(layer)] = layer.get_config()
+            except NotImplementedError:  # no config: no copy (`models.clone_compiled` says so)
+                pass
         args = _compat.compile_args(model) if getattr(model, "compiled", False) else None
         self.compile_args = None if args is None else {
             k: _as_config(v) for k, v in args.items()}

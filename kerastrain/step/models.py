@@ -363,6 +363,24 @@ def _rebuild(model, detached):
         "rebuilt inside it"), compile_args=detached.compile_args,
         clone_function=lambda layer: layer.__class__.from_config(
             configs[id(layer)] if id(layer) in configs else layer.get_config()))
+    if len(clone.weights) != len(detached.weights):
+        # A Sequential without an Input whose layers were built beforehand: its layers'
+        # copies are not built until told how.
+        for layer, copy in zip(model.layers, clone.layers):
+            config = layer.get_build_config() if layer.built else None
+            if config and not copy.built:
+                copy.build_from_config(config)
+    mine = [tuple(v.shape) for v in clone.weights]
+    theirs = [tuple(w.shape) for w in detached.weights]
+    if mine != theirs:
+        raise NotClonable(
+            f"The model {model.name!r} was created outside the strategy's scope, and its copy "
+            f"made from its config does not have its weights ({len(mine)} against "
+            f"{len(theirs)}: a weight two layers share, as a tied embedding, is made twice by "
+            "a copy; LoRA or quantized layers are made anew). Pass a function that builds and "
+            "compiles the model instead, e.g. `Trainer(build_model, ...)`, or train on one "
+            "device, where the model trains as it is. Received: weight shapes "
+            f"{mine[:4]}... of the copy, {theirs[:4]}... of the model")
     clone.set_weights(detached.weights)
     weights = {id(v) for v in clone.weights}
     states = [v for v in clone.variables if id(v) not in weights]
