@@ -1310,6 +1310,62 @@ def test_finite_data_ending_inside_an_epoch_ends_the_epoch_as_under_fit(
     assert len(said) == 1 and "the epoch ends here" in said[0].message
 
 
+class _Peek(keras.layers.Layer):
+    """Reads its input's values in `call` (`.numpy()`), as a debugging session does, when
+    `read`; a symbolic tensor has no `.numpy()`."""
+
+    def __init__(self, read=True, **kwargs):
+        super().__init__(**kwargs)
+        self.read, self.seen = read, []
+
+    def call(self, x):
+        if self.read:
+            self.seen.append(float(np.sum(x.numpy())))
+        return x
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_run_eagerly_runs_each_step_eagerly_with_the_compiled_runs_numbers(strategy):
+    """`compile(run_eagerly=True)`, Keras's debugging mode: `.numpy()` in a layer's `call`
+    works through the Trainer (every replica's step runs eagerly), and fit, evaluate and
+    predict give the compiled run's numbers. kerastrain refused the model before."""
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(40, 3).astype("float32"), rng.rand(40, 1).astype("float32")
+
+    class Model(keras.Model):
+        def __init__(self, read):
+            super().__init__()
+            self.peek, self.dense = _Peek(read, name="peek"), keras.layers.Dense(1)
+
+        def call(self, inputs):
+            return self.dense(self.peek(inputs))
+
+    def model(eager):
+        keras.utils.set_random_seed(1)
+        m = Model(read=eager)
+        m.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"], run_eagerly=eager)
+        return m
+
+    runs = {}
+    for eager in (False, True):
+        trainer = kt.Trainer(model(eager), strategy=strategy, verbose=0)
+        history = trainer.fit(x, y, batch_size=8, epochs=2, validation_data=(x, y)).history
+        runs[eager] = (history, trainer.evaluate(x, y), trainer.predict(x, batch_size=8),
+                       trainer.model)
+    (history, logs, predicted, _), (eager_history, eager_logs, eager_predicted, eager_model) = \
+        runs[False], runs[True]
+    assert runs[False][3].peek.seen == []
+    replicas = 2 if strategy == "mirrored" else 1
+    # Built from a batch of zeros, then on every replica 10 training steps, 2 validations
+    # of 5 batches, an evaluation of 2 (Keras's batch size 32) and a prediction of 5.
+    assert len([v for v in eager_model.peek.seen if v]) == replicas * (10 + 2 * 5 + 2 + 5)
+    assert eager_history.keys() == history.keys()
+    for key in history:
+        np.testing.assert_allclose(eager_history[key], history[key], rtol=1e-6)
+    np.testing.assert_allclose(list(eager_logs.values()), list(logs.values()), rtol=1e-6)
+    np.testing.assert_allclose(eager_predicted, predicted, rtol=1e-6)
+
+
 def test_a_model_instance_with_random_layers_keeps_its_random_stream():
     """keras.io's augmentation layers (unseeded RandomFlip, RandomRotation) draw their seed
     when made: the copy kerastrain builds in the strategy's scope drew new ones, so a model
