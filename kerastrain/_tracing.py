@@ -13,3 +13,23 @@ def unconverted(fn):
     """
     import tensorflow as tf
     return tf.autograph.experimental.do_not_convert(fn)
+
+
+def runs_eagerly(model) -> bool:
+    """Whether `model` was compiled with `run_eagerly=True`: Keras's debugging mode, where
+    every step runs as plain Python (prints of values, `pdb`, `.numpy()` in `call`)."""
+    return bool(getattr(model, "run_eagerly", False))
+
+
+def compiled(fn, *, eager=False, **options):
+    """`tf.function(fn, **options)`, or `fn` itself where the model runs eagerly (`eager`):
+    the same loop, step and reductions, run op by op as Keras's `run_eagerly` runs them.
+
+    A loop written for autograph (`while` over tensors, `break` where the data ends) runs
+    eagerly as it reads: each condition is a concrete tensor, which Python's `while` and
+    `if` evaluate.
+    """
+    if eager:
+        return fn
+    import tensorflow as tf
+    return tf.function(fn, **options)

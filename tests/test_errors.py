@@ -122,20 +122,26 @@ def test_model_not_compiled_and_no_loss():
     assert trainer.fit(epochs=1).history["loss"][0] > 0
 
 
-def test_a_model_compiled_to_run_eagerly_is_refused_saying_why_and_what_to_do():
-    """`compile(run_eagerly=True)` is for debugging a step eagerly (`.numpy()`, pdb, values
-    printed in `call`); kerastrain's loops are compiled, so it would quietly not honour it."""
-    def eager(**compile_kwargs):
-        model = keras.Sequential([keras.Input((helpers.FEATURES,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse", run_eagerly=True, **compile_kwargs)
-        return model
-
-    message = (r"compiled with `run_eagerly=True`.*kerastrain runs compiled loops only.*"
-               r"`model.fit` on one device.*Received: run_eagerly=True for model 'sequential")
-    with pytest.raises(ValueError, match=message):
-        kt.Trainer(eager, dataset_fn, strategy="default")
-    with pytest.raises(ValueError, match=message):   # a model instance, recompiled by loss=
-        kt.Trainer(eager(), dataset_fn, strategy="default", loss="mae")
+@pytest.mark.parametrize("name,ps,multi_worker", [("ps", True, False),
+                                                   ("multi_worker_mirrored", False, True)])
+def test_run_eagerly_is_refused_where_steps_cannot_run_eagerly(name, ps, multi_worker):
+    """`compile(run_eagerly=True)` runs steps eagerly on this task's replicas (one device,
+    mirrored, central storage); a parameter-server coordinator schedules tf.functions on
+    remote workers, and multi-worker steps are compiled collectives: refused, saying so,
+    not quietly compiled."""
+    import types
+    from kerastrain.step import models as models_lib
+    model = keras.Sequential([keras.Input((helpers.FEATURES,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    built = types.SimpleNamespace(name=name, is_parameter_server=ps,
+                                  is_multi_worker=multi_worker)
+    with pytest.raises(ValueError, match=(
+            rf"`run_eagerly=True` .*which the '{name}' strategy cannot honour.*'one_device' or "
+            rf"'mirrored'.*Received: run_eagerly=True for model 'sequential.*under "
+            rf"strategy='{name}'")):
+        models_lib._check_eager(model, built)
+    model.compile(optimizer="sgd", loss="mse")
+    models_lib._check_eager(model, built)  # compiled steps: nothing to refuse
 
 
 def test_cpu_devices_after_tensorflow_initialised():

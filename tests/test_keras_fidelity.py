@@ -7,6 +7,7 @@ TensorFlow's collective keys).
 """
 
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -1260,12 +1261,19 @@ def test_callbacks_get_the_epochs_steps_in_their_params_as_under_fit():
     assert seen[0] == seen[1] == {"verbose": 0, "epochs": 2, "steps": 3}
 
 
-def test_finite_data_ending_inside_an_epoch_goes_on_with_its_next_pass_and_says_so(caplog):
-    """10 batches, `steps_per_epoch=4`, 3 epochs: `model.fit` stops training after 10 steps
-    ("Your input ran out of data"); kerastrain begins the data's next pass and trains the 12
-    steps asked (docs/getting_started.md), and now says so once, naming what fit does."""
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+@pytest.mark.parametrize("steps_per_epoch,form", [(4, "dataset"), (7, "arrays")])
+def test_finite_data_ending_inside_an_epoch_ends_the_epoch_as_under_fit(
+        caplog, strategy, steps_per_epoch, form):
+    """10 batches, `steps_per_epoch` 4 or 7, 3 epochs: Keras 3.15 `model.fit` ends an epoch
+    where the data's pass ends ("Your input ran out of data"), leaves a pass's rest to the
+    next epoch and begins a new pass after an epoch that reached its end (4: 4, 4, 2 steps;
+    7: 7, 3, 7). kerastrain read on into the next pass (12 and 21 steps); now the same steps,
+    losses and weights, and one warning that says what happened."""
     x = np.random.RandomState(3).rand(160, 4).astype("float32")
-    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1] * 3)).batch(16)
+    y = x[:, :1] * 3
+    data = (dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16)) if form == "dataset"
+            else dict(x=x, y=y, batch_size=16, shuffle=False))
 
     def model():
         keras.utils.set_random_seed(1)
@@ -1273,12 +1281,89 @@ def test_finite_data_ending_inside_an_epoch_goes_on_with_its_next_pass_and_says_
         m.compile(keras.optimizers.SGD(0.1), "mse")
         return m
 
+    class Batches(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.epochs = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epochs.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.epochs[-1] += 1
+
+    expected = {4: [4, 4, 2], 7: [7, 3, 7]}[steps_per_epoch]
+    reference, seen = model(), Batches()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        history = reference.fit(**data, epochs=3, steps_per_epoch=steps_per_epoch, verbose=0,
+                                callbacks=[seen])
+    assert seen.epochs == expected
     with caplog.at_level(logging.INFO, logger="kerastrain"):
-        trainer = kt.Trainer(model, data, verbose=0)
-        trainer.fit(epochs=3, steps_per_epoch=4)
-    assert trainer.global_step == 12
-    said = [r for r in caplog.records if "the training data ended inside an epoch" in r.message]
-    assert len(said) == 1 and "model.fit would stop training here" in said[0].message
+        trainer = kt.Trainer(model, strategy=strategy, verbose=0)
+        ours = trainer.fit(**data, epochs=3, steps_per_epoch=steps_per_epoch, callbacks=[seen])
+    assert seen.epochs == expected
+    assert trainer.global_step == sum(expected)
+    np.testing.assert_allclose(ours.history["loss"], history.history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(trainer.model.get_weights()[0], reference.get_weights()[0],
+                               rtol=1e-5)
+    said = [r for r in caplog.records if "the training data ran out" in r.message]
+    assert len(said) == 1 and "the epoch ends here" in said[0].message
+
+
+class _Peek(keras.layers.Layer):
+    """Reads its input's values in `call` (`.numpy()`), as a debugging session does, when
+    `read`; a symbolic tensor has no `.numpy()`."""
+
+    def __init__(self, read=True, **kwargs):
+        super().__init__(**kwargs)
+        self.read, self.seen = read, []
+
+    def call(self, x):
+        if self.read:
+            self.seen.append(float(np.sum(x.numpy())))
+        return x
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_run_eagerly_runs_each_step_eagerly_with_the_compiled_runs_numbers(strategy):
+    """`compile(run_eagerly=True)`, Keras's debugging mode: `.numpy()` in a layer's `call`
+    works through the Trainer (every replica's step runs eagerly), and fit, evaluate and
+    predict give the compiled run's numbers. kerastrain refused the model before."""
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(40, 3).astype("float32"), rng.rand(40, 1).astype("float32")
+
+    class Model(keras.Model):
+        def __init__(self, read):
+            super().__init__()
+            self.peek, self.dense = _Peek(read, name="peek"), keras.layers.Dense(1)
+
+        def call(self, inputs):
+            return self.dense(self.peek(inputs))
+
+    def model(eager):
+        keras.utils.set_random_seed(1)
+        m = Model(read=eager)
+        m.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"], run_eagerly=eager)
+        return m
+
+    runs = {}
+    for eager in (False, True):
+        trainer = kt.Trainer(model(eager), strategy=strategy, verbose=0)
+        history = trainer.fit(x, y, batch_size=8, epochs=2, validation_data=(x, y)).history
+        runs[eager] = (history, trainer.evaluate(x, y), trainer.predict(x, batch_size=8),
+                       trainer.model)
+    (history, logs, predicted, _), (eager_history, eager_logs, eager_predicted, eager_model) = \
+        runs[False], runs[True]
+    assert runs[False][3].peek.seen == []
+    replicas = 2 if strategy == "mirrored" else 1
+    # Built from a batch of zeros, then on every replica 10 training steps, 2 validations
+    # of 5 batches, an evaluation of 2 (Keras's batch size 32) and a prediction of 5.
+    assert len([v for v in eager_model.peek.seen if v]) == replicas * (10 + 2 * 5 + 2 + 5)
+    assert eager_history.keys() == history.keys()
+    for key in history:
+        np.testing.assert_allclose(eager_history[key], history[key], rtol=1e-6)
+    np.testing.assert_allclose(list(eager_logs.values()), list(logs.values()), rtol=1e-6)
+    np.testing.assert_allclose(eager_predicted, predicted, rtol=1e-6)
 
 
 def test_a_model_instance_with_random_layers_keeps_its_random_stream():

@@ -41,7 +41,8 @@ _check_keras_version(keras.__version__)
 # The helpers, imported once Keras is known to be recent enough; callers use them as
 # `_compat.<name>`.
 from kerastrain._compat.models import (
-    compile_metrics, compile_loss, layer_metrics, symbolic_build, compile_args, stateless_scope,
+    compile_metrics, compile_loss, layer_metrics, symbolic_build, eager_build, compile_args,
+    stateless_scope,
     model_losses, compute_loss, flatten_metrics_in_order, model_supports_jit, keras_mask,
     all_layers, sublayers_built, variable_owners, lookup_layers, lookup_contents,
     set_lookup_contents, renew_adapt_state, table_job, compile_token)

@@ -47,6 +47,31 @@ def symbolic_build(model, element_spec):
     model._symbolic_build(data_batch=batch)
 
 
+def eager_build(model, element_spec):
+    """`symbolic_build` for a model compiled with `run_eagerly=True` whose `call` needs
+    values (`.numpy()`, a print of a value), which a symbolic build cannot give it.
+
+    Keras's `fit` without a strategy builds such a model in its first (eager) step; under a
+    strategy its symbolic build fails ("Unable to automatically build the model"). Here the
+    model runs once, eagerly, on a batch of zeros shaped like the data (its `call` sees that
+    batch), and the compiled metrics and loss are built from its outputs, without updating
+    them (`CompileMetrics.build` / `CompileLoss.build`, Keras 3.15.1). The optimizer is built
+    by the caller, as after `symbolic_build`.
+    """
+    import tensorflow as tf
+    from keras.src.trainers import data_adapters
+
+    def to_zeros(spec):
+        return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
+
+    x, y, _ = data_adapters.data_adapter_utils.unpack_x_y_sample_weight(
+        tf.nest.map_structure(to_zeros, element_spec))
+    y_pred = model(x, training=False)
+    for container in (model._compile_metrics, model._compile_loss):
+        if container is not None and not container.built and y is not None:
+            container.build(y, y_pred)
+
+
 def compile_args(model):
     """The arguments the user passed to `compile()`, as live objects.
 

@@ -78,6 +78,7 @@ class SyncDriver:
         self._batch_loop, self._reset, self._held = batch_loop, reset, 0
         self._iterator = None
         self._continue_pass = False
+        self._pass_ended = False  # the last epoch ended where the data's pass did
         self.passes = 0
         self.offset = 0
         # Set by a recovery (`kerastrain.loop.recovery`): a position to go back to before the
@@ -179,9 +180,10 @@ class SyncDriver:
         `steps_per_loop` is an int, or a `tuning.LoopSizer` that measures the first
         loops and then says how long they should be.
 
-        Stops at `steps_per_epoch` steps (starting more passes over the data as
-        needed) or, when it is None, where the data ends. The caller may stop
-        consuming at any result.
+        Stops at `steps_per_epoch` steps or where the data's pass ends, whichever comes
+        first, as `model.fit` does: an epoch shorter than one pass leaves the rest of the
+        pass to the next epoch; one that reaches the pass's end stops there (said once),
+        and the next epoch begins a new pass. The caller may stop consuming at any result.
         """
         import tensorflow as tf
 
@@ -189,8 +191,9 @@ class SyncDriver:
             self._rewind(train_input)
         if self._continue_pass:
             self._continue_pass = False
-        elif steps_per_epoch is None or self._iterator is None:
+        elif steps_per_epoch is None or self._iterator is None or self._pass_ended:
             self._new_iterator(train_input)
+        self._pass_ended = False
         if self._batch_loop is not None:
             yield from self._run_batches(train_input, steps_per_epoch)
             return
@@ -240,11 +243,8 @@ class SyncDriver:
             if sizer is not None:
                 sizer.observe_gap(time.perf_counter() - yielded)  # the actions' time
             if ran < n:
-                if steps_per_epoch is None or (ran == 0 and restarted):
-                    return  # the end of the data (or an empty dataset, which fit reports)
-                # The data ended before `steps_per_epoch`: start another pass.
-                self._say_new_pass(steps_per_epoch)
-                self._new_iterator(train_input)
+                if not self._pass_end(train_input, steps_per_epoch, done, restarted):
+                    return
                 restarted = True
 
     def _xla_failed(self, error, train_input):
@@ -261,16 +261,33 @@ class SyncDriver:
         if offset:  # one batch a step: a trial runs without gradient accumulation
             self.offset = int(self._skip(self._iterator, tf.constant(offset, tf.int32)))
 
-    def _say_new_pass(self, steps_per_epoch):
-        """Once a fit: finite data ended inside an epoch, where `model.fit` would stop."""
-        if getattr(self, "_said_new_pass", False):
+    def _pass_end(self, train_input, steps_per_epoch, done, restarted):
+        """The data's pass ended after `done` steps of this epoch: whether the epoch goes on
+        (in a new pass). It does only where no step ran yet, a pass that ended exactly where
+        the last epoch did (the epoch then begins the next pass); else the epoch ends here,
+        as `model.fit`'s does, and the next one begins a new pass."""
+        if steps_per_epoch is None:
+            return False  # an epoch of one pass
+        self._pass_ended = True
+        if done or restarted:  # (restarted: an empty pass, which fit reports)
+            if done:
+                self._say_ran_out(steps_per_epoch, done)
+            return False
+        self._new_iterator(train_input)
+        self._pass_ended = False
+        return True
+
+    def _say_ran_out(self, steps_per_epoch, done):
+        """Once a fit: finite data ended inside an epoch of `steps_per_epoch` steps."""
+        if getattr(self, "_said_ran_out", False):
             return
-        self._said_new_pass = True
+        self._said_ran_out = True
         logger.warning(  # a warning, as fit's own (shown at verbose=0)
-            "the training data ended inside an epoch of steps_per_epoch=%d: its next pass "
-            "begins and the epoch goes on (model.fit would stop training here, warning \"Your "
-            "input ran out of data\"); repeat() the data, or steps_per_epoch=None for epochs of "
-            "one pass", steps_per_epoch)
+            "the training data ran out after %d of the epoch's steps_per_epoch=%d steps: the "
+            "epoch ends here and the next one begins a new pass of the data, as model.fit does "
+            "(\"Your input ran out of data\"); repeat() the data for epochs of "
+            "steps_per_epoch steps each, or leave steps_per_epoch=None for epochs of one pass",
+            done, steps_per_epoch)
 
     def _run_batches(self, train_input, steps_per_epoch):
         """`run_epoch` one batch per result, the update at each k-th: a step's batches are
@@ -282,10 +299,8 @@ class SyncDriver:
             part, ran, read = self._batch_loop(self._iterator)
             ran, read = int(ran), int(read)
             if not ran and not read:  # the data ended, nothing held
-                if steps_per_epoch is None or restarted:
+                if not self._pass_end(train_input, steps_per_epoch, done, restarted):
                     return
-                self._say_new_pass(steps_per_epoch)
-                self._new_iterator(train_input)
                 restarted = True
                 continue
             restarted = False

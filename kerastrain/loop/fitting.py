@@ -95,6 +95,8 @@ class Epochs:
         """Steps per compiled call: as asked, or what "auto" comes to for this fit."""
         if self.asked_steps_per_loop != "auto":
             return self.asked_steps_per_loop
+        if self.step.eager:
+            return 1  # run_eagerly: debugging, one step per loop (nothing to amortise)
         if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
             return 1  # a user's batch hooks see every batch, as under model.fit
         if steps_per_epoch is None and train_input.drains and train_input.cardinality > 0:

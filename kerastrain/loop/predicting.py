@@ -21,6 +21,7 @@ import itertools
 
 import numpy as np
 
+from kerastrain._tracing import compiled, runs_eagerly
 from kerastrain.data import numpy_data
 from kerastrain.data import inputs as data_lib
 
@@ -126,7 +127,8 @@ class Predictor:
                     return tf.nest.map_structure(
                         lambda v: tf.concat(strategy.experimental_local_results(v), axis=0),
                         outputs)
-            self._step = tf.function(one, reduce_retracing=True, autograph=False)
+            self._step = compiled(one, eager=runs_eagerly(model), reduce_retracing=True,
+                                  autograph=False)
         return self._step
 
     def predict(self, x, *, batch_size, steps, callbacks, verbose):

@@ -24,6 +24,7 @@ import math
 import time
 
 from kerastrain._options import option
+from kerastrain._tracing import runs_eagerly
 
 logger = logging.getLogger("kerastrain")
 
@@ -170,6 +171,12 @@ def resolve_jit_compile(requested, model, *, places_variables, measurable=True):
     compile, measured: it fails), every layer supporting XLA (Keras's `supports_jit`),
     and a step the trial can run both ways (`measurable`: no gradient accumulation).
     """
+    if runs_eagerly(model):  # as Keras: `run_eagerly` wins over `jit_compile`
+        if requested is True:
+            logger.warning("jit_compile=True is ignored: the model is compiled with "
+                           "run_eagerly=True, whose steps run eagerly (as Keras's compile "
+                           "disables jit_compile then)")
+        return False, "run_eagerly=True: every step runs eagerly, as under Keras"
     if requested is None:  # the model's compile setting, as before
         jit = bool(getattr(model, "jit_compile", False)) and not places_variables
         return jit, "the model's compile setting"

@@ -22,7 +22,7 @@ import logging
 
 from kerastrain import _compat
 from kerastrain.step import updates
-from kerastrain._tracing import unconverted
+from kerastrain._tracing import compiled, unconverted
 
 logger = logging.getLogger("kerastrain")
 
@@ -178,7 +178,6 @@ class Accumulator:
             self.step.accumulate)
         first, add, update = self._group_parts()
 
-        @tf.function
         def loop(iterator, num_steps):
             totals = tf.zeros([self.step.width], tf.float32)
             steps = tf.constant(0, tf.int32)
@@ -199,7 +198,7 @@ class Accumulator:
                 steps += 1
             after(steps)
             return totals, steps
-        return loop
+        return compiled(loop, eager=self.step.eager)
 
     def batch_loop(self, after):
         """`fn(iterator) -> (totals, steps, batches)`: one batch per call, the update after
@@ -245,7 +244,6 @@ class Accumulator:
 
         after = unconverted(after)
 
-        @tf.function
         def loop(iterator):
             totals = tf.zeros([self.step.width], tf.float32)
             steps, batches = tf.constant(0, tf.int32), tf.constant(0, tf.int32)
@@ -259,7 +257,7 @@ class Accumulator:
             after(steps)
             return totals, steps, batches
 
-        return loop
+        return compiled(loop, eager=self.step.eager)
 
     def reset(self):
         """Drop the sums a `batch_loop` holds (the data goes back to a group's start)."""

@@ -21,7 +21,7 @@ import logging
 from kerastrain import _compat
 from kerastrain.step import metrics as metrics_lib
 from kerastrain.step import replica as replica_lib
-from kerastrain._tracing import unconverted
+from kerastrain._tracing import compiled, runs_eagerly, unconverted
 
 logger = logging.getLogger("kerastrain")
 
@@ -83,6 +83,8 @@ class Step:
         self.strategy = built.strategy
         self.model = model
         self.global_step = global_step
+        # `run_eagerly=True` (Keras's debugging mode): the same loops, not compiled.
+        self.eager = runs_eagerly(model)
         self.metrics = metrics_lib.MetricState(model)
         # Partitioned variables (parameter servers): gradients and updates per shard.
         self.partitioned = partitioned
@@ -282,7 +284,6 @@ class Step:
         run_one, accumulate = unconverted(run_one), unconverted(self.accumulate)
         after = after and unconverted(after)
 
-        @tf.function
         def loop(iterator, num_steps):
             totals = tf.zeros([self.width], tf.float32)
             steps = tf.constant(0, tf.int32)
@@ -313,7 +314,7 @@ class Step:
             if after is not None:
                 after(steps)
             return totals, steps
-        return loop
+        return compiled(loop, eager=self.eager)
 
     def eval_loop(self):
         """`fn(iterator, num_steps) -> (totals, steps)` over distributed data (sync strategies)."""

@@ -13,6 +13,7 @@ import logging
 import numpy as np
 
 from kerastrain import _compat
+from kerastrain._tracing import runs_eagerly
 from kerastrain.data import inputs as data_lib
 from kerastrain.distribute.ps import worker_steps
 
@@ -53,6 +54,7 @@ class MetricState:
 
     def __init__(self, model, metrics=None):
         self.parts = []  # (metric, [variables])
+        self._eager = runs_eagerly(model)  # results computed as Keras's run_eagerly does
         containers = [_compat.compile_metrics(model)]
         loss = _compat.compile_loss(model)
         if loss is not None:
@@ -142,8 +144,8 @@ class MetricState:
         if self._results is None:
             # Compiled once: eager metric results cost ~1 ms per logged step.
             # One per model's metrics, by design: kept out of TensorFlow's retracing warning.
-            self._results = _compat.quiet_retracing(
-                tf.function(self._metric_results, autograph=False))
+            self._results = self._metric_results if self._eager else \
+                _compat.quiet_retracing(tf.function(self._metric_results, autograph=False))
         totals = np.asarray(totals, np.float64)
         logs, offset = {}, 2
         for (_, variables), part in zip(self.parts, self._results(tf.constant(totals))):

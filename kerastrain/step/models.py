@@ -105,15 +105,7 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
     # for a compiled one (`check_compiled`).
     from kerastrain.step import loops
     own_step = loops.overrides(instance, "train_step")
-    if getattr(instance, "run_eagerly", False):
-        # Keras then runs each step eagerly, for debugging (`.numpy()`, pdb, prints of values
-        # in `call`); kerastrain's loops are compiled, where those fail or print symbols.
-        raise ValueError(
-            "The model is compiled with `run_eagerly=True`, which asks Keras to run every step "
-            "eagerly, for debugging; kerastrain runs compiled loops only (many steps per "
-            "tf.function call). Debug the model with `model.fit` on one device, then compile "
-            "it without `run_eagerly` for kerastrain. Received: run_eagerly=True for model "
-            f"{instance.name!r}")
+    _check_eager(instance, built)
     if getattr(instance, "optimizer", None) is not None and own_step:
         _check_accumulation(instance.optimizer, built.name)
     return instance
@@ -141,6 +133,27 @@ def check_compiled(model, *, training):
         "`Trainer(..., optimizer='adam', loss='mse')`; `predict` needs no compile. Received: "
         f"model {model.name!r} with compiled={compiled}, optimizer="
         f"{getattr(model, 'optimizer', None)!r}")
+
+
+def _check_eager(instance, built):
+    """`run_eagerly=True` (Keras's debugging mode) runs every step eagerly on this task's
+    replicas; where steps are functions TensorFlow runs elsewhere, it cannot."""
+    if not getattr(instance, "run_eagerly", False):
+        return
+    if built.is_parameter_server:
+        why = ("a parameter-server coordinator schedules each loop on a remote worker as a "
+               "tf.function, which cannot run eagerly")
+    elif built.is_multi_worker:
+        why = ("multi-worker mirrored runs every step on every worker in step, through "
+               "collectives kerastrain runs compiled only")
+    else:
+        return
+    raise ValueError(
+        f"The model is compiled with `run_eagerly=True` (Keras's debugging mode), which the "
+        f"{built.name!r} strategy cannot honour: {why}. Debug the model eagerly under the "
+        "'one_device' or 'mirrored' strategy, then compile it without `run_eagerly` for "
+        f"{built.name!r}. Received: run_eagerly=True for model {instance.name!r} under "
+        f"strategy={built.name!r}")
 
 
 def _check_built_by_function(instance, model, built):
@@ -213,7 +226,7 @@ def _build_state(model, built, element_spec):
     with _explained(built):  # outside the `try`: its advice is not about the data
         try:
             with hold:
-                _compat.symbolic_build(model, element_spec)
+                _build_variables(model, element_spec)
         except (ValueError, TypeError) as e:
             raise ValueError(
                 "The model cannot run on the batches the dataset yields. Received: "
@@ -239,6 +252,20 @@ def _build_state(model, built, element_spec):
             average.assign(variable)
     _read_rows_if_lazy(model, optimizer)
     return partitioned or None
+
+
+def _build_variables(model, element_spec):
+    """The model's, its compiled metrics' and loss's variables, from shapes; eagerly from a
+    batch of zeros where the model runs eagerly and a symbolic build fails (a `call` that
+    reads values, `.numpy()`: Keras's debugging mode, `_compat.eager_build`)."""
+    try:
+        _compat.symbolic_build(model, element_spec)
+    except RuntimeError:
+        if not getattr(model, "run_eagerly", False):
+            raise
+        logger.info("run_eagerly: the model cannot be built symbolically; it runs once on a "
+                    "batch of zeros to build its variables")
+        _compat.eager_build(model, element_spec)
 
 
 def build_step_optimizers(model, built, element_spec):

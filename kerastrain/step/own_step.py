@@ -167,9 +167,11 @@ class ModelStep(Step):
         return self._run("eval", self.model.test_step, data, local=local)
 
     def _learn_keys(self, kind, element_spec, local=False):
-        """Trace one step (never run) to learn the logs' keys: the loop's width."""
+        """Trace one step (never run) to learn the logs' keys: the loop's width. Eagerly
+        (`run_eagerly`) nothing is traced, as under Keras: the first step's logs tell
+        (`accumulate` takes a step's logs whatever the width of the totals before it)."""
         import tensorflow as tf
-        if kind in self.keys:
+        if kind in self.keys or self.eager:
             return
         self._tracing = kind
         fn = self._run_train if kind == "train" else (

@@ -72,11 +72,12 @@ def test_steps_per_loop_does_not_change_results(make_trainer):
 
 
 def test_steps_per_epoch_continues_the_data_across_epochs(make_trainer):
-    # 7 batches per pass; 5 steps per epoch: epoch 2 reads batches 6, 7 then starts a new pass.
+    # 7 batches per pass; 5 steps per epoch: epoch 2 reads batches 6, 7 and ends with the
+    # pass (as model.fit's); epoch 3 starts a new pass.
     trainer = make_trainer(per_replica_dataset_fn(100, 16), strategy="default", seed=0,
                            steps_per_loop=2)
     history = trainer.fit(epochs=3, steps_per_epoch=5)
-    assert trainer.global_step == 15
+    assert trainer.global_step == 5 + 2 + 5
     assert len(history.history["loss"]) == 3
 
 
