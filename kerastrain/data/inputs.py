@@ -232,14 +232,6 @@ def resolve(built, data, form, *, argument, shard, batch_size, seed, for_trainin
     pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
     file_source = pipeline.file_source() if pipelines > 1 or shard == "file" else None
     global_batch = numpy.batch_size if form == "numpy" else pipeline.batch_size()
-    if global_batch and not ps and global_batch % replicas:
-        low = global_batch // replicas
-        raise ValueError(
-            f"The global batch size {global_batch} does not divide evenly over the "
-            f"{replicas} replicas, so replicas would get batches of {low} and "
-            f"{low + 1}. Use a multiple of {replicas}, e.g. {low * replicas} or "
-            f"{(low + 1) * replicas}. Received: global batch size {global_batch} from "
-            f"`{argument}`")
     return Source(form, probe, probe.element_spec, size, [size], make=make, numpy=numpy,
                   file_source=file_source, global_batch=global_batch)
 
