@@ -44,8 +44,12 @@ def global_dataset(x, *, batch_size, argument="x"):
     import tensorflow as tf
 
     if data_lib.array_leaves(x) is not None and not callable(x):
+        batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        if not data_lib.dense_arrays(x):  # ragged, sparse or None: Keras's own slicing
+            from kerastrain import _compat
+            return _compat.arrays_dataset((x,), batch_size=batch_size, shuffle=False)
         dataset = tf.data.Dataset.from_tensor_slices(numpy_data.keras_arrays(_pack(x)))
-        return dataset.batch(DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
+        return dataset.batch(batch_size)
     form = data_lib.input_form(x, argument)
     if batch_size is not None:
         raise ValueError(
@@ -53,6 +57,8 @@ def global_dataset(x, *, batch_size, argument="x"):
             f"data. Received: batch_size={batch_size!r} with {argument} of form {form!r}")
     if form == "dataset":
         return x
+    if form == "python":  # predicted by this process, under every strategy
+        return data_lib.python_dataset(x, argument=argument)
     if form == "global_fn":
         return _checked(x(), argument)
     return None
@@ -159,9 +165,8 @@ class Predictor:
         import tensorflow as tf
         if self.model.built:
             return
-        x = tf.nest.map_structure(
-            lambda s: tf.zeros([1 if d is None else d for d in s.shape], s.dtype),
-            data_lib.split_batch(element_spec)[0])
+        from kerastrain import _compat
+        x = _compat.zeros_batch(data_lib.split_batch(element_spec)[0])
         with self.built.strategy.scope():
             self.model(x, training=False)
 
