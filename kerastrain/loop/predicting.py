@@ -183,9 +183,15 @@ def concatenate(batches):
     import tensorflow as tf
     if not batches:
         raise ValueError("`predict` got no batches: the data is empty. Received: 0 batches")
-    return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *batches)
+
+    def join(*parts):  # ragged outputs stay a tf.RaggedTensor, as `model.predict` returns
+        if isinstance(parts[0], tf.RaggedTensor):
+            return tf.concat(parts, axis=0)
+        return np.concatenate(parts, axis=0)
+    return tf.nest.map_structure(join, *batches)
 
 
 def to_numpy(outputs):
     import tensorflow as tf
-    return tf.nest.map_structure(lambda t: np.asarray(t), outputs)
+    return tf.nest.map_structure(
+        lambda t: t if isinstance(t, tf.RaggedTensor) else np.asarray(t), outputs)
