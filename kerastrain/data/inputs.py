@@ -84,15 +84,21 @@ def python_dataset(data, *, shuffle=False, argument="x"):
     except ValueError as e:  # Keras's own words: an empty generator, a batch not a tuple
         raise ValueError(f"{e} Received: {argument} of type {type(data).__name__}") from None
     import tensorflow as tf
-    if any(isinstance(s, tf.OptionalSpec) for s in tf.nest.flatten(dataset.element_spec)):
+    specs = tf.nest.flatten(dataset.element_spec)
+    if any(isinstance(s, (tf.OptionalSpec, tf.SparseTensorSpec)) for s in specs):
         # Keras's generator adapter yields an empty Optional for a `None` (an optional
         # input given no value), which Keras's TF trainer turns back into None before
-        # its step; tf.data carries None itself.
-        def to_none(*batch):
-            return tf.nest.map_structure(
-                lambda t: None if isinstance(t, tf.experimental.Optional) else t,
-                batch if len(batch) > 1 else batch[0])
-        dataset = dataset.map(to_none)
+        # its step; tf.data carries None itself. A sparse batch is put in row order
+        # (a SciPy COO matrix need not be): TensorFlow splits a batch over replicas
+        # only with ordered indices.
+        def one(t):
+            if isinstance(t, tf.experimental.Optional):
+                return None
+            return tf.sparse.reorder(t) if isinstance(t, tf.SparseTensor) else t
+
+        def standard(*batch):
+            return tf.nest.map_structure(one, batch if len(batch) > 1 else batch[0])
+        dataset = dataset.map(standard)
     return keep_origin(dataset, describe_python(data))
 
 
