@@ -280,6 +280,24 @@ def is_absent(spec_or_value) -> bool:
         isinstance(spec_or_value, (tf.OptionalSpec, tf.experimental.Optional))
 
 
+def check_no_absent(element_spec, argument):
+    """An optional input given None cannot pass a distributed iterator yet.
+
+    Raises:
+        ValueError: a None among the inputs (x), naming the cause and what to do.
+    """
+    import tensorflow as tf
+    if any(is_absent(s) for s in tf.nest.flatten(split_batch(element_spec)[0])):
+        raise ValueError(
+            f"`{argument}` gives an optional input (`keras.Input(..., optional=True)`) the "
+            "value None. kerastrain's compiled loops read batches through tf.distribute "
+            "iterators, which cannot carry a None (TensorFlow 2.21: a NoneTensorSpec has no "
+            "shape); Keras's TF trainer carries it as an empty tf.experimental.Optional and "
+            "turns it back into None before its step, which kerastrain does not do yet. "
+            "Feed the input zeros, or build the model without it. Received: "
+            f"element_spec={describe(element_spec)}")
+
+
 def cardinality(dataset) -> int:
     import tensorflow as tf
     n = tf.get_static_value(dataset.cardinality())
@@ -364,6 +382,7 @@ def resolve(built, data, form, *, argument, shard, batch_size, seed, for_trainin
                       fn=data)
     probe = make()
     check_element_spec(probe, argument)
+    check_no_absent(probe.element_spec, argument)
     size = cardinality(probe)
     pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
     file_source = pipeline.file_source() if pipelines > 1 or shard == "file" else None
