@@ -41,8 +41,8 @@ _check_keras_version(keras.__version__)
 # The helpers, imported once Keras is known to be recent enough; callers use them as
 # `_compat.<name>`.
 from kerastrain._compat.models import (
-    compile_metrics, compile_loss, layer_metrics, symbolic_build, eager_build, compile_args,
-    stateless_scope,
+    compile_metrics, compile_loss, layer_metrics, symbolic_build, eager_build, zeros_batch,
+    compile_args, stateless_scope,
     model_losses, compute_loss, flatten_metrics_in_order, model_supports_jit, keras_mask,
     all_layers, sublayers_built, variable_owners, lookup_layers, lookup_contents,
     set_lookup_contents, renew_adapt_state, table_job, compile_token)
@@ -54,7 +54,8 @@ from kerastrain._compat.optimizers import (
 from kerastrain._compat.data import (
     class_weight_to_sample_weights, class_weight_map_fn, auto_shard, service_distribute,
     service_from_dataset_id, service_worker_port, serialize_dataset, deserialize_dataset,
-    slices_then_batch)
+    slices_then_batch, is_py_dataset, python_batches_dataset, arrays_dataset,
+    is_sparse_or_ragged)
 from kerastrain._compat.distribute import (
     skip_function_removal_at_exit, keep_local_functions_local, wait_at_barrier,
     stop_preemption_handler, per_worker_iterator, partitioned_like, set_variable_partitioner,

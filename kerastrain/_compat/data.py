@@ -119,3 +119,66 @@ def slices_then_batch(dataset):
             or len(tensors) != len(tf.nest.flatten(spec)):
         return None
     return tensors, spec, batch_size, drop, prefetch, options
+
+
+def is_py_dataset(data) -> bool:
+    """A `keras.utils.PyDataset` (Keras's own test: its adapter's base class)."""
+    from keras.src.trainers.data_adapters import py_dataset_adapter
+    return isinstance(data, py_dataset_adapter.PyDataset)
+
+
+def python_batches_dataset(data, *, shuffle):
+    """A `tf.data.Dataset` of the batches a `keras.utils.PyDataset` or a generator yields,
+    made by Keras's own adapters (`PyDatasetAdapter`, `GeneratorDataAdapter`, Keras 3.10-3.15:
+    their `get_tf_dataset()`), so batches, specs, sparse conversion, `workers`,
+    `use_multiprocessing` and `max_queue_size` are `model.fit`'s.
+
+    Each iteration of the dataset is one pass. A PyDataset's pass begins with its
+    `on_epoch_begin` (starting its enqueuer) and a finished one ends with `on_epoch_end`,
+    as `model.fit`'s epoch iterator calls them around each epoch (kerastrain has no
+    adapter at its epoch boundaries; a pass is an epoch but where `steps_per_epoch` cuts
+    them). `shuffle` shuffles a finite PyDataset's batch order each pass, as in `fit`.
+
+    A generator yields once: its adapter chains the two batches it peeked (for the specs)
+    before the rest each time it is iterated, so a second pass replayed those two; here
+    every pass continues the one chain, and a finished generator yields nothing more.
+    """
+    from keras.src.trainers.data_adapters import generator_data_adapter, py_dataset_adapter
+    if is_py_dataset(data):
+        adapter = py_dataset_adapter.PyDatasetAdapter(data, shuffle=shuffle)
+        iterate = adapter._get_iterator
+
+        def one_pass():
+            adapter._within_epoch = False  # a pass left unfinished never saw its end
+            adapter.on_epoch_begin()
+            yield from iterate()
+            adapter.on_epoch_end()
+        adapter._get_iterator = one_pass
+        return adapter.get_tf_dataset()
+    adapter = generator_data_adapter.GeneratorDataAdapter(data)
+    chain = adapter.generator()
+    adapter.generator = lambda: chain
+    return adapter.get_tf_dataset()
+
+
+def arrays_dataset(arrays, *, batch_size, shuffle):
+    """A `tf.data.Dataset` of batches of `arrays` (`x`, `(x,)`, `(x, y)` or `(x, y,
+    sample_weight)`) made by Keras's own `ArrayDataAdapter` (Keras 3.10-3.15), for arrays
+    kerastrain's NumPy input cannot hold in variables: `tf.RaggedTensor`s, sparse tensors
+    (`tf.SparseTensor`, SciPy sparse matrices) and `None` for an optional input. Keras's
+    slicing keeps them ragged, sparse and None; `shuffle` reshuffles the examples each
+    pass, as in `fit`."""
+    from keras.src.trainers.data_adapters import array_data_adapter
+    x, y, sample_weight = (tuple(arrays) + (None, None))[:3] if isinstance(
+        arrays, tuple) else (arrays, None, None)
+    return array_data_adapter.ArrayDataAdapter(
+        x, y, sample_weight=sample_weight, batch_size=batch_size,
+        shuffle=shuffle).get_tf_dataset()
+
+
+def is_sparse_or_ragged(value) -> bool:
+    """A `tf.RaggedTensor`, `tf.SparseTensor` or SciPy sparse matrix (Keras's own tests)."""
+    from keras.src.trainers.data_adapters import data_adapter_utils
+    import tensorflow as tf
+    return isinstance(value, (tf.RaggedTensor, tf.SparseTensor)) or \
+        data_adapter_utils.is_scipy_sparse(value)

@@ -37,14 +37,29 @@ def symbolic_build(model, element_spec):
     the first compiled step (creating them inside a `tf.function` under mirrored
     fails).
     """
+    model._symbolic_build(data_batch=zeros_batch(element_spec))
+
+
+def zeros_batch(element_spec):
+    """A batch of one example of zeros shaped like `element_spec`: dense, sparse (no
+    values) and ragged (one value per ragged row) tensors; None where the spec is of an
+    optional input given none (`NoneTensorSpec`, `OptionalSpec`)."""
     import tensorflow as tf
 
     def to_zeros(spec):
+        if type(spec).__name__ == "NoneTensorSpec" or isinstance(spec, tf.OptionalSpec):
+            return None
         shape = [1 if d is None else d for d in spec.shape]
+        if isinstance(spec, tf.SparseTensorSpec):
+            return tf.SparseTensor(tf.zeros([0, len(shape)], tf.int64),
+                                   tf.zeros([0], spec.dtype), shape)
+        if isinstance(spec, tf.RaggedTensorSpec):
+            rank = spec.ragged_rank
+            values = tf.zeros([1] + shape[rank + 1:], spec.dtype)
+            return tf.RaggedTensor.from_nested_row_lengths(
+                values, [tf.ones([1], spec.row_splits_dtype)] * rank)
         return tf.zeros(shape, spec.dtype)
-
-    batch = tf.nest.map_structure(to_zeros, element_spec)
-    model._symbolic_build(data_batch=batch)
+    return tf.nest.map_structure(to_zeros, element_spec)
 
 
 def eager_build(model, element_spec):
@@ -58,14 +73,10 @@ def eager_build(model, element_spec):
     them (`CompileMetrics.build` / `CompileLoss.build`, Keras 3.15.1). The optimizer is built
     by the caller, as after `symbolic_build`.
     """
-    import tensorflow as tf
     from keras.src.trainers import data_adapters
 
-    def to_zeros(spec):
-        return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
-
     x, y, _ = data_adapters.data_adapter_utils.unpack_x_y_sample_weight(
-        tf.nest.map_structure(to_zeros, element_spec))
+        zeros_batch(element_spec))
     y_pred = model(x, training=False)
     for container in (model._compile_metrics, model._compile_loss):
         if container is not None and not container.built and y is not None:

@@ -99,6 +99,9 @@ class DistributedInput:
             built, data, self.form, argument=argument, shard=shard, batch_size=batch_size,
             seed=seed, input_options=input_options,
             for_training=role == "training" and shuffle)  # NumPy training data is reshuffled
+        # Python batches and arrays Keras's adapters slice (ragged, sparse, None) are read as
+        # a dataset of global batches from here on.
+        self.form = source.form
         self._make, self._fn, self._numpy = source.make, source.fn, source.numpy
         self.element_spec, self.cardinality = source.element_spec, source.cardinality
         self._sizes = source.sizes

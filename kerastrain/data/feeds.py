@@ -66,7 +66,7 @@ def _content(data):
     the copy it made of them first: an evaluation scored the old values)."""
     import zlib
     leaves = None if callable(data) else data_lib.array_leaves(data)
-    if leaves is None:
+    if leaves is None or not data_lib.dense_arrays(data):  # ragged, sparse: kept by identity
         return None
     sums = []
     for leaf in leaves:

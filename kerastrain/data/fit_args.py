@@ -120,6 +120,11 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
         y = sample_weight = None
     form = data_lib.input_form(data, argument)
     _check_scalars(shuffle=shuffle, validation_batch_size=validation_batch_size)
+    if form == "python" and class_weight is not None:
+        # Weighed as a dataset; a PyDataset's batches are shuffled as `fit` shuffles them.
+        data = data_lib.python_dataset(data, shuffle=shuffle is None or bool(shuffle),
+                                       argument=argument)
+        form, shuffle = "dataset", None
     if form != "numpy":
         for name, value in (("y", y), ("sample_weight", sample_weight),
                             ("validation_split", validation_split)):
@@ -128,10 +133,10 @@ def resolve(data, y=None, *, sample_weight=None, class_weight=None, validation_d
                     f"`{name}` applies to NumPy arrays `x`, as in `model.fit`: a dataset or a "
                     f"dataset_fn yields its own (x, y[, sample_weight]) batches. Put it in the "
                     f"dataset, or pass arrays. Received: {name} with {argument} of form {form!r}")
-        if shuffle:
-            warnings.warn("`shuffle=True` is ignored for a dataset or dataset_fn: shuffle it in "
-                          "its own pipeline (`.shuffle(buffer_size)`), as with `model.fit`.",
-                          stacklevel=3)
+        if shuffle and not (form == "python" and _compat.is_py_dataset(data)):
+            warnings.warn("`shuffle=True` is ignored for a dataset, a dataset_fn or a generator: "
+                          "shuffle it in its own pipeline (`.shuffle(buffer_size)`), as with "
+                          "`model.fit`.", stacklevel=3)
     else:
         data = _arrays(data, y, sample_weight)
     validation = validation_data
@@ -192,7 +197,7 @@ def _with_class_weight(data, form, class_weight):
         return x, y, _compat.class_weight_to_sample_weights(y, class_weight)
     weigh = _compat.class_weight_map_fn(class_weight)
     if form == "dataset":
-        return data.map(weigh)
+        return data_lib.keep_origin(data.map(weigh), data_lib.python_origin(data))
     if form == "global_fn":
         return lambda: data().map(weigh)
     return lambda ctx: data(ctx).map(weigh)  # a dataset_fn(ctx)
@@ -225,4 +230,4 @@ def _map_arrays(structure, fn):
         return {k: _map_arrays(v, fn) for k, v in structure.items()}
     if isinstance(structure, (list, tuple)):
         return type(structure)(_map_arrays(v, fn) for v in structure)
-    return fn(structure)
+    return None if structure is None else fn(structure)

@@ -7,7 +7,13 @@ The four forms a user may pass wherever data is expected:
 2. A zero-argument function returning a `tf.data.Dataset` of **global** batches.
 3. A `tf.data.Dataset` of global batches.
 4. NumPy arrays `(x, y)` or `(x, y, sample_weight)` with a `batch_size`
-   (`kerastrain.data.numpy_data`).
+   (`kerastrain.data.numpy_data`). Arrays holding a `tf.RaggedTensor`, a sparse
+   tensor (`tf.SparseTensor`, SciPy) or `None` (an optional input) are sliced by
+   Keras's own array adapter instead (`_compat.arrays_dataset`).
+5. Python batches, as `model.fit` takes them: a `keras.utils.PyDataset` or a
+   generator, read by Keras's own adapters into a dataset of global batches
+   (`python_dataset`), on this process only: refused where other processes would
+   read it (several workers, parameter servers).
 
 Batches are read as Keras reads them (`split_batch`): `(x, y)`, `(x, y,
 sample_weight)`, or the inputs alone (`x` or `(x,)`), for a model whose loss
@@ -38,36 +44,127 @@ DEFAULT_BATCH_SIZE = 32  # as in Keras's `fit(x, y)`
 _FORMS_HELP = (
     "Pass one of: a function `dataset_fn(ctx)` taking a tf.distribute.InputContext and returning "
     "per-replica batches; a zero-argument function or a tf.data.Dataset yielding global batches; "
-    "or NumPy arrays `(x, y)` / `(x, y, sample_weight)` with `batch_size`.")
+    "NumPy arrays `(x, y)` / `(x, y, sample_weight)` with `batch_size`; or a "
+    "keras.utils.PyDataset or a generator of batches.")
 
 
 def _python_batches(data) -> str:
-    """What to do with batches Python code makes, which `model.fit` takes and kerastrain not:
-    a compiled loop over many steps reads a tf.data pipeline, on any worker."""
-    import keras
-    if isinstance(data, keras.utils.PyDataset) or inspect.isgenerator(data) or (
-            hasattr(data, "__next__") and hasattr(data, "__iter__")):
-        return (" A keras.utils.PyDataset, a generator or an iterator of Python batches "
-                "(which model.fit takes) runs Python for every batch; kerastrain reads tf.data "
-                "inside its compiled loops, on every worker. Wrap it as a zero-argument function "
-                "returning `tf.data.Dataset.from_generator(...)` with `output_signature` (one "
-                "process; under parameter servers batches must come from tf.data ops), or build "
-                "the pipeline with tf.data.")
+    """What to do with an iterator that is neither a generator nor a PyDataset (which
+    `model.fit` refuses too)."""
+    if hasattr(data, "__next__") and hasattr(data, "__iter__"):
+        return (" An iterator that is not a generator is not data model.fit reads either: "
+                "wrap it in a generator (`(batch for batch in it)`) or a keras.utils.PyDataset.")
     return ""
+
+
+def is_python_batches(data) -> bool:
+    """A `keras.utils.PyDataset` or a generator: batches Python code makes, as `model.fit`
+    takes them (Keras's test: `types.GeneratorType`)."""
+    import types
+
+    from kerastrain import _compat
+    return isinstance(data, types.GeneratorType) or _compat.is_py_dataset(data)
+
+
+def describe_python(data) -> str:
+    return "a keras.utils.PyDataset" if not inspect.isgenerator(data) else "a generator"
+
+
+def python_dataset(data, *, shuffle=False, argument="x"):
+    """A generator or a `keras.utils.PyDataset` as a `tf.data.Dataset` of its batches,
+    through Keras's own adapters (`_compat.python_batches_dataset`: `workers`,
+    `use_multiprocessing` and `max_queue_size` as in `model.fit`; a PyDataset's
+    `on_epoch_begin` / `on_epoch_end` around each pass; `shuffle`: a finite PyDataset's
+    batch order, each pass). A generator is read once: its batches are one pass, and a
+    pass after its end is empty. The dataset remembers where it came from
+    (`python_origin`), for the strategies that cannot read it."""
+    from kerastrain import _compat
+    try:
+        dataset = _compat.python_batches_dataset(data, shuffle=bool(shuffle))
+    except ValueError as e:  # Keras's own words: an empty generator, a batch not a tuple
+        raise ValueError(f"{e} Received: {argument} of type {type(data).__name__}") from None
+    import tensorflow as tf
+    specs = tf.nest.flatten(dataset.element_spec)
+    if any(isinstance(s, (tf.OptionalSpec, tf.SparseTensorSpec)) for s in specs):
+        # Keras's generator adapter yields an empty Optional for a `None` (an optional
+        # input given no value), which Keras's TF trainer turns back into None before
+        # its step; tf.data carries None itself. A sparse batch is put in row order
+        # (a SciPy COO matrix need not be): TensorFlow splits a batch over replicas
+        # only with ordered indices.
+        def one(t):
+            if isinstance(t, tf.experimental.Optional):
+                return None
+            return tf.sparse.reorder(t) if isinstance(t, tf.SparseTensor) else t
+
+        def standard(*batch):
+            return tf.nest.map_structure(one, batch if len(batch) > 1 else batch[0])
+        dataset = dataset.map(standard)
+    return keep_origin(dataset, describe_python(data))
+
+
+def keep_origin(dataset, origin):
+    """`dataset`, marked as made from Python batches (`origin`: "a generator", "a
+    keras.utils.PyDataset"; None: not)."""
+    if origin is not None:
+        dataset._kerastrain_python_origin = origin
+    return dataset
+
+
+def python_origin(dataset):
+    """"a generator" or "a keras.utils.PyDataset" for a dataset `python_dataset` made,
+    else None."""
+    return getattr(dataset, "_kerastrain_python_origin", None)
+
+
+def check_python_readable(built, dataset, argument):
+    """A dataset of Python batches is read by this process only: under parameter servers
+    the workers build their datasets from graphs (a Python object cannot travel), and
+    several multi-worker workers would each run their own copy.
+
+    Raises:
+        ValueError: such a dataset where another process would read it.
+    """
+    what = python_origin(dataset)
+    if what is None or not (built.is_parameter_server or built.num_workers > 1):
+        return
+    raise ValueError(
+        f"`{argument}` is {what}, whose batches Python code in this process makes; under "
+        f"`{built.name}` with {max(built.num_workers, 1)} worker(s) "
+        + ("the parameter-server workers build their input from tf.data graphs, which cannot "
+           "call this process's Python" if built.is_parameter_server else
+           "every worker would run its own copy, and the shards would not be one pass of "
+           "the data")
+        + ". Build the input with tf.data (e.g. `kerastrain.data.files(...)` or a "
+        "`dataset_fn(ctx)` reading the worker's shard), or train it under one_device, "
+        f"mirrored or central_storage. Received: {argument}={type(dataset).__name__} made "
+        f"from {what}, strategy={built.name!r}")
 
 
 # -- recognising the form ------------------------------------------------------
 
 def _is_array(value):
+    from kerastrain import _compat
     return isinstance(value, np.ndarray) or (
-        hasattr(value, "__array__") and hasattr(value, "shape") and not callable(value))
+        hasattr(value, "__array__") and hasattr(value, "shape") and not callable(value)) or (
+        _compat.is_sparse_or_ragged(value))
 
 
 def array_leaves(data):
-    """The arrays of `data` (a nested structure), or None if any leaf is not an array."""
+    """The arrays of `data` (a nested structure), or None if any leaf is not an array.
+    A `None` leaf (an optional input given no value, as Keras takes it) is no array but
+    leaves the structure arrays; it is not in the list."""
     import tensorflow as tf
     leaves = tf.nest.flatten(data)
-    return leaves if leaves and all(_is_array(v) for v in leaves) else None
+    arrays = [v for v in leaves if v is not None]
+    return arrays if arrays and all(_is_array(v) for v in arrays) else None
+
+
+def dense_arrays(data) -> bool:
+    """Whether arrays `data` are all dense, as `numpy_data.NumpyData` holds them: no
+    `None`, ragged or sparse leaf (those Keras's own array adapter slices)."""
+    import tensorflow as tf
+    from kerastrain import _compat
+    return not any(v is None or _compat.is_sparse_or_ragged(v) for v in tf.nest.flatten(data))
 
 
 def shuffle_seed(seed, built):
@@ -77,11 +174,14 @@ def shuffle_seed(seed, built):
 
 
 def input_form(data, argument="dataset_fn") -> str:
-    """"context_fn", "global_fn", "dataset" or "numpy"; a clear error for anything else."""
+    """"context_fn", "global_fn", "dataset", "numpy" or "python"; a clear error for anything
+    else."""
     import tensorflow as tf
 
     if isinstance(data, tf.data.Dataset):
         return "dataset"
+    if is_python_batches(data):
+        return "python"
     if isinstance(data, (tuple, list)) and len(data) in (1, 2, 3) and array_leaves(data):
         return "numpy"
     if isinstance(data, (tuple, list, dict)) or _is_array(data):
@@ -149,11 +249,53 @@ def check_element_spec(dataset, argument="dataset_fn"):
             f"(x, y, sample_weight) or x alone. Received: element_spec={describe(spec)} "
             f"(a tuple of {len(spec)}). Map it to one of those, e.g. "
             "`ds.map(lambda *t: ((t[0], t[1]), t[2]))`.")
-    x = tf.nest.flatten(split_batch(spec)[0])
-    if not x or any(not isinstance(s, tf.TensorSpec) or s.shape.rank == 0 for s in x):
+    x = [s for s in tf.nest.flatten(split_batch(spec)[0]) if not is_absent(s)]
+    if not x or any(not isinstance(s, _BATCHED) or s.shape.rank == 0 for s in x):
         raise ValueError(
             f"The inputs (x) from `{argument}` must be batched tensors with a batch dimension. "
             f"Received: element_spec={describe(spec)}. Did you forget `.batch(...)`?")
+
+
+def _batched():
+    import tensorflow as tf
+    return (tf.TensorSpec, tf.SparseTensorSpec, tf.RaggedTensorSpec)
+
+
+class _Batched:
+    """isinstance against the specs of batched tensors (dense, sparse, ragged), TensorFlow
+    imported on first use."""
+    def __instancecheck__(self, value):
+        return isinstance(value, _batched())
+
+
+_BATCHED = _Batched()
+
+
+def is_absent(spec_or_value) -> bool:
+    """An optional input given no value: `None` (Keras's array adapter keeps it; tf.data
+    carries it as a `NoneTensorSpec`) or an empty `tf.experimental.Optional` (Keras's
+    generator adapter yields one for `None`)."""
+    import tensorflow as tf
+    return spec_or_value is None or type(spec_or_value).__name__ == "NoneTensorSpec" or \
+        isinstance(spec_or_value, (tf.OptionalSpec, tf.experimental.Optional))
+
+
+def check_no_absent(element_spec, argument):
+    """An optional input given None cannot pass a distributed iterator yet.
+
+    Raises:
+        ValueError: a None among the inputs (x), naming the cause and what to do.
+    """
+    import tensorflow as tf
+    if any(is_absent(s) for s in tf.nest.flatten(split_batch(element_spec)[0])):
+        raise ValueError(
+            f"`{argument}` gives an optional input (`keras.Input(..., optional=True)`) the "
+            "value None. kerastrain's compiled loops read batches through tf.distribute "
+            "iterators, which cannot carry a None (TensorFlow 2.21: a NoneTensorSpec has no "
+            "shape); Keras's TF trainer carries it as an empty tf.experimental.Optional and "
+            "turns it back into None before its step, which kerastrain does not do yet. "
+            "Feed the input zeros, or build the model without it. Received: "
+            f"element_spec={describe(element_spec)}")
 
 
 def cardinality(dataset) -> int:
@@ -196,8 +338,20 @@ def resolve(built, data, form, *, argument, shard, batch_size, seed, for_trainin
     ps = built.is_parameter_server
     pipelines = max(built.num_workers, 1)
     replicas = built.strategy.num_replicas_in_sync
-    numpy = None
-    if form == "numpy":
+    numpy = global_batch = None
+    if form == "python":  # as a dataset of global batches, on this process only
+        data, form = python_dataset(data, shuffle=for_training, argument=argument), "dataset"
+    if form == "dataset":
+        check_python_readable(built, data, argument)
+    if form == "numpy" and not dense_arrays(data):
+        # Ragged, sparse or None leaves: Keras's own array adapter slices them.
+        global_batch = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        arrays, form = tuple(data), "dataset"
+
+        def make():
+            from kerastrain import _compat
+            return _compat.arrays_dataset(arrays, batch_size=global_batch, shuffle=for_training)
+    elif form == "numpy":
         seed = shuffle_seed(seed, built)
         if seed is None and for_training:
             seed = random.randrange(2 ** 31)
@@ -209,7 +363,7 @@ def resolve(built, data, form, *, argument, shard, batch_size, seed, for_trainin
         def make():
             return numpy.dataset(whole_batches=whole)
     elif form == "dataset":
-        if ps:
+        if ps and python_origin(data) is None:
             _check_usable_here(data, argument)
 
         def make():
@@ -228,18 +382,11 @@ def resolve(built, data, form, *, argument, shard, batch_size, seed, for_trainin
                       fn=data)
     probe = make()
     check_element_spec(probe, argument)
+    check_no_absent(probe.element_spec, argument)
     size = cardinality(probe)
     pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
     file_source = pipeline.file_source() if pipelines > 1 or shard == "file" else None
-    global_batch = numpy.batch_size if form == "numpy" else pipeline.batch_size()
-    if global_batch and not ps and global_batch % replicas:
-        low = global_batch // replicas
-        raise ValueError(
-            f"The global batch size {global_batch} does not divide evenly over the "
-            f"{replicas} replicas, so replicas would get batches of {low} and "
-            f"{low + 1}. Use a multiple of {replicas}, e.g. {low * replicas} or "
-            f"{(low + 1) * replicas}. Received: global batch size {global_batch} from "
-            f"`{argument}`")
+    global_batch = numpy.batch_size if numpy else global_batch or pipeline.batch_size()
     return Source(form, probe, probe.element_spec, size, [size], make=make, numpy=numpy,
                   file_source=file_source, global_batch=global_batch)
 
@@ -269,7 +416,8 @@ def check_against_model(element_spec, model, steps=("train_step", "compute_loss"
     except (AttributeError, TypeError, ValueError):
         shapes = None
     _check_targets(element_spec, model, steps)
-    got = [s.shape.rank for s in tf.nest.flatten(split_batch(element_spec)[0])]
+    got = [None if is_absent(s) else s.shape.rank
+           for s in tf.nest.flatten(split_batch(element_spec)[0])]
     expected = shapes and [len(shape) for shape in shapes]
     # Keras's functional models add a last dimension of 1 themselves (`Input((1,))` fed
     # arrays of shape (n,): keras.io's structured-data models): not a missing batch.

@@ -228,7 +228,7 @@ def decide(shard, *, form, pipelines, source, parameter_servers, global_batch, r
     split = ""
     if global_batch and replicas > 1 and not parameter_servers:
         split = (f"; each global batch of {global_batch} is split into {replicas} per-replica "
-                 f"batches of {global_batch // replicas}")
+                 f"batches of {_each(global_batch, replicas)}")
     if form == "context_fn":
         return Plan("user", pipelines,
                     f"dataset_fn(ctx) is called once per input pipeline ({pipelines} in all) and "

@@ -25,6 +25,7 @@ DIVERGED = "diverged"      # the loss became NaN or infinite
 PREEMPTED = "preempted"    # SIGTERM: saved, then `fit` raises `Preempted`
 REQUESTED = "requested"    # a callback set `model.stop_training`
 RECOVERING = "recovering"  # a bad loss: the state went back (`kerastrain.loop.recovery`); go on
+RAN_OUT = "ran out"        # data read once (a generator) ended before an epoch: fit stops
 
 
 @dataclasses.dataclass

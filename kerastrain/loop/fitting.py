@@ -169,6 +169,7 @@ class Epochs:
         # Progress after each loop and epoch end, after every action: a beat (no hang).
         with self.stall_watch() as watch:
             listed = [*listed, actions_lib.Heartbeat(watch)]
+            logs = None  # the last epoch's
             for epoch in epochs:
                 callback_list.on_epoch_begin(epoch)
                 step.start_epoch()
@@ -190,6 +191,8 @@ class Epochs:
                         p.step += result.steps
                         if actions_lib.run(listed, p).stop:
                             break
+                if p.batch == 0 and not p.stop and epoch > epochs.start:
+                    return self._ran_out(p, epoch, logs)
                 if p.last is None and not p.stop:
                     # No loop ran: a stop came before the epoch's first (SIGTERM between epochs
                     # under ps, where nothing is scheduled then). The actions still see it.
@@ -201,11 +204,23 @@ class Epochs:
                     raise ValueError(
                         f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
                         "dataset is not empty and that each input pipeline gets data.")
-                p.logs = step.results(p.totals)
+                p.logs = logs = step.results(p.totals)
                 driver.epoch_done(steps_per_epoch)
                 if actions_lib.run(listed, p).stop:
                     return p
             return p
+
+    @staticmethod
+    def _ran_out(p, epoch, logs):
+        """Data read once (a generator) ended before this epoch: training stops here, as
+        `model.fit` stops, with its warning (which shows at verbose=0)."""
+        logger.warning(
+            "Your input ran out of data; interrupting training (as model.fit): epoch %d "
+            "found no batches. Make sure that your dataset or generator can generate at "
+            "least `steps_per_epoch * epochs` batches: a generator yields its batches once, "
+            "a keras.utils.PyDataset or a dataset again every epoch.", epoch)
+        p.logs, p.stop = logs, actions_lib.RAN_OUT
+        return p
 
     def finish(self, progress, first_step, model_source, workdir):
         """Unless the loss diverged: export after training, or when the export is missing or

@@ -45,8 +45,12 @@ def global_dataset(x, *, batch_size, argument="x"):
     import tensorflow as tf
 
     if data_lib.array_leaves(x) is not None and not callable(x):
+        batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        if not data_lib.dense_arrays(x):  # ragged, sparse or None: Keras's own slicing
+            from kerastrain import _compat
+            return _compat.arrays_dataset((x,), batch_size=batch_size, shuffle=False)
         dataset = tf.data.Dataset.from_tensor_slices(numpy_data.keras_arrays(_pack(x)))
-        return dataset.batch(DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
+        return dataset.batch(batch_size)
     form = data_lib.input_form(x, argument)
     if batch_size is not None:
         raise ValueError(
@@ -54,6 +58,8 @@ def global_dataset(x, *, batch_size, argument="x"):
             f"data. Received: batch_size={batch_size!r} with {argument} of form {form!r}")
     if form == "dataset":
         return x
+    if form == "python":  # predicted by this process, under every strategy
+        return data_lib.python_dataset(x, argument=argument)
     if form == "global_fn":
         return _checked(x(), argument)
     return None
@@ -104,6 +110,7 @@ class Predictor:
                     lambda ctx: _checked(x(ctx), argument)), _known(probe, steps), \
                     probe.element_spec
         _check_finite(dataset, steps, argument)
+        data_lib.check_no_absent(dataset.element_spec, argument)
         if self.local:
             return dataset, _known(dataset, steps), dataset.element_spec
         # Every replica of this one task reads this one dataset: TensorFlow's default policy
@@ -161,9 +168,8 @@ class Predictor:
         import tensorflow as tf
         if self.model.built:
             return
-        x = tf.nest.map_structure(
-            lambda s: tf.zeros([1 if d is None else d for d in s.shape], s.dtype),
-            data_lib.split_batch(element_spec)[0])
+        from kerastrain import _compat
+        x = _compat.zeros_batch(data_lib.split_batch(element_spec)[0])
         with self.built.strategy.scope():
             self.model(x, training=False)
 
@@ -180,9 +186,15 @@ def concatenate(batches):
     import tensorflow as tf
     if not batches:
         raise ValueError("`predict` got no batches: the data is empty. Received: 0 batches")
-    return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *batches)
+
+    def join(*parts):  # ragged outputs stay a tf.RaggedTensor, as `model.predict` returns
+        if isinstance(parts[0], tf.RaggedTensor):
+            return tf.concat(parts, axis=0)
+        return np.concatenate(parts, axis=0)
+    return tf.nest.map_structure(join, *batches)
 
 
 def to_numpy(outputs):
     import tensorflow as tf
-    return tf.nest.map_structure(lambda t: np.asarray(t), outputs)
+    return tf.nest.map_structure(
+        lambda t: t if isinstance(t, tf.RaggedTensor) else np.asarray(t), outputs)

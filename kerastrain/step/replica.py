@@ -15,10 +15,23 @@ def unpack(data):
     return data_lib.split_batch(data)
 
 
-def batch_size(x):
-    """The examples in a replica's batch `x`, as float32."""
+def first_input(x):
+    """The first tensor of a batch's inputs `x` (an optional input given None skipped)."""
     import tensorflow as tf
-    return tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+    return next(t for t in tf.nest.flatten(x) if t is not None)
+
+
+def batch_size(x):
+    """The examples in a replica's batch `x` (dense, sparse or ragged), as float32."""
+    import tensorflow as tf
+    first = first_input(x)
+    if isinstance(first, tf.SparseTensor):
+        n = first.dense_shape[0]
+    elif isinstance(first, tf.RaggedTensor):
+        n = first.nrows()
+    else:
+        n = tf.shape(first)[0]
+    return tf.cast(n, tf.float32)
 
 
 class ReplicaStep:
@@ -172,7 +185,7 @@ class EmptyBatchGuard:
     def __init__(self, model, x, n, replicas):
         import tensorflow as tf
         self.n = n
-        may_be_empty = replicas > 1 and tf.nest.flatten(x)[0].shape[0] is None
+        may_be_empty = replicas > 1 and first_input(x).shape[0] is None
         self.local = [v for v in model.non_trainable_variables
                       if getattr(v, "aggregation", None) == "none"] if may_be_empty else []
         self.active = bool(self.local)

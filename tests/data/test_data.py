@@ -55,16 +55,31 @@ def test_global_batches_are_split_into_per_replica_batches(two_cpus, caplog):
         assert "each global batch of 256 is split into 2 per-replica batches of 128" in caplog.text
 
 
-def test_a_global_batch_that_does_not_divide_over_the_replicas_is_an_error(two_cpus):
+def test_a_global_batch_that_does_not_divide_over_the_replicas_trains_as_on_one_device(
+        two_cpus, make_trainer, caplog):
+    """Global batches of 5 over 2 replicas are split 3 + 2 (as Keras under MirroredStrategy);
+    each replica is weighted by its share, so the losses and weights are one device's."""
     import tensorflow as tf
 
-    built = kt.build_strategy({"name": "mirrored", **two_cpus})
-    x, y = helpers.arrays(600)
-    for data, batch_size in [(lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(255), None),
-                             ((x, y), 255)]:
-        with pytest.raises(ValueError, match=r"global batch size 255 does not divide evenly over "
-                                             r"the 2 replicas.*batches of 127 and 128.*254 or 256"):
-            DistributedInput(built, data, batch_size=batch_size)
+    x, y = helpers.arrays(25)
+    results = {}
+    for strategy in ["one_device", "mirrored"]:
+        for data, batch_size in [((x, y), 5),
+                                 (lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(5), None)]:
+            options = two_cpus if strategy == "mirrored" else {}
+            trainer = make_trainer(strategy={"name": strategy, **options}, seed=3)
+            with caplog.at_level("INFO", logger="kerastrain"):
+                history = trainer.fit(data, batch_size=batch_size, epochs=2, shuffle=False)
+            results.setdefault(strategy, []).append(
+                (history.history["loss"], trainer.model.get_weights(),
+                 trainer.evaluate((x, y), batch_size=5)["loss"]))
+    assert "each global batch of 5 is split into 2 per-replica batches of 2 or 3" in caplog.text
+    for (loss_1, weights_1, eval_1), (loss_2, weights_2, eval_2) in zip(
+            results["one_device"], results["mirrored"]):
+        np.testing.assert_allclose(loss_1, loss_2, rtol=1e-5)
+        np.testing.assert_allclose(eval_1, eval_2, rtol=1e-5)
+        for a, b in zip(weights_1, weights_2):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 # -- NumPy input -----------------------------------------------------------------------
