@@ -273,7 +273,7 @@ class Trainer:
             with state.cluster_errors_explained(), state.preemption_agreement() as agree, \
                     watch, monitor, state.run.writes_settled():
                 listed = run.actions(driver, watch, agree, monitor, cbs, validation,
-                                     bool(callbacks or verbose), steps_per_epoch, train_input)
+                                     steps_per_epoch, train_input)
                 progress = run.train(driver, train_input, listed, range(initial_epoch, epochs),
                                      steps_per_epoch, resumed, cbs, callbacks)
             if listed[0].preempted is not None:

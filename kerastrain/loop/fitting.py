@@ -10,6 +10,7 @@ is following one epoch from `fit` to the compiled step and back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import numpy as np
@@ -92,11 +93,14 @@ class Epochs:
         return self.steps_per_epoch or steps_the_data_holds(train_input, self.step)
 
     def steps_per_loop(self, callbacks, steps_per_epoch, train_input):
-        """Steps per compiled call: as asked, or what "auto" comes to for this fit."""
+        """Steps per compiled call: as asked, or what "auto" comes to for this fit: one of
+        the model's executions (`steps_per_execution` batches) when a callback needs the
+        batch hooks of each, as `model.fit` calls them (an asked size is cut there by the
+        `actions.Callbacks` boundaries)."""
         if self.asked_steps_per_loop != "auto":
             return self.asked_steps_per_loop
-        if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
-            return 1  # a user's batch hooks see every batch, as under model.fit
+        if any(callbacks_lib.needs_every_execution(cb) for cb in callbacks):
+            return -(-callbacks_lib.steps_per_execution(self.model) // self.step.accumulation)
         if steps_per_epoch is None and train_input.drains and train_input.cardinality > 0:
             steps_per_epoch = train_input.cardinality  # a pass's batches, about
         return self.mode.auto_steps_per_loop(steps_per_epoch, sizer=self.loop_sizer,
@@ -111,7 +115,7 @@ class Epochs:
             steps_per_loop=self.asked_steps_per_loop, global_step=self.global_step,
             checkpointer=run.checkpointer, latest_checkpoint=run.latest_checkpoint)
 
-    def actions(self, driver, watch, agree, monitor, callback_list, validation, batch_logs,
+    def actions(self, driver, watch, agree, monitor, callback_list, validation,
                 steps_per_epoch, train_input):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
         steps_per_epoch = steps_per_epoch or steps_the_data_holds(train_input, self.step)
@@ -142,8 +146,9 @@ class Epochs:
                 agree, lambda p: run.set(driver, p.epoch, p.batch, p.totals)))
         if self.user_actions:
             listed.append(actions_lib.UserActions(self.user_actions))
-        listed.append(actions_lib.Callbacks(callback_list, self.model, results, batch_logs,
-                                            self.step.accumulation, self.before_epoch_end))
+        listed.append(actions_lib.Callbacks(callback_list, self.model, results,
+                                            self.step.accumulation, self.before_epoch_end,
+                                            steps_known=steps_per_epoch))
         return listed
 
     def train(self, driver, train_input, listed, epochs, steps_per_epoch, resumed,
@@ -163,6 +168,9 @@ class Epochs:
         step = self.step
         p = actions_lib.Progress(epoch=epochs.start, step=int(self.global_step.numpy()),
                                  batch=0, totals=np.zeros(step.width, np.float64))
+        # The callbacks' begin hooks, before each loop (`p` is where it starts).
+        before = next((functools.partial(a.loop_begin, p) for a in listed
+                       if isinstance(a, actions_lib.Callbacks)), None)
         self._say_tuning(bool(len(epochs)), steps_per_loop)
         # Progress after each loop and epoch end, after every action: a beat (no hang).
         with self.stall_watch() as watch:
@@ -181,7 +189,8 @@ class Epochs:
                     remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
                     for result in driver.run_epoch(
                             train_input, remaining, steps_per_loop, p.step,
-                            lambda at: actions_lib.steps_to_boundary(listed, at)):
+                            lambda at: actions_lib.steps_to_boundary(listed, at),
+                            before=before):
                         p.last = result
                         p.totals = step.accumulate(p.totals, result.totals)
                         p.batch += result.steps

@@ -65,11 +65,98 @@ def test_user_batch_hooks_see_every_batch_with_auto_loops():
     assert all(np.isfinite(loss) for _, loss in batches)
 
 
-def test_explicit_steps_per_loop_calls_batch_hooks_once_per_loop():
-    ends = []
-    cb = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: ends.append(b))
-    make(steps_per_loop=4).fit(epochs=1, callbacks=[cb])
-    assert ends == [3, 5]
+class Recorder(keras.callbacks.Callback):
+    """Every hook call: its name, batch or epoch index, logs (rounded) and, at a train
+    batch's begin, the optimizer's step (a begin hook runs before the batch trains)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def record(self, name, *index, logs=None):
+        logs = {k: (np.shape(v) if k == "outputs" else round(float(v), 4))
+                for k, v in (logs or {}).items()}
+        if name == "train_batch_begin":
+            logs["iterations"] = int(self.model.optimizer.iterations.numpy())
+        self.calls.append((name, *index, sorted(logs.items())))
+
+
+for _name in ("train", "test", "predict"):
+    for _when in ("begin", "end"):
+        setattr(Recorder, f"on_{_name}_{_when}", (lambda n: lambda self, logs=None: self.record(
+            n, logs=logs))(f"{_name}_{_when}"))
+        setattr(Recorder, f"on_{_name}_batch_{_when}", (
+            lambda n: lambda self, i, logs=None: self.record(n, i, logs=logs))(
+            f"{_name}_batch_{_when}"))
+for _when in ("begin", "end"):
+    setattr(Recorder, f"on_epoch_{_when}", (lambda n: lambda self, i, logs=None: self.record(
+        n, i, logs=logs))(f"epoch_{_when}"))
+
+
+def compiled(steps_per_execution):
+    model = helpers.build_model()
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"],
+                  steps_per_execution=steps_per_execution)
+    return model
+
+
+@pytest.mark.parametrize("steps_per_execution,steps_per_loop", [(1, "auto"), (3, 4)])
+def test_every_hook_is_called_as_model_fit_evaluate_and_predict_call_it(
+        make_trainer, steps_per_execution, steps_per_loop):
+    """Each hook of fit (with validation), evaluate and predict, in Keras's order, with its
+    batch indices and logs: the batch hooks around every execution of
+    `steps_per_execution` batches (0, N, 2N... and N-1, 2N-1..., also after a last shorter
+    one), whatever `steps_per_loop`. They were called once per compiled loop (train), once
+    per evaluation (test), and never at a train batch's begin."""
+    x, y = helpers.arrays(112)  # 7 batches of 16
+    fit = dict(batch_size=16, epochs=2, shuffle=False, validation_data=(x[:48], y[:48]))
+    theirs, ours = Recorder(), Recorder()
+    keras.utils.set_random_seed(0)
+    model = compiled(steps_per_execution)
+    model.fit(x, y, verbose=0, callbacks=[theirs], **fit)
+    model.evaluate(x, y, batch_size=16, verbose=0, callbacks=[theirs])
+    model.predict(x, batch_size=16, verbose=0, callbacks=[theirs])
+    keras.utils.set_random_seed(0)
+    trainer = make_trainer(model=lambda: compiled(steps_per_execution), strategy="one_device",
+                           steps_per_loop=steps_per_loop)
+    trainer.fit(x, y, callbacks=[ours], **fit)
+    trainer.evaluate(x, y, batch_size=16, callbacks=[ours])
+    trainer.predict(x, batch_size=16, callbacks=[ours])
+    assert ours.calls == theirs.calls
+    if steps_per_execution == 3:
+        assert [c[1] for c in ours.calls if c[0] == "train_batch_end"] == [2, 5, 8] * 2
+        assert [c[1] for c in ours.calls if c[0] == "predict_batch_begin"] == [0, 3, 6]
+
+
+def test_loops_are_free_when_no_callback_needs_every_batch(make_trainer, tmp_path):
+    """The progress bar and Keras's callbacks whose batch hooks do nothing in their
+    configuration keep kerastrain's loops (hooks once per loop, with the index of its last
+    batch); a callback that acts at batches (here `TerminateOnNaN`) has them end at each."""
+    from kerastrain.loop import callbacks as callbacks_lib
+    loops = []
+
+    class Loops(kt.Action):
+        def __call__(self, progress):
+            if not progress.epoch_end:
+                loops.append(progress.step)
+
+    class Bar(keras.callbacks.ProgbarLogger):
+        def on_train_batch_end(self, batch, logs=None):  # a user's own hook
+            pass
+
+    calm = [keras.callbacks.ModelCheckpoint(str(tmp_path / "m.weights.h5"),
+                                            save_weights_only=True),
+            keras.callbacks.TensorBoard(str(tmp_path / "tb"))]
+    assert not any(map(callbacks_lib.needs_every_execution, calm))
+    assert not callbacks_lib.needs_every_execution(keras.callbacks.ProgbarLogger())
+    assert callbacks_lib.needs_every_execution(Bar())
+    make_trainer(dataset_fn, steps_per_loop=4).fit(epochs=1, actions=[Loops()],
+                                                   callbacks=calm, verbose=2)
+    assert loops == [4, 6]
+    loops.clear()
+    make_trainer(dataset_fn, steps_per_loop=4).fit(
+        epochs=1, actions=[Loops()], callbacks=[keras.callbacks.TerminateOnNaN()])
+    assert loops == [1, 2, 3, 4, 5, 6]
 
 
 def test_stop_training_set_by_a_callback_is_respected():
