@@ -159,6 +159,23 @@ def test_loops_are_free_when_no_callback_needs_every_batch(make_trainer, tmp_pat
     assert loops == [1, 2, 3, 4, 5, 6]
 
 
+def test_keras_callbacks_with_a_batch_frequency_see_every_batch(make_trainer, tmp_path):
+    """`ModelCheckpoint(save_freq=1)` saves after every batch, as under `model.fit`: with
+    kerastrain's own loop sizes it saw the last batch of each loop only."""
+    x, y = helpers.arrays(96)
+
+    def saved(fit, where):
+        where.mkdir()
+        fit(x, y, batch_size=16, epochs=2, callbacks=[keras.callbacks.ModelCheckpoint(
+            str(where / "{epoch}-{batch}.weights.h5"), save_weights_only=True, save_freq=2)])
+        return sorted(path.name for path in where.iterdir())
+
+    theirs = saved(lambda *a, **k: helpers.build_model().fit(*a, verbose=0, **k),
+                   tmp_path / "keras")
+    ours = saved(make_trainer(steps_per_loop=4).fit, tmp_path / "kerastrain")
+    assert ours == theirs == [f"{e}-{b}.weights.h5" for e in (1, 2) for b in (2, 4, 6)]
+
+
 def test_stop_training_set_by_a_callback_is_respected():
     class StopAfterFirstEpoch(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
@@ -170,19 +187,46 @@ def test_stop_training_set_by_a_callback_is_respected():
     assert trainer.global_step == 6
 
 
+def nan_arrays():
+    x, y = helpers.arrays(96)
+    # A NaN label: no clip inside the loss can turn it finite, on any CPU (a NaN input can
+    # be clipped away by sigmoid -> clip in binary cross-entropy, depending on the CPU).
+    y[40] = np.nan  # in batch 2 of 16
+    return x, y
+
+
 def test_terminate_on_nan_stops(make_trainer):
     def nan_fn(ctx):
         import tensorflow as tf
-        x, y = helpers.arrays(96)
-        # A NaN label: no clip inside the loss can turn it finite, on any CPU (a NaN input can
-        # be clipped away by sigmoid -> clip in binary cross-entropy, depending on the CPU).
-        y[40] = np.nan
-        return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+        return tf.data.Dataset.from_tensor_slices(nan_arrays()).batch(16)
 
     trainer = make_trainer(nan_fn, strategy="default")
     history = trainer.fit(epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()])
     assert trainer.model.stop_training
     assert len(history.history.get("loss", [])) <= 1
+
+
+def test_terminate_on_nan_sees_the_batch_as_under_model_fit(make_trainer, capsys):
+    """`TerminateOnNaN` gets the end hook of the batch whose loss is NaN, as under
+    `model.fit`: `raise_error=True` raises there, and by default training stops after that
+    batch (validated, as fit does). kerastrain's own stop on a bad loss ended the epoch
+    before the callbacks saw the batch: nothing raised, and fit returned `{'loss': [inf]}`."""
+    x, y = nan_arrays()
+    fit = dict(batch_size=16, epochs=3, shuffle=False, validation_data=(x[:32], y[:32]))
+    with pytest.raises(RuntimeError, match="NaN or Inf loss encountered at batch 2"):
+        make_trainer().fit(x, y, callbacks=[keras.callbacks.TerminateOnNaN(raise_error=True)],
+                           **fit)
+    keras.utils.set_random_seed(0)
+    model = helpers.build_model()
+    theirs = model.fit(x, y, callbacks=[keras.callbacks.TerminateOnNaN()], verbose=0, **fit)
+    said = capsys.readouterr().out
+    trainer = make_trainer()
+    ours = trainer.fit(x, y, callbacks=[keras.callbacks.TerminateOnNaN()], **fit)
+    assert "Batch 2: Invalid loss, terminating training" in said
+    assert said in capsys.readouterr().out
+    assert sorted(ours.history) == sorted(theirs.history)
+    assert len(ours.history["loss"]) == 1 and np.isnan(ours.history["loss"][0])
+    assert trainer.global_step == int(model.optimizer.iterations.numpy()) == 3
 
 
 def test_progress_on_a_pipe_prints_one_line_per_epoch(capfd):
