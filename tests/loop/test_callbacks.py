@@ -176,6 +176,35 @@ def test_keras_callbacks_with_a_batch_frequency_see_every_batch(make_trainer, tm
     assert ours == theirs == [f"{e}-{b}.weights.h5" for e in (1, 2) for b in (2, 4, 6)]
 
 
+class StopAfterTwo(keras.callbacks.Callback):
+    """Sets `model.stop_evaluating` and `model.stop_predicting` at the second batch end."""
+
+    def __init__(self):
+        super().__init__()
+        self.ends = 0
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.ends += 1
+        self.model.stop_evaluating = self.ends == 2
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self.ends += 1
+        self.model.stop_predicting = self.ends == 2
+
+
+def test_a_callback_stops_evaluate_and_predict_after_a_batch_as_under_keras(make_trainer):
+    """`model.stop_evaluating` (ignored before) and `model.stop_predicting` end the loop
+    after that batch: the logs of the batches seen, the outputs of those batches."""
+    x, y = helpers.arrays(96)
+    model = helpers.build_model()
+    trainer = make_trainer(strategy="one_device")
+    for run, weights in ((model, model), (trainer, trainer.model)):
+        logs = run.evaluate(x, y, batch_size=16, callbacks=[StopAfterTwo()], return_dict=True)
+        assert logs == pytest.approx(weights.evaluate(x[:32], y[:32], return_dict=True,
+                                                      verbose=0), rel=1e-5)
+        assert run.predict(x, batch_size=16, callbacks=[StopAfterTwo()]).shape == (32, 1)
+
+
 def test_stop_training_set_by_a_callback_is_respected():
     class StopAfterFirstEpoch(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
