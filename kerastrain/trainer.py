@@ -237,8 +237,10 @@ class Trainer:
                 end of finite data, required under ps for infinite data).
             validation_dataset_fn: validation data in any input form, evaluated at
                 epoch ends and logged with a `val_` prefix (`validation_data` too).
-            callbacks: Keras callbacks; batch hooks run once per compiled loop
-                (every step when a user callback has them and steps_per_loop="auto").
+            callbacks: Keras callbacks, every hook called as `model.fit` calls it: the
+                batch hooks around each of the model's `steps_per_execution` batches
+                (loops end there when a callback acts at batches; the progress bar is
+                told once per loop).
             actions: `kerastrain.Action`s called after each compiled loop and at each
                 epoch end, with the steps they ask to see exactly (`Action`'s docstring).
             **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
@@ -296,8 +298,8 @@ class Trainer:
 
         Takes `model.evaluate`'s arguments: `dataset_fn` (or `x`) in any input form,
         `y` and `sample_weight` beside NumPy `x`, `batch_size`, `steps`, `verbose`,
-        `callbacks` (`on_test_begin` / `on_test_end`; the batch hooks once, at the end:
-        evaluation runs in compiled chunks) and `return_dict` (default True here;
+        `callbacks` (every hook as `model.evaluate` calls it; `model.stop_evaluating`
+        stops) and `return_dict` (default True here;
         False gives Keras's list, or a scalar for the loss alone). `dataset_fn`
         defaults to the last `validation_dataset_fn` given to `fit`, then to the
         training `dataset_fn`. Under parameter servers the coordinator evaluates the
