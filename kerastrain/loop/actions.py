@@ -254,14 +254,13 @@ class Callbacks(Action):
     reports_divergence = True  # callbacks see the batch and the epoch that diverged
 
     def __init__(self, callback_list, model, results, accumulation=1, before_epoch_end=None,
-                 steps_known=None):
+                 batches_known=None):
         self.callback_list = callback_list
         self.model = model
         self.results = results
         self.accumulation = accumulation  # batches per step
         self.before_epoch_end = before_epoch_end  # e.g. the user's model object takes the weights
-        # Steps in an epoch where known: no loop begins past them.
-        self.known = None if steps_known is None else steps_known * accumulation
+        self.known = batches_known  # batches in an epoch where known: none begins past them
         self.hooks = callbacks_lib.BatchHooks(callback_list, "train",
                                               callbacks_lib.steps_per_execution(model))
         self.epoch_start = 0  # the global step at the start of this epoch

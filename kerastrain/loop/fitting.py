@@ -118,6 +118,9 @@ class Epochs:
     def actions(self, driver, watch, agree, monitor, callback_list, validation,
                 steps_per_epoch, train_input):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
+        # Batches in an epoch where known: `model.fit` begins no batch past them.
+        batches_known = steps_per_epoch * self.step.accumulation if steps_per_epoch else (
+            batches_the_data_holds(train_input))
         steps_per_epoch = steps_per_epoch or steps_the_data_holds(train_input, self.step)
         results, run = self.step.results, self.run_state
         self.recovery = recovery_lib.action(
@@ -148,7 +151,7 @@ class Epochs:
             listed.append(actions_lib.UserActions(self.user_actions))
         listed.append(actions_lib.Callbacks(callback_list, self.model, results,
                                             self.step.accumulation, self.before_epoch_end,
-                                            steps_known=steps_per_epoch))
+                                            batches_known=batches_known))
         return listed
 
     def train(self, driver, train_input, listed, epochs, steps_per_epoch, resumed,
@@ -260,6 +263,12 @@ class Epochs:
                             "training loop: up to %d steps per iteration (said when used)",
                             tuning_lib.UNROLL)
         _logging.tuning_summary(say=training)
+
+
+def batches_the_data_holds(train_input):
+    """Batches in one pass of data of known size (None: unknown or infinite)."""
+    n = train_input.cardinality
+    return n if n >= 0 else None
 
 
 def steps_the_data_holds(train_input, step):

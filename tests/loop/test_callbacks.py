@@ -128,6 +128,26 @@ def test_every_hook_is_called_as_model_fit_evaluate_and_predict_call_it(
         assert [c[1] for c in ours.calls if c[0] == "predict_batch_begin"] == [0, 3, 6]
 
 
+def test_batch_hooks_with_gradient_accumulation_are_model_fits(make_trainer):
+    """With `gradient_accumulation_steps=2` (a step of two batches) a batch hook runs at each
+    batch, as `model.fit` runs a step a batch; 7 batches: no begin hook past the last (one
+    ran where the data's end applied the held batch)."""
+    def model():
+        built = helpers.build_model()
+        built.compile(optimizer=keras.optimizers.Adam(gradient_accumulation_steps=2),
+                      loss="binary_crossentropy", metrics=["accuracy"])
+        return built
+
+    x, y = helpers.arrays(112)
+    theirs, ours = Recorder(), Recorder()
+    model().fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[theirs])
+    make_trainer(model=model).fit(x, y, batch_size=16, shuffle=False, callbacks=[ours])
+    def hooks(calls):
+        return [call[:2] if isinstance(call[1], int) else call[:1] for call in calls]
+
+    assert hooks(ours.calls) == hooks(theirs.calls)
+
+
 def test_loops_are_free_when_no_callback_needs_every_batch(make_trainer, tmp_path):
     """The progress bar and Keras's callbacks whose batch hooks do nothing in their
     configuration keep kerastrain's loops (hooks once per loop, with the index of its last
