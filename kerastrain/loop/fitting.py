@@ -97,10 +97,17 @@ class Epochs:
         the model's executions (`steps_per_execution` batches) when a callback needs the
         batch hooks of each, as `model.fit` calls them (an asked size is cut there by the
         `actions.Callbacks` boundaries)."""
+        acting = sorted({type(cb).__name__ for cb in callbacks
+                         if callbacks_lib.needs_every_execution(cb)})
+        every = callbacks_lib.steps_per_execution(self.model)
+        if acting:
+            logger.info("callbacks acting at batches (%s): loops end after every %d batch(es), "
+                        "where model.fit calls their batch hooks (compile(steps_per_execution"
+                        "=N) calls them every N batches)", ", ".join(acting), every)
         if self.asked_steps_per_loop != "auto":
             return self.asked_steps_per_loop
-        if any(callbacks_lib.needs_every_execution(cb) for cb in callbacks):
-            return -(-callbacks_lib.steps_per_execution(self.model) // self.step.accumulation)
+        if acting:
+            return -(-every // self.step.accumulation)
         if steps_per_epoch is None and train_input.drains and train_input.cardinality > 0:
             steps_per_epoch = train_input.cardinality  # a pass's batches, about
         return self.mode.auto_steps_per_loop(steps_per_epoch, sizer=self.loop_sizer,
