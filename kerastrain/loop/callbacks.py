@@ -37,8 +37,8 @@ def needs_every_execution(callback, kind="train") -> bool:
     `model.fit` / `evaluate` call them, and not once per compiled loop.
 
     A user's hooks (a subclass's, a `LambdaCallback`'s functions) always do; so do Keras's
-    own callbacks that act at batches: `TerminateOnNaN`, `ModelCheckpoint` with a batch
-    `save_freq`, `TensorBoard` with a batch `update_freq` or `profile_batch`. The progress
+    own callbacks that act at batches: `TerminateOnNaN`, `ModelCheckpoint` (or
+    `OrbaxCheckpoint`) with a batch `save_freq`, `TensorBoard` with a batch `update_freq` or `profile_batch`. The progress
     bar, and Keras's callbacks whose batch hooks do nothing in their configuration, are
     called once per loop (with the index of its last execution).
     """
@@ -64,7 +64,7 @@ def _keras_hook_acts(callback, kind):
     """Whether a Keras callback's own batch hooks act at each call in its configuration."""
     if isinstance(callback, keras.callbacks.ProgbarLogger):
         return False  # display only: the bar counts from the batch index it is given
-    if isinstance(callback, keras.callbacks.ModelCheckpoint):
+    if hasattr(callback, "save_freq"):  # ModelCheckpoint, OrbaxCheckpoint: saves at batches
         return callback.save_freq != "epoch"
     if isinstance(callback, keras.callbacks.TensorBoard):
         return callback.update_freq != "epoch" or (
