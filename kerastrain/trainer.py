@@ -237,10 +237,8 @@ class Trainer:
                 end of finite data, required under ps for infinite data).
             validation_dataset_fn: validation data in any input form, evaluated at
                 epoch ends and logged with a `val_` prefix (`validation_data` too).
-            callbacks: Keras callbacks, every hook called as `model.fit` calls it: the
-                batch hooks around each of the model's `steps_per_execution` batches
-                (loops end there when a callback acts at batches; the progress bar is
-                told once per loop).
+            callbacks: Keras callbacks, each hook called as `model.fit` calls it (batch
+                hooks around every `steps_per_execution` batches, whatever the loop size).
             actions: `kerastrain.Action`s called after each compiled loop and at each
                 epoch end, with the steps they ask to see exactly (`Action`'s docstring).
             **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
