@@ -237,8 +237,8 @@ class Trainer:
                 end of finite data, required under ps for infinite data).
             validation_dataset_fn: validation data in any input form, evaluated at
                 epoch ends and logged with a `val_` prefix (`validation_data` too).
-            callbacks: Keras callbacks; batch hooks run once per compiled loop
-                (every step when a user callback has them and steps_per_loop="auto").
+            callbacks: Keras callbacks, each hook called as `model.fit` calls it (batch
+                hooks around every `steps_per_execution` batches, whatever the loop size).
             actions: `kerastrain.Action`s called after each compiled loop and at each
                 epoch end, with the steps they ask to see exactly (`Action`'s docstring).
             **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
@@ -274,7 +274,7 @@ class Trainer:
             with state.cluster_errors_explained(), state.preemption_agreement() as agree, \
                     watch, monitor, state.run.writes_settled():
                 listed = run.actions(driver, watch, agree, monitor, cbs, validation,
-                                     bool(callbacks or verbose), steps_per_epoch, train_input)
+                                     steps_per_epoch, train_input)
                 progress = run.train(driver, train_input, listed, range(initial_epoch, epochs),
                                      steps_per_epoch, resumed, cbs, callbacks)
             if listed[0].preempted is not None:
@@ -297,8 +297,8 @@ class Trainer:
 
         Takes `model.evaluate`'s arguments: `dataset_fn` (or `x`) in any input form,
         `y` and `sample_weight` beside NumPy `x`, `batch_size`, `steps`, `verbose`,
-        `callbacks` (`on_test_begin` / `on_test_end`; the batch hooks once, at the end:
-        evaluation runs in compiled chunks) and `return_dict` (default True here;
+        `callbacks` (every hook as `model.evaluate` calls it; `model.stop_evaluating`
+        stops) and `return_dict` (default True here;
         False gives Keras's list, or a scalar for the loss alone). `dataset_fn`
         defaults to the last `validation_dataset_fn` given to `fit`, then to the
         training `dataset_fn`. Under parameter servers the coordinator evaluates the

@@ -129,7 +129,8 @@ def main():
             callbacks.append(keras.callbacks.LambdaCallback(
                 on_epoch_begin=lambda epoch, logs=None: epoch == at and open(marker, "w").close()))
         if case.get("sleep_per_loop"):
-            # Batch hooks run once per compiled loop: a slower coordinator, a longer run.
+            # Batch hooks run at every batch (a loop a batch): a slower coordinator, a longer
+            # run.
             callbacks.append(keras.callbacks.LambdaCallback(
                 on_train_batch_end=lambda b, logs=None: time.sleep(case["sleep_per_loop"])))
         form = case["form"]

@@ -64,3 +64,4 @@ from kerastrain._compat.checkpoints import (
     not_copied_by_async_save, keras_variables_copy_for_async_save, take_async_save_error,
     TracedCheckpointWrite, checkpoint_whole)
 from kerastrain._compat.overrides import instance_override
+from kerastrain._compat.callbacks import hook_is_default, tensorboard_profiles

@@ -179,20 +179,25 @@ class Validation(Action):
     """At the end of every `every`-th epoch, evaluates and adds `val_*` to the epoch's logs
     (`validation_freq` in `model.fit`). The callbacks' test hooks run around it, as around
     `model.fit`'s validation (TensorBoard writes `evaluation_*_vs_iterations` in
-    `on_test_end`); the batch hooks once, at the end, as in `Trainer.evaluate`."""
+    `on_test_end`): `on_test_begin`, the batch hooks of every execution, `on_test_end`.
 
-    def __init__(self, evaluate, every=1, steps=None, callbacks=None):
-        self.evaluate = evaluate  # () -> logs
+    Reports divergence: `model.fit` validates the epoch a `TerminateOnNaN` stopped, and
+    its logs have `val_*` (NaN) too."""
+
+    reports_divergence = True
+
+    def __init__(self, evaluate, every=1, callbacks=None, model=None):
+        self.evaluate = evaluate  # (hooks) -> logs
         self.every = cadence.Every(epochs=every)
-        self.steps = steps
         self.callbacks = callbacks  # a keras CallbackList, or None
+        self.model = model
 
     def with_callbacks(self, callbacks):
-        return Validation(self.evaluate, self.every.epochs, self.steps, callbacks)
+        return Validation(self.evaluate, self.every.epochs, callbacks, self.model)
 
     def __call__(self, p):
         if p.epoch_end and self.every.at_epoch_end(p.epoch):
-            logs = callbacks_lib.evaluated(self.callbacks, self.evaluate, self.steps)
+            logs = callbacks_lib.evaluated(self.callbacks, self.evaluate, self.model)
             p.logs.update({f"val_{k}": v for k, v in logs.items()})
 
 
@@ -237,36 +242,68 @@ class Checkpoints(Action):
 
 
 class Callbacks(Action):
-    """Keras callbacks: batch ends with the running logs, epoch ends with the epoch's logs.
+    """Keras callbacks: the batch hooks around each loop as `model.fit` calls them around
+    each execution of `steps_per_execution` batches (`callbacks.BatchHooks`; the loops end
+    at each execution's end where a callback needs every one), epoch ends with the epoch's
+    logs.
 
-    `model.stop_training`, set by a callback, ends training after this loop (or epoch).
+    The end hook sees a loop whose loss became NaN or infinite too, as under `model.fit`
+    (a `TerminateOnNaN` raises or stops there). `model.stop_training`, set by a callback,
+    ends training after this loop (or epoch).
     """
 
-    reports_divergence = True  # callbacks see the end of an epoch that diverged
+    reports_divergence = True  # callbacks see the batch and the epoch that diverged
 
-    def __init__(self, callback_list, model, results, batch_logs, accumulation=1,
-                 before_epoch_end=None):
+    def __init__(self, callback_list, model, results, accumulation=1, before_epoch_end=None,
+                 batches_known=None):
         self.callback_list = callback_list
         self.model = model
         self.results = results
-        self.batch_logs = batch_logs  # whether anyone reads batch-level logs
         self.accumulation = accumulation  # batches per step
         self.before_epoch_end = before_epoch_end  # e.g. the user's model object takes the weights
+        self.known = batches_known  # batches in an epoch where known: none begins past them
+        self.hooks = callbacks_lib.BatchHooks(callback_list, "train",
+                                              callbacks_lib.steps_per_execution(model))
+        self.epoch_start = 0  # the global step at the start of this epoch
+        self.asked = None     # batches the loop begun asked for; None: not begun by the driver
+
+    def epoch_begin(self, p):
+        self.epoch_start = p.step - p.batch
+
+    def steps_to_boundary(self, step):
+        batches = self.hooks.steps_to_boundary((step - self.epoch_start) * self.accumulation)
+        return None if batches is None else -(-batches // self.accumulation)
+
+    def loop_begin(self, p, steps, held=None):
+        """Called by a synchronous driver before a loop of `steps` steps from `p` (`held`:
+        one batch of a `batch_loop`, after the `held` batches of its group read so far).
+        Parameter-server loops run ahead of their results: their begin hook runs when the
+        result arrives, just before the end hook."""
+        self.asked = steps * self.accumulation if held is None else 1
+        self.hooks.begin(p.batch * self.accumulation + (held or 0), self.known)
 
     def __call__(self, p):
         last = p.last
         if p.epoch_end:
+            self.hooks.end(p.batch * self.accumulation, 0, lambda: self.results(p.totals),
+                           last=True)
             if self.before_epoch_end is not None:
                 self.before_epoch_end()
             self.callback_list.on_epoch_end(p.epoch, p.logs)
-        elif p.stop == DIVERGED:
-            return
-        elif last.batches is not None:  # one batch per result: Keras's batch index
-            if last.batches and self.batch_logs:
-                index = (p.batch - last.steps) * self.accumulation + last.batches - 1
-                self.callback_list.on_train_batch_end(index, self.results(p.totals))
-        elif last.steps and self.batch_logs:
-            self.callback_list.on_train_batch_end(p.batch - 1, self.results(p.totals))
+        else:
+            k = self.accumulation
+            if last.batches is None:
+                ran = last.steps * k
+                start = p.batch * k - ran
+            else:  # one batch per result (a `batch_loop`): whether it read one
+                ran = 1 if last.batches else 0
+                start = (p.batch - last.steps) * k + max(last.batches - 1, 0)
+            if self.asked is None:
+                self.hooks.begin(start, self.known)
+            ended = (self.asked is not None and ran < self.asked) or (
+                self.known is not None and start + ran >= self.known)
+            self.hooks.end(start, ran, lambda: self.results(p.totals), last=ended)
+            self.asked = None
         if self.model.stop_training and not p.stop:
             p.stop = REQUESTED
 

@@ -7,28 +7,137 @@ import sys
 
 import keras
 
+from kerastrain import _compat
 from kerastrain import _options
 
 VERBOSE = (0, 1, 2, "auto")  # as `model.fit`'s
 
-_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+_HOOKS = {  # a kind of loop -> its batch hooks (Keras's `on_batch_*` are training's)
+    "train": ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end"),
+    "test": ("on_test_batch_begin", "on_test_batch_end"),
+    "predict": ("on_predict_batch_begin", "on_predict_batch_end"),
+}
 
 
-def wants_every_batch(callback) -> bool:
-    """Whether a callback has batch-level hooks written by the user.
+def steps_per_execution(model):
+    """Batches per execution, as the model was compiled: `model.fit` / `evaluate` call the
+    batch hooks around each."""
+    return max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
 
-    Keras's own callbacks already cope with batch hooks called once per
-    `steps_per_execution`, so they are loop-aware; a user's class (or a
-    `LambdaCallback` given batch functions) may count on seeing every batch.
+
+def has_batch_hooks(callback, kind="train") -> bool:
+    """Whether any of the callback's `kind` ("train", "test", "predict") batch hooks does
+    something (is not `keras.callbacks.Callback`'s no-op)."""
+    return not all(_compat.hook_is_default(callback, name) for name in _HOOKS[kind])
+
+
+def needs_every_execution(callback, kind="train") -> bool:
+    """Whether the callback's `kind` batch hooks must run at each of Keras's executions:
+    before and after every `steps_per_execution` batches (every batch by default), as
+    `model.fit` / `evaluate` call them, and not once per compiled loop.
+
+    A user's hooks (a subclass's, a `LambdaCallback`'s functions) always do; so do Keras's
+    own callbacks that act at batches: `TerminateOnNaN`, `ModelCheckpoint` (or
+    `OrbaxCheckpoint`) with a batch `save_freq`, `TensorBoard` with a batch `update_freq` or `profile_batch`. The progress
+    bar, and Keras's callbacks whose batch hooks do nothing in their configuration, are
+    called once per loop (with the index of its last execution).
     """
-    if isinstance(callback, keras.callbacks.LambdaCallback):
-        return any(name in vars(callback) for name in _BATCH_HOOKS)
-    for cls in type(callback).__mro__:
-        if cls.__module__.startswith("keras"):
-            break
-        if any(name in vars(cls) for name in _BATCH_HOOKS):
+    for name in _HOOKS[kind]:
+        if _compat.hook_is_default(callback, name):
+            continue
+        if name in vars(callback) or not _keras_own(type(callback), name):
+            return True  # a user's hook
+        if _keras_hook_acts(callback, kind):
             return True
     return False
+
+
+def _keras_own(cls, name):
+    """Whether the class that defines `name` for `cls` is one of Keras's own."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return klass.__module__.split(".")[0] == "keras"
+    return True
+
+
+def _keras_hook_acts(callback, kind):
+    """Whether a Keras callback's own batch hooks act at each call in its configuration."""
+    if isinstance(callback, keras.callbacks.ProgbarLogger):
+        return False  # display only: the bar counts from the batch index it is given
+    if hasattr(callback, "save_freq"):  # ModelCheckpoint, OrbaxCheckpoint: saves at batches
+        return callback.save_freq != "epoch"
+    if isinstance(callback, keras.callbacks.TensorBoard):
+        return callback.update_freq != "epoch" or (
+            kind == "train" and _compat.tensorboard_profiles(callback))
+    return True  # TerminateOnNaN, and any other
+
+
+class BatchHooks:
+    """A `CallbackList`'s batch hooks of one kind ("train" or "test") over compiled loops,
+    called as Keras calls them with `compile(steps_per_execution=N)`: before each
+    execution of N batches `on_*_batch_begin(i)` (i = 0, N, 2N, ... into the epoch), after
+    it `on_*_batch_end(i + N - 1, logs)` with the running logs (`i + N - 1` also after a
+    last, shorter execution, as in Keras).
+
+    Where a callback needs every execution (`needs_every_execution`), the caller ends its
+    loops at each execution's end (`steps_to_boundary`, `loop_size`), or runs several
+    loops in one execution (one batch each); otherwise a loop is any run of batches and
+    the hooks run once around it, with the indices of its first and last execution.
+
+    Args:
+        callback_list: a `keras.callbacks.CallbackList`.
+        kind: "train" or "test".
+        steps_per_execution: the model's `steps_per_execution` (batches per execution).
+    """
+
+    def __init__(self, callback_list, kind, steps_per_execution=1):
+        callbacks = [] if callback_list is None else callback_list.callbacks
+        self.every = max(int(steps_per_execution or 1), 1)
+        self.active = any(has_batch_hooks(cb, kind) for cb in callbacks)
+        self.every_execution = any(needs_every_execution(cb, kind) for cb in callbacks)
+        self._begin = getattr(callback_list, f"on_{kind}_batch_begin", None)
+        self._end = getattr(callback_list, f"on_{kind}_batch_end", None)
+        self._open = None  # the first batch of the execution begun and not yet ended
+        self._ran = 0      # batches it ran so far
+
+    def steps_to_boundary(self, batch):
+        """Batches from `batch` (into the epoch) to where the next loop must end: the end of
+        its execution when a callback needs every execution, else None."""
+        if not self.every_execution:
+            return None
+        return self.every - batch % self.every
+
+    def loop_size(self, most):
+        """Batches per loop: `most`, or one execution when a callback needs every one."""
+        return self.every if self.every_execution else most
+
+    def begin(self, batch, known=None):
+        """Before a loop that starts `batch` batches into the epoch (`known`: the batches
+        the epoch has, where known: a loop past them runs none, and Keras begins none)."""
+        if self._open is not None and batch < self._open:
+            self._open = None  # the data went back (a recovery): that execution never ended
+        if not self.active or (self.every_execution and self._open is not None):
+            return  # a loop inside the execution begun
+        if known is not None and batch >= known:
+            return
+        self._open, self._ran = batch - batch % self.every, 0
+        self._begin(self._open)
+
+    def end(self, batch, ran, logs, last=False):
+        """After a loop that started at `batch` and ran `ran` batches; `logs()` gives the
+        running logs; `last`: the epoch (or pass) ended with it.
+
+        An execution that ran no batch (the data had ended) gets no end hook, as in Keras.
+        """
+        if not self.active or self._open is None:
+            return
+        self._ran += ran
+        if self.every_execution and ran and not last and (batch + ran) % self.every:
+            return  # the execution goes on in the next loop
+        if self._ran:
+            final = self._open if self.every_execution or not ran else batch + ran - 1
+            self._end(final - final % self.every + self.every - 1, logs())
+        self._open = None
 
 
 def check_callbacks(callbacks):
@@ -123,15 +232,53 @@ def resolve_verbose(verbose, *, default, is_chief):
     return verbose
 
 
-def evaluated(callback_list, evaluate, steps):
-    """`evaluate()`'s logs, with the callbacks' test hooks around it as `model.evaluate` and
-    `model.fit`'s validation call them: `on_test_begin`, the batch hooks once (evaluation
-    runs in compiled chunks), `on_test_end(logs)`. No hooks when `callback_list` is None."""
+def known_batches(cardinality, steps):
+    """Batches a pass of data with `cardinality` (negative: unknown or infinite) has, at
+    most `steps` (None: all); None when unknown. What Keras gives callbacks as
+    `params["steps"]` and counts executions to."""
+    if cardinality < 0:
+        return steps
+    return cardinality if steps is None else min(cardinality, steps)
+
+
+class PassHooks:
+    """The test hooks around the loops of one evaluation pass (`driver.run_to_end`).
+
+    Args:
+        hooks: the pass's `BatchHooks`.
+        results: `(totals) -> logs`, the running logs.
+        model: the model whose `stop_evaluating` a callback may set.
+        known: batches the pass has where known, else None.
+    """
+
+    def __init__(self, hooks, results, model, known):
+        self.hooks, self.results, self.model, self.known = hooks, results, model, known
+
+    def loop_size(self, most):
+        return self.hooks.loop_size(most)
+
+    def begin(self, done):
+        self.hooks.begin(done, self.known)
+
+    def end(self, done, ran, totals, asked):
+        """After a loop of `asked` steps: the end hook; True when a callback stopped the
+        evaluation."""
+        last = ran < asked or (self.known is not None and done + ran >= self.known)
+        self.hooks.end(done, ran, lambda: self.results(totals), last=last)
+        return bool(getattr(self.model, "stop_evaluating", False))
+
+
+def evaluated(callback_list, evaluate, model=None):
+    """`evaluate(hooks)`'s logs, with the callbacks' test hooks around it as `model.evaluate`
+    and `model.fit`'s validation call them: `on_test_begin`, the batch hooks of each of the
+    model's executions (`BatchHooks`, given to `evaluate`), `on_test_end(logs)`.
+    `model.stop_evaluating`, set by a callback, ends the evaluation after a batch end hook.
+    No hooks when `callback_list` is None."""
     if callback_list is None:
-        return evaluate()
+        return evaluate(None)
+    if model is not None:
+        model.stop_evaluating = False
     callback_list.on_test_begin()
-    callback_list.on_test_batch_begin(0)
-    logs = evaluate()
-    callback_list.on_test_batch_end((steps or 1) - 1, logs)
+    logs = evaluate(BatchHooks(callback_list, "test", steps_per_execution(model)))
     callback_list.on_test_end(logs)
     return logs

@@ -174,11 +174,14 @@ class SyncDriver:
         return n
 
     def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
-                  boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
+                  boundary: Callable[[int], int | None],
+                  before: Callable[..., None] | None = None) -> Iterator[LoopResult]:
         """Yield a result per compiled loop; loops stop `boundary(step)` steps ahead.
 
         `steps_per_loop` is an int, or a `tuning.LoopSizer` that measures the first
-        loops and then says how long they should be.
+        loops and then says how long they should be. `before(n)` is called just before a
+        loop of n steps runs (`before(1, held=b)`: one batch of a `batch_loop`, after the
+        b batches of its group held), for the callbacks' begin hooks.
 
         Stops at `steps_per_epoch` steps or where the data's pass ends, whichever comes
         first, as `model.fit` does: an epoch shorter than one pass leaves the rest of the
@@ -194,8 +197,9 @@ class SyncDriver:
         elif steps_per_epoch is None or self._iterator is None or self._pass_ended:
             self._new_iterator(train_input)
         self._pass_ended = False
+        before = before or (lambda *args, **kwargs: None)
         if self._batch_loop is not None:
-            yield from self._run_batches(train_input, steps_per_epoch)
+            yield from self._run_batches(train_input, steps_per_epoch, before)
             return
         done = 0
         restarted = False
@@ -218,6 +222,7 @@ class SyncDriver:
             if self._trial is not None and not self._probing():
                 jit, n = self._trial.choose(n, sized=sized, free=free)
                 loop = self._loop if jit is None else self._trial.step.train_loop(jit)
+            before(n)
             started, cpu_started = time.perf_counter(), time.process_time()
             try:
                 part, ran = loop(self._iterator, tf.constant(n, tf.int32))
@@ -289,13 +294,14 @@ class SyncDriver:
             "steps_per_epoch steps each, or leave steps_per_epoch=None for epochs of one pass",
             done, steps_per_epoch)
 
-    def _run_batches(self, train_input, steps_per_epoch):
+    def _run_batches(self, train_input, steps_per_epoch, before):
         """`run_epoch` one batch per result, the update at each k-th: a step's batches are
         each a result (steps 0), its last one the update (steps 1)."""
         done, restarted = 0, False
         while steps_per_epoch is None or done < steps_per_epoch:
             if self.skips and not self._held:  # skip a marked group at its start
                 self._skip_poisoned()
+            before(1, held=self._held)
             part, ran, read = self._batch_loop(self._iterator)
             ran, read = int(ran), int(read)
             if not ran and not read:  # the data ended, nothing held
@@ -311,28 +317,37 @@ class SyncDriver:
             yield LoopResult(np.asarray(part, np.float64), ran, batches=read)
 
 
-def run_to_end(loop, iterator, steps, width, chunk=1000, accumulate=np.add, after=None):
+def run_to_end(loop, iterator, steps, width, chunk=1000, accumulate=np.add, after=None,
+               hooks=None):
     """Run `loop` over `iterator` for `steps` steps, or to the end of the data (None).
 
     Returns the loops' totals (float64) combined by `accumulate` (summed by default).
     Used for evaluation, where every task reads to the end and nothing happens
-    between loops but `after()` (progress, for a `stalls.StallWatch`).
+    between loops but `after()` (progress, for a `stalls.StallWatch`) and the callbacks'
+    `hooks` (a `callbacks.PassHooks`, or None): `hooks.loop_size(chunk)` steps a loop,
+    `hooks.begin(done)` before it, `hooks.end(done, ran, totals, n)` after a loop of n
+    steps (True: stop).
     """
     import tensorflow as tf
 
     totals = np.zeros(width, np.float64)
-    remaining = steps
+    remaining, done = steps, 0
+    size = chunk if hooks is None else hooks.loop_size(chunk)
     while remaining is None or remaining > 0:
-        n = chunk if remaining is None else min(chunk, remaining)
+        n = size if remaining is None else min(size, remaining)
+        if hooks is not None:
+            hooks.begin(done)
         part, ran = loop(iterator, tf.constant(n, tf.int32))
         if after is not None:
             after()
-        if int(ran):
-            totals = accumulate(totals, np.asarray(part, np.float64))
         ran = int(ran)
+        if ran:
+            totals = accumulate(totals, np.asarray(part, np.float64))
+        stop = hooks is not None and hooks.end(done, ran, totals, n)
+        done += ran
         if remaining is not None:
             remaining -= ran
-        if ran < n:
+        if ran < n or stop:
             break
     return totals
 

@@ -37,8 +37,8 @@ class Evaluation:
         val_input = self._feeds.get(data.validation, "validation_dataset_fn", "validation",
                                     data.validation_batch(batch_size))
         self.last_validation = data.validation
-        return actions_lib.Validation(lambda: self._run(val_input, steps), every=every,
-                                      steps=steps)
+        return actions_lib.Validation(lambda hooks: self._run(val_input, steps, hooks),
+                                      every=every, model=self._state.model)
 
     def evaluate(self, dataset_fn, x, y, sample_weight, *, training_data, batch_size, steps,
                  return_dict, callbacks, verbose):
@@ -51,10 +51,12 @@ class Evaluation:
         eval_input = self._feeds.get(dataset_fn, "dataset_fn", "evaluation", batch_size)
         self._state.ensure_built(eval_input.element_spec, state_lib.EVALUATION_STEPS)
         model = self._state.model
+        known = callbacks_lib.known_batches(eval_input.cardinality, steps)
         cbs = callbacks_lib.callback_list(callbacks_lib.check_callbacks(callbacks), model=model,
-                                          history=False, verbose=verbose, epochs=1, steps=steps)
-        logs = callbacks_lib.evaluated(cbs, lambda: self._run(eval_input, steps), steps)
+                                          history=False, verbose=verbose, epochs=1, steps=known)
+        logs = callbacks_lib.evaluated(cbs, lambda hooks: self._run(eval_input, steps, hooks),
+                                       model)
         return logs if return_dict else _compat.flatten_metrics_in_order(model, logs)
 
-    def _run(self, eval_input, steps):
-        return self._state.evaluate(eval_input, steps, beat=self._beat())
+    def _run(self, eval_input, steps, hooks=None):
+        return self._state.evaluate(eval_input, steps, beat=self._beat(), hooks=hooks)

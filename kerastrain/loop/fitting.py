@@ -10,6 +10,7 @@ is following one epoch from `fit` to the compiled step and back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import numpy as np
@@ -92,13 +93,23 @@ class Epochs:
         return self.steps_per_epoch or steps_the_data_holds(train_input, self.step)
 
     def steps_per_loop(self, callbacks, steps_per_epoch, train_input):
-        """Steps per compiled call: as asked, or what "auto" comes to for this fit."""
+        """Steps per compiled call: as asked, or what "auto" comes to for this fit: one of
+        the model's executions (`steps_per_execution` batches) when a callback needs the
+        batch hooks of each, as `model.fit` calls them (an asked size is cut there by the
+        `actions.Callbacks` boundaries)."""
+        acting = sorted({type(cb).__name__ for cb in callbacks
+                         if callbacks_lib.needs_every_execution(cb)})
+        every = callbacks_lib.steps_per_execution(self.model)
+        if acting:
+            logger.info("callbacks acting at batches (%s): loops end after every %d batch(es), "
+                        "where model.fit calls their batch hooks (compile(steps_per_execution"
+                        "=N) calls them every N batches)", ", ".join(acting), every)
         if self.asked_steps_per_loop != "auto":
             return self.asked_steps_per_loop
         if self.step.eager:
             return 1  # run_eagerly: debugging, one step per loop (nothing to amortise)
-        if any(callbacks_lib.wants_every_batch(cb) for cb in callbacks):
-            return 1  # a user's batch hooks see every batch, as under model.fit
+        if acting:
+            return -(-every // self.step.accumulation)
         if steps_per_epoch is None and train_input.drains and train_input.cardinality > 0:
             steps_per_epoch = train_input.cardinality  # a pass's batches, about
         return self.mode.auto_steps_per_loop(steps_per_epoch, sizer=self.loop_sizer,
@@ -113,9 +124,12 @@ class Epochs:
             steps_per_loop=self.asked_steps_per_loop, global_step=self.global_step,
             checkpointer=run.checkpointer, latest_checkpoint=run.latest_checkpoint)
 
-    def actions(self, driver, watch, agree, monitor, callback_list, validation, batch_logs,
+    def actions(self, driver, watch, agree, monitor, callback_list, validation,
                 steps_per_epoch, train_input):
         """What happens after each loop and epoch, in order; the chief-only rule is here."""
+        # Batches in an epoch where known: `model.fit` begins no batch past them.
+        batches_known = steps_per_epoch * self.step.accumulation if steps_per_epoch else (
+            batches_the_data_holds(train_input))
         steps_per_epoch = steps_per_epoch or steps_the_data_holds(train_input, self.step)
         results, run = self.step.results, self.run_state
         self.recovery = recovery_lib.action(
@@ -144,8 +158,9 @@ class Epochs:
                 agree, lambda p: run.set(driver, p.epoch, p.batch, p.totals)))
         if self.user_actions:
             listed.append(actions_lib.UserActions(self.user_actions))
-        listed.append(actions_lib.Callbacks(callback_list, self.model, results, batch_logs,
-                                            self.step.accumulation, self.before_epoch_end))
+        listed.append(actions_lib.Callbacks(callback_list, self.model, results,
+                                            self.step.accumulation, self.before_epoch_end,
+                                            batches_known=batches_known))
         return listed
 
     def train(self, driver, train_input, listed, epochs, steps_per_epoch, resumed,
@@ -165,6 +180,9 @@ class Epochs:
         step = self.step
         p = actions_lib.Progress(epoch=epochs.start, step=int(self.global_step.numpy()),
                                  batch=0, totals=np.zeros(step.width, np.float64))
+        # The callbacks' begin hooks, before each loop (`p` is where it starts).
+        before = next((functools.partial(a.loop_begin, p) for a in listed
+                       if isinstance(a, actions_lib.Callbacks)), None)
         self._say_tuning(bool(len(epochs)), steps_per_loop)
         # Progress after each loop and epoch end, after every action: a beat (no hang).
         with self.stall_watch() as watch:
@@ -184,7 +202,8 @@ class Epochs:
                     remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
                     for result in driver.run_epoch(
                             train_input, remaining, steps_per_loop, p.step,
-                            lambda at: actions_lib.steps_to_boundary(listed, at)):
+                            lambda at: actions_lib.steps_to_boundary(listed, at),
+                            before=before):
                         p.last = result
                         p.totals = step.accumulate(p.totals, result.totals)
                         p.batch += result.steps
@@ -268,6 +287,12 @@ class Epochs:
                             "training loop: up to %d steps per iteration (said when used)",
                             tuning_lib.UNROLL)
         _logging.tuning_summary(say=training)
+
+
+def batches_the_data_holds(train_input):
+    """Batches in one pass of data of known size (None: unknown or infinite)."""
+    n = train_input.cardinality
+    return n if n >= 0 else None
 
 
 def steps_the_data_holds(train_input, step):

@@ -76,17 +76,16 @@ class Synchronous:
     # -- loops ----------------------------------------------------------------------------
 
     def auto_steps_per_loop(self, steps_per_epoch, *, sizer, measure):
-        """`steps_per_loop="auto"` without batch hooks: measured on the first loops
-        (`sizer`, a `tuning.LoopSizer`) when `measure`, else a constant."""
+        """`steps_per_loop="auto"` where no callback needs every execution: measured on the
+        first loops (`sizer`, a `tuning.LoopSizer`) when `measure`, else a constant."""
         return sizer if measure else AUTO_STEPS_PER_LOOP
 
     def driver(self, step, *, stop_requested, callbacks, steps_per_loop, global_step,
                checkpointer, latest_checkpoint):
         """The driver of this strategy's epochs (`latest_checkpoint()`: the path a lost task's
-        error names). When callbacks watch every batch and a step
-        reads several, one batch per loop (as fit)."""
-        watched = steps_per_loop in ("auto", 1) and any(
-            map(callbacks_lib.wants_every_batch, callbacks))
+        error names). When a callback needs the batch hooks of every execution and a step
+        reads several batches, one batch per loop (as `model.fit` runs a step a batch)."""
+        watched = any(map(callbacks_lib.needs_every_execution, callbacks))
         batches = step.batch_loop() if watched else None
         return driver_lib.SyncDriver(step.train_loop(), loops_lib.skip_loop(), step.accumulation,
                                      batch_loop=batches, reset=step.reset_held,

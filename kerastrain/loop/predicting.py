@@ -149,14 +149,25 @@ class Predictor:
 
     def run(self, batches, steps, callback_list):
         """Predict up to `steps` of `batches` with `callback_list`'s `on_predict_*` hooks;
-        the outputs joined (`concatenate`). `model.stop_predicting` stops after a batch."""
+        the outputs joined (`concatenate`). As `model.predict` with
+        `compile(steps_per_execution=N)`: the batch hooks around each N batches,
+        `on_predict_batch_begin(i)` (i = 0, N, 2N, ...) and `on_predict_batch_end(i + N - 1,
+        {"outputs": their outputs joined})`; `model.stop_predicting` stops after an end."""
+        from kerastrain.loop import callbacks as callbacks_lib
         step, outputs = self.step(), []
+        every = callbacks_lib.steps_per_execution(self.model)
         self.model.stop_predicting = False
         callback_list.on_predict_begin()
-        for i, batch in enumerate(itertools.islice(batches, steps)):
-            callback_list.on_predict_batch_begin(i)
-            outputs.append(to_numpy(step(batch)))
-            callback_list.on_predict_batch_end(i, {"outputs": outputs[-1]})
+        batches = iter(itertools.islice(batches, steps))
+        for begin in itertools.count(0, every):
+            group = list(itertools.islice(batches, every))
+            if not group:
+                break
+            callback_list.on_predict_batch_begin(begin)
+            parts = [to_numpy(step(batch)) for batch in group]
+            outputs.extend(parts)
+            callback_list.on_predict_batch_end(begin + every - 1, {
+                "outputs": parts[0] if len(parts) == 1 else concatenate(parts)})
             if self.model.stop_predicting:
                 break
         callback_list.on_predict_end()

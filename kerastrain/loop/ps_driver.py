@@ -221,9 +221,10 @@ class PSDriver:
         return remote, n, (self._positions_loop(reader, fresh=True), where)
 
     def run_epoch(self, train_input, steps_per_epoch, steps_per_loop, step,
-                  boundary: Callable[[int], int | None]) -> Iterator[LoopResult]:
+                  boundary: Callable[[int], int | None], before=None) -> Iterator[LoopResult]:
         """Schedule `steps_per_epoch` steps in loops cut at `boundary(step)`; yield results.
-        `steps_per_epoch=None`: one pass of a shared job (`run_pass`)."""
+        `steps_per_epoch=None`: one pass of a shared job (`run_pass`). `before` is not
+        called: loops are scheduled ahead of their results, whose actions see them."""
         if steps_per_epoch is None:
             yield from self.run_pass(train_input, steps_per_loop, step, boundary)
             return

@@ -16,6 +16,7 @@ from kerastrain import _compat
 from kerastrain import _logging
 from kerastrain.data import inputs as data_lib
 from kerastrain.distribute import strategies
+from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import modes
 from kerastrain.loop import preemption
@@ -205,16 +206,21 @@ class TrainingState:
             path).expect_partial()
         return self.steps_taken
 
-    def evaluate(self, eval_input, steps, beat=None):
-        """Exact logs of the model over `eval_input` (at most `steps` batches)."""
+    def evaluate(self, eval_input, steps, beat=None, hooks=None):
+        """Exact logs of the model over `eval_input` (at most `steps` batches); `hooks`: the
+        callbacks' `callbacks.BatchHooks` of "test", called around its loops, or None."""
         if steps is None and eval_input.cardinality == data_lib.INFINITE:
             raise ValueError("The evaluation data is infinite (it repeats): pass `steps` "
                              "(`validation_steps` in fit). Received: steps=None")
         data_lib.check_against_model(eval_input.element_spec, self.model, EVALUATION_STEPS)
         loop, iterator = self.mode.evaluation(self.step, eval_input)
         self.step.start_epoch()
+        if hooks is not None:
+            hooks = callbacks_lib.PassHooks(
+                hooks, lambda totals: self.step.results(totals, kind="eval"), self.model,
+                callbacks_lib.known_batches(eval_input.cardinality, steps))
         totals = driver_lib.run_to_end(loop, iterator, steps, self.step.width,
-                                       accumulate=self.step.accumulate, after=beat)
+                                       accumulate=self.step.accumulate, after=beat, hooks=hooks)
         return self.step.results(totals, kind="eval")
 
     def sigterm_watch(self):

@@ -65,11 +65,164 @@ def test_user_batch_hooks_see_every_batch_with_auto_loops():
     assert all(np.isfinite(loss) for _, loss in batches)
 
 
-def test_explicit_steps_per_loop_calls_batch_hooks_once_per_loop():
-    ends = []
-    cb = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: ends.append(b))
-    make(steps_per_loop=4).fit(epochs=1, callbacks=[cb])
-    assert ends == [3, 5]
+class Recorder(keras.callbacks.Callback):
+    """Every hook call: its name, batch or epoch index, logs (rounded) and, at a train
+    batch's begin, the optimizer's step (a begin hook runs before the batch trains)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def record(self, name, *index, logs=None):
+        logs = {k: (np.shape(v) if k == "outputs" else round(float(v), 4))
+                for k, v in (logs or {}).items()}
+        if name == "train_batch_begin":
+            logs["iterations"] = int(self.model.optimizer.iterations.numpy())
+        self.calls.append((name, *index, sorted(logs.items())))
+
+
+for _name in ("train", "test", "predict"):
+    for _when in ("begin", "end"):
+        setattr(Recorder, f"on_{_name}_{_when}", (lambda n: lambda self, logs=None: self.record(
+            n, logs=logs))(f"{_name}_{_when}"))
+        setattr(Recorder, f"on_{_name}_batch_{_when}", (
+            lambda n: lambda self, i, logs=None: self.record(n, i, logs=logs))(
+            f"{_name}_batch_{_when}"))
+for _when in ("begin", "end"):
+    setattr(Recorder, f"on_epoch_{_when}", (lambda n: lambda self, i, logs=None: self.record(
+        n, i, logs=logs))(f"epoch_{_when}"))
+
+
+def compiled(steps_per_execution):
+    model = helpers.build_model()
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"],
+                  steps_per_execution=steps_per_execution)
+    return model
+
+
+@pytest.mark.parametrize("steps_per_execution,steps_per_loop", [(1, "auto"), (3, 4)])
+def test_every_hook_is_called_as_model_fit_evaluate_and_predict_call_it(
+        make_trainer, steps_per_execution, steps_per_loop):
+    """Each hook of fit (with validation), evaluate and predict, in Keras's order, with its
+    batch indices and logs: the batch hooks around every execution of
+    `steps_per_execution` batches (0, N, 2N... and N-1, 2N-1..., also after a last shorter
+    one), whatever `steps_per_loop`. They were called once per compiled loop (train), once
+    per evaluation (test), and never at a train batch's begin."""
+    x, y = helpers.arrays(112)  # 7 batches of 16
+    fit = dict(batch_size=16, epochs=2, shuffle=False, validation_data=(x[:48], y[:48]))
+    theirs, ours = Recorder(), Recorder()
+    keras.utils.set_random_seed(0)
+    model = compiled(steps_per_execution)
+    model.fit(x, y, verbose=0, callbacks=[theirs], **fit)
+    model.evaluate(x, y, batch_size=16, verbose=0, callbacks=[theirs])
+    model.predict(x, batch_size=16, verbose=0, callbacks=[theirs])
+    keras.utils.set_random_seed(0)
+    trainer = make_trainer(model=lambda: compiled(steps_per_execution), strategy="one_device",
+                           steps_per_loop=steps_per_loop)
+    trainer.fit(x, y, callbacks=[ours], **fit)
+    trainer.evaluate(x, y, batch_size=16, callbacks=[ours])
+    trainer.predict(x, batch_size=16, callbacks=[ours])
+    assert ours.calls == theirs.calls
+    if steps_per_execution == 3:
+        assert [c[1] for c in ours.calls if c[0] == "train_batch_end"] == [2, 5, 8] * 2
+        assert [c[1] for c in ours.calls if c[0] == "predict_batch_begin"] == [0, 3, 6]
+
+
+def test_batch_hooks_with_gradient_accumulation_are_model_fits(make_trainer):
+    """With `gradient_accumulation_steps=2` (a step of two batches) a batch hook runs at each
+    batch, as `model.fit` runs a step a batch; 7 batches: no begin hook past the last (one
+    ran where the data's end applied the held batch)."""
+    def model():
+        built = helpers.build_model()
+        built.compile(optimizer=keras.optimizers.Adam(gradient_accumulation_steps=2),
+                      loss="binary_crossentropy", metrics=["accuracy"])
+        return built
+
+    x, y = helpers.arrays(112)
+    theirs, ours = Recorder(), Recorder()
+    model().fit(x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[theirs])
+    make_trainer(model=model).fit(x, y, batch_size=16, shuffle=False, callbacks=[ours])
+    def hooks(calls):
+        return [call[:2] if isinstance(call[1], int) else call[:1] for call in calls]
+
+    assert hooks(ours.calls) == hooks(theirs.calls)
+
+
+def test_loops_are_free_when_no_callback_needs_every_batch(make_trainer, tmp_path):
+    """The progress bar and Keras's callbacks whose batch hooks do nothing in their
+    configuration keep kerastrain's loops (hooks once per loop, with the index of its last
+    batch); a callback that acts at batches (here `TerminateOnNaN`) has them end at each."""
+    from kerastrain.loop import callbacks as callbacks_lib
+    loops = []
+
+    class Loops(kt.Action):
+        def __call__(self, progress):
+            if not progress.epoch_end:
+                loops.append(progress.step)
+
+    class Bar(keras.callbacks.ProgbarLogger):
+        def on_train_batch_end(self, batch, logs=None):  # a user's own hook
+            pass
+
+    calm = [keras.callbacks.ModelCheckpoint(str(tmp_path / "m.weights.h5"),
+                                            save_weights_only=True),
+            keras.callbacks.TensorBoard(str(tmp_path / "tb"))]
+    assert not any(map(callbacks_lib.needs_every_execution, calm))
+    assert not callbacks_lib.needs_every_execution(keras.callbacks.ProgbarLogger())
+    assert callbacks_lib.needs_every_execution(Bar())
+    make_trainer(dataset_fn, steps_per_loop=4).fit(epochs=1, actions=[Loops()],
+                                                   callbacks=calm, verbose=2)
+    assert loops == [4, 6]
+    loops.clear()
+    make_trainer(dataset_fn, steps_per_loop=4).fit(
+        epochs=1, actions=[Loops()], callbacks=[keras.callbacks.TerminateOnNaN()])
+    assert loops == [1, 2, 3, 4, 5, 6]
+
+
+def test_keras_callbacks_with_a_batch_frequency_see_every_batch(make_trainer, tmp_path):
+    """`ModelCheckpoint(save_freq=1)` saves after every batch, as under `model.fit`: with
+    kerastrain's own loop sizes it saw the last batch of each loop only."""
+    x, y = helpers.arrays(96)
+
+    def saved(fit, where):
+        where.mkdir()
+        fit(x, y, batch_size=16, epochs=2, callbacks=[keras.callbacks.ModelCheckpoint(
+            str(where / "{epoch}-{batch}.weights.h5"), save_weights_only=True, save_freq=2)])
+        return sorted(path.name for path in where.iterdir())
+
+    theirs = saved(lambda *a, **k: helpers.build_model().fit(*a, verbose=0, **k),
+                   tmp_path / "keras")
+    ours = saved(make_trainer(steps_per_loop=4).fit, tmp_path / "kerastrain")
+    assert ours == theirs == [f"{e}-{b}.weights.h5" for e in (1, 2) for b in (2, 4, 6)]
+
+
+class StopAfterTwo(keras.callbacks.Callback):
+    """Sets `model.stop_evaluating` and `model.stop_predicting` at the second batch end."""
+
+    def __init__(self):
+        super().__init__()
+        self.ends = 0
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.ends += 1
+        self.model.stop_evaluating = self.ends == 2
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self.ends += 1
+        self.model.stop_predicting = self.ends == 2
+
+
+def test_a_callback_stops_evaluate_and_predict_after_a_batch_as_under_keras(make_trainer):
+    """`model.stop_evaluating` (ignored before) and `model.stop_predicting` end the loop
+    after that batch: the logs of the batches seen, the outputs of those batches."""
+    x, y = helpers.arrays(96)
+    model = helpers.build_model()
+    trainer = make_trainer(strategy="one_device")
+    for run, weights in ((model, model), (trainer, trainer.model)):
+        logs = run.evaluate(x, y, batch_size=16, callbacks=[StopAfterTwo()], return_dict=True)
+        assert logs == pytest.approx(weights.evaluate(x[:32], y[:32], return_dict=True,
+                                                      verbose=0), rel=1e-5)
+        assert run.predict(x, batch_size=16, callbacks=[StopAfterTwo()]).shape == (32, 1)
 
 
 def test_stop_training_set_by_a_callback_is_respected():
@@ -83,19 +236,46 @@ def test_stop_training_set_by_a_callback_is_respected():
     assert trainer.global_step == 6
 
 
+def nan_arrays():
+    x, y = helpers.arrays(96)
+    # A NaN label: no clip inside the loss can turn it finite, on any CPU (a NaN input can
+    # be clipped away by sigmoid -> clip in binary cross-entropy, depending on the CPU).
+    y[40] = np.nan  # in batch 2 of 16
+    return x, y
+
+
 def test_terminate_on_nan_stops(make_trainer):
     def nan_fn(ctx):
         import tensorflow as tf
-        x, y = helpers.arrays(96)
-        # A NaN label: no clip inside the loss can turn it finite, on any CPU (a NaN input can
-        # be clipped away by sigmoid -> clip in binary cross-entropy, depending on the CPU).
-        y[40] = np.nan
-        return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+        return tf.data.Dataset.from_tensor_slices(nan_arrays()).batch(16)
 
     trainer = make_trainer(nan_fn, strategy="default")
     history = trainer.fit(epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()])
     assert trainer.model.stop_training
     assert len(history.history.get("loss", [])) <= 1
+
+
+def test_terminate_on_nan_sees_the_batch_as_under_model_fit(make_trainer, capsys):
+    """`TerminateOnNaN` gets the end hook of the batch whose loss is NaN, as under
+    `model.fit`: `raise_error=True` raises there, and by default training stops after that
+    batch (validated, as fit does). kerastrain's own stop on a bad loss ended the epoch
+    before the callbacks saw the batch: nothing raised, and fit returned `{'loss': [inf]}`."""
+    x, y = nan_arrays()
+    fit = dict(batch_size=16, epochs=3, shuffle=False, validation_data=(x[:32], y[:32]))
+    with pytest.raises(RuntimeError, match="NaN or Inf loss encountered at batch 2"):
+        make_trainer().fit(x, y, callbacks=[keras.callbacks.TerminateOnNaN(raise_error=True)],
+                           **fit)
+    keras.utils.set_random_seed(0)
+    model = helpers.build_model()
+    theirs = model.fit(x, y, callbacks=[keras.callbacks.TerminateOnNaN()], verbose=0, **fit)
+    said = capsys.readouterr().out
+    trainer = make_trainer()
+    ours = trainer.fit(x, y, callbacks=[keras.callbacks.TerminateOnNaN()], **fit)
+    assert "Batch 2: Invalid loss, terminating training" in said
+    assert said in capsys.readouterr().out
+    assert sorted(ours.history) == sorted(theirs.history)
+    assert len(ours.history["loss"]) == 1 and np.isnan(ours.history["loss"][0])
+    assert trainer.global_step == int(model.optimizer.iterations.numpy()) == 3
 
 
 def test_progress_on_a_pipe_prints_one_line_per_epoch(capfd):

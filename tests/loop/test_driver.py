@@ -91,7 +91,7 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
         def epoch_done(self, steps_per_epoch):
             pass
 
-        def run_epoch(self, *args):
+        def run_epoch(self, *args, **kwargs):
             return iter(())
 
     class Requested:
@@ -102,7 +102,7 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
     monitor = trainer._workdir.monitor(trainer.model, step=0, element_spec=None)
     listed = epochs.actions(NoLoops(), watch=Requested(), agree=None, monitor=monitor,
                             callback_list=None, validation=None, steps_per_epoch=2,
-                            batch_logs=False, train_input=None)
+                            train_input=None)
     progress = epochs.train(NoLoops(), None, listed, range(0, 3), 2, None,
                             type("C", (), {"on_epoch_begin": lambda *a: None})())
     assert progress.stop == "preempted" and listed[0].preempted.step == 0

@@ -231,7 +231,8 @@ def test_auto_measures_and_decides_beside_recoveries_from_a_bad_batch(make_train
 
 def test_the_trial_keeps_the_loop_size_callbacks_see(make_trainer):
     """A callback that watches every batch gets every batch while "auto" measures, and
-    `steps_per_loop=N` keeps its cadence: the trial lengthens only loops kerastrain sizes."""
+    every `steps_per_execution` batches where the model is compiled so (as in `model.fit`,
+    whatever `steps_per_loop`): the trial lengthens only loops kerastrain sizes."""
     import keras
 
     class Count(keras.callbacks.Callback):
@@ -241,11 +242,17 @@ def test_the_trial_keeps_the_loop_size_callbacks_see(make_trainer):
 
         def on_train_batch_end(self, batch, logs=None):
             self.batches.append(batch)
-    for steps_per_loop, expected in (("auto", list(range(12)) * 10),
-                                     (4, [3, 7, 11] * 10)):
+    def every_four():
+        model = build_model()
+        model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"],
+                      steps_per_execution=4)
+        return model
+
+    for model, expected in ((build_model, list(range(12)) * 10),
+                            (every_four, [3, 7, 11] * 10)):
         count = Count()
-        trainer = make_trainer(None, strategy="one_device", seed=0, jit_compile="auto",
-                               steps_per_loop=steps_per_loop)
+        trainer = make_trainer(None, model=model, strategy="one_device", seed=0,
+                               jit_compile="auto")
         trainer.fit(arrays(96), batch_size=8, epochs=10, callbacks=[count])
         assert count.batches == expected
         assert trainer._state.step.jit_trial.decided is not None
