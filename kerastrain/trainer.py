@@ -250,6 +250,7 @@ class Trainer:
         strategies.check_outside_user_scope("trainer.fit(...)")
         _check_counts(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                       validation_steps=validation_steps, validation_freq=validation_freq)
+        epochs, steps_per_epoch = _debugging_caps(epochs, steps_per_epoch)
         data = fit_args.of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args,
                                     default=self._dataset_fn)
         actions = actions_lib.check_user_actions(actions)  # refused before anything is used
@@ -345,6 +346,23 @@ def _check_counts(*, epochs, steps_per_epoch, validation_steps, initial_epoch, v
                     validation_steps=validation_steps)
     check_int("initial_epoch", initial_epoch, minimum=0)
     check_int("validation_freq", validation_freq, minimum=1)
+
+
+def _debugging_caps(epochs, steps_per_epoch):
+    """`keras.config.set_max_epochs` / `set_max_steps_per_epoch` (Keras's caps for quick
+    debugging runs) bound `fit` as they bound `model.fit`, with its warnings."""
+    import warnings
+
+    import keras
+    most_epochs = getattr(keras.config, "max_epochs", lambda: None)()
+    if most_epochs and most_epochs < epochs:
+        warnings.warn(f"Limiting epochs to {most_epochs}")
+        epochs = most_epochs
+    most_steps = getattr(keras.config, "max_steps_per_epoch", lambda: None)()
+    if most_steps and (not steps_per_epoch or most_steps < steps_per_epoch):
+        warnings.warn(f"Limiting steps_per_epoch to {most_steps}")
+        steps_per_epoch = most_steps
+    return epochs, steps_per_epoch
 
 
 def _check_writers(writers):

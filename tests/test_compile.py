@@ -93,3 +93,33 @@ def test_a_model_never_compiled_predicts_and_fit_says_to_compile(strategy):
     for call in (lambda: trainer.fit(X, Y, epochs=1), lambda: trainer.evaluate(X, Y)):
         with pytest.raises(ValueError, match=r"not compiled.*compiled=False"):
             call()
+
+
+class RunningError(keras.metrics.MeanSquaredError):
+    """keras's own test metric: `reset_state` keeps the state, so it runs over epochs."""
+
+    def __init__(self):
+        super().__init__(name="running_mse")
+
+    def reset_state(self):
+        pass
+
+
+@STRATEGIES
+def test_a_metric_whose_reset_keeps_its_state_runs_over_epochs_and_caps_apply(strategy):
+    expected = regression([RunningError()]).fit(X, Y, **FIT).history
+    trainer = kt.Trainer(regression([RunningError()]), strategy=strategy, verbose=0,
+                         checkpoint=False, tensorboard=False)
+    got = trainer.fit(X, Y, **FIT).history
+    close(got["running_mse"], expected["running_mse"])
+    assert got["running_mse"][1] != pytest.approx(got["loss"][1])  # it ran over 2 epochs
+    # keras.config's caps for debugging runs bound fit as they bound model.fit.
+    keras.config.set_max_epochs(1)
+    keras.config.set_max_steps_per_epoch(2)
+    try:
+        with pytest.warns(UserWarning, match="Limiting epochs to 1"):
+            history = trainer.fit(X, Y, **FIT)
+    finally:
+        keras.config.set_max_epochs(None)
+        keras.config.set_max_steps_per_epoch(None)
+    assert history.epoch == [0] and trainer.global_step == 2 * 4 + 2

@@ -215,6 +215,13 @@ class SyncDriver:
             if self._trial is not None and sized and free:
                 most = self._trial.most(most)
             n = loop_size(most, steps_per_epoch, done, boundary(step))
+            left = self._steps_left(train_input)
+            if left == 0:
+                if not self._pass_end(train_input, steps_per_epoch, done, restarted):
+                    return
+                restarted = True
+                continue
+            n = n if left is None else min(n, left)
             if self.skips or self.probe:
                 self._skip_poisoned()
                 n = self._cut(n)
@@ -265,6 +272,16 @@ class SyncDriver:
         self._new_iterator(train_input)
         if offset:  # one batch a step: a trial runs without gradient accumulation
             self.offset = int(self._skip(self._iterator, tf.constant(offset, tf.int32)))
+
+    def _steps_left(self, train_input):
+        """Steps left in this pass of data of known size (None: unknown). Where none is
+        left the epoch ends (or, at its start, begins a new pass) before a loop that would
+        find the data empty, as `model.fit` knows the size and calls no callback's batch
+        begin for it."""
+        count = train_input.cardinality
+        if not (isinstance(count, int) and count > 0):
+            return None
+        return max(0, -(-(count - self.saved_offset) // self._batches))
 
     def _pass_end(self, train_input, steps_per_epoch, done, restarted):
         """The data's pass ended after `done` steps of this epoch: whether the epoch goes on

@@ -74,6 +74,15 @@ class Epochs:
 
     def _epoch_length(self, train_input, steps_per_epoch):
         if steps_per_epoch is not None:
+            every = callbacks_lib.steps_per_execution(self.model)
+            if steps_per_epoch % every:
+                # Keras 3.15's fit runs whole executions of `steps_per_execution` batches,
+                # so an epoch runs to the next multiple (its own tests count so).
+                whole = -(-steps_per_epoch // every) * every
+                logger.info("steps_per_epoch=%d is not a multiple of the model's "
+                            "steps_per_execution=%d: an epoch runs %d steps (whole "
+                            "executions), as model.fit does", steps_per_epoch, every, whole)
+                return whole
             return steps_per_epoch
         n = train_input.cardinality
         if n == data_lib.INFINITE:

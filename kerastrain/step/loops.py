@@ -363,7 +363,9 @@ class Step:
         return loop
 
     def start_epoch(self):
-        """Called before each epoch and evaluation (nothing to reset: totals start at 0)."""
+        """Called before each epoch and evaluation: totals start at 0, from the state the
+        metrics' `reset_state` leaves (`MetricState.start`)."""
+        self.metrics.start()
 
 
 def overrides(model, name) -> bool:

@@ -71,6 +71,10 @@ class MetricState:
         self.layer_variables = [v for m in owned for v in m.variables]
         self._results = None  # the compiled `_metric_results`
         self.sizes = [int(np.prod(v.shape)) for v in self.variables]
+        # The state an epoch or evaluation starts from (`start`; None: zeros, as every Keras
+        # metric's `reset_state` leaves it), and the latest state results were read of.
+        self._base = None
+        self._last = None
         odd = sorted({v.path for v in self.variables if getattr(v, "aggregation", "sum") != "sum"})
         if odd:
             logger.warning("metric variables %s are not sums; kerastrain adds them across "
@@ -120,6 +124,26 @@ class MetricState:
     def width(self) -> int:
         return 2 + sum(self.sizes)
 
+    def start(self):
+        """Before an epoch or an evaluation, as Keras's `reset_metrics()`: each metric's
+        `reset_state` is applied to the latest state (in a stateless scope, the variables
+        untouched). Keras's metrics come back to zeros; a metric whose `reset_state` keeps
+        its state (a running count over epochs) goes on from it, as under `model.fit`."""
+        import tensorflow as tf
+        if not self.parts:
+            return
+        if self._last is None:
+            self._last = np.concatenate(
+                [_readable(v).ravel() for v in self.variables]).astype(np.float64)
+        last = np.split(self._last, np.cumsum(self.sizes)[:-1])
+        state = [tf.constant(a.reshape(v.shape), v.dtype) for a, v in zip(last, self.variables)]
+        with _compat.stateless_scope(list(zip(self.variables, state))) as scope:
+            for metric, _ in self.parts:
+                metric.reset_state()
+            base = np.concatenate([np.asarray(scope.get_current_value(v)).ravel()
+                                   for v in self.variables]).astype(np.float64)
+        self._base = base if np.any(base) else None
+
     def zeros(self):
         import tensorflow as tf
         return [tf.zeros(v.shape, v.dtype) for v in self.variables]
@@ -146,11 +170,15 @@ class MetricState:
             # One per model's metrics, by design: kept out of TensorFlow's retracing warning.
             self._results = self._metric_results if self._eager else \
                 _compat.quiet_retracing(tf.function(self._metric_results, autograph=False))
-        totals = np.asarray(totals, np.float64)
+        totals = np.array(totals, np.float64)
+        deltas = totals[2:].copy()
+        if self._base is not None:
+            totals[2:] += self._base  # the state the epoch started from, and what it added
+        self._last = totals[2:].copy()
         logs, offset = {}, 2
         for (_, variables), part in zip(self.parts, self._results(tf.constant(totals))):
             size = sum(int(np.prod(v.shape)) for v in variables)
-            if not updated_only or np.any(totals[offset:offset + size]):
+            if not updated_only or np.any(deltas[offset - 2:offset - 2 + size]):
                 logs.update({k: log_value(v) for k, v in part.items()})
             offset += size
         return logs
@@ -178,3 +206,13 @@ class MetricState:
                 # Converted here, in the scope: a variable returned would be read after it.
                 parts.append({k: tf.convert_to_tensor(r) for k, r in result.items()})
         return parts
+
+
+def _readable(variable):
+    """A metric variable's value, or zeros where this process cannot read it (made before
+    it joined a parameter-server cluster)."""
+    import tensorflow as tf
+    try:
+        return np.asarray(variable.numpy(), np.float64)
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+        return np.zeros(variable.shape, np.float64)
