@@ -103,7 +103,14 @@ class WorkDir:
         Trainer's model_dir (the same place) or, without one, where the run's checkpoints
         go (nothing else is written there). Returns the other callbacks."""
         callbacks, backup = callbacks_lib.take_backup(callbacks)
-        if backup is None or backup.backup_dir == self.model_dir:
+        if backup is None:
+            return callbacks
+        if backup.backup_dir == self.model_dir:
+            if self._backup is not None:
+                # The backup of an earlier fit of this Trainer: as Keras's callback restores
+                # it at every fit's start, the state it holds (left by a fit an error ended)
+                # is where this fit begins.
+                self._moved(self.model_dir, self.outputs, self.checkpoint)
             return callbacks
         if self.model_dir is not None and self._backup is None:
             raise ValueError(

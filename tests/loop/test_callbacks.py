@@ -374,3 +374,30 @@ def test_validation_inside_fit_runs_the_callbacks_test_hooks_as_model_fit_does(m
         callbacks=[ours])
     assert ours.calls == theirs.calls
     assert ours.calls[0] == "test_begin"
+
+
+def test_backup_and_restore_resumes_a_fit_an_error_ended_in_the_same_process(tmp_path):
+    """BackupAndRestore as its docstring uses it: a fit an exception ends, then the same fit
+    again on the same Trainer: Keras resumes from the backup and runs the epochs left;
+    kerastrain ran every epoch again (from the weights the error left)."""
+    class Interrupt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise RuntimeError("interrupting")
+
+    x = np.arange(60, dtype="float32").reshape(10, 6) / 60
+    y = np.zeros((10, 3), "float32")
+    fit = dict(epochs=5, batch_size=2, shuffle=False, verbose=0)
+    runs = []
+    for use_kerastrain in (False, True):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / f"backup{use_kerastrain}"))
+        train = kt.Trainer(model, strategy="one_device", verbose=0, tensorboard=False).fit \
+            if use_kerastrain else model.fit
+        with pytest.raises(RuntimeError, match="interrupting"):
+            train(x, y, callbacks=[backup, Interrupt()], **fit)
+        runs.append(train(x, y, callbacks=[backup], **fit).history["loss"])
+    assert len(runs[1]) == len(runs[0]) == 3
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6)
