@@ -86,3 +86,28 @@ def test_a_trainer_inside_the_users_own_strategy_scope_is_refused_saying_the_nam
     with tf.distribute.OneDeviceStrategy("/cpu:1").scope():
         with pytest.raises(RuntimeError, match=r"trainer.fit\(...\) was called inside"):
             trainer.fit(TOKENS, NEXT, epochs=1)
+
+
+def test_a_stateful_rnn_keeps_its_last_states_on_one_device_and_is_refused_under_replicas():
+    """`LSTM(stateful=True)`: after `model.fit` the layer holds the last batch's states;
+    the user's object held zeros after kerastrain's fit (its copy had trained)."""
+    x = np.random.RandomState(0).randn(8, 3, 2).astype("float32")
+    y = np.ones((8, 1), "float32")
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((3, 2), batch_size=4),
+                              keras.layers.LSTM(3, stateful=True), keras.layers.Dense(1)])
+        m.compile("sgd", "mse")
+        return m
+
+    reference, ours = model(), model()
+    reference.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+    kt.Trainer(ours, strategy="one_device", verbose=0, checkpoint=False,
+               tensorboard=False).fit(x, y, batch_size=4, shuffle=False)
+    for a, b in zip(ours.layers[0].states, reference.layers[0].states):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+    assert np.any(ours.layers[0].states[0].numpy())
+    with pytest.raises(ValueError, match=r"stateful recurrent layers \(lstm.*Train it on one "
+                                         r"device"):
+        kt.Trainer(model(), strategy=MIRRORED, verbose=0, checkpoint=False)

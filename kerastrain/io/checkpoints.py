@@ -106,6 +106,10 @@ class Checkpointer:
         self.is_chief = is_chief
         self.directory = directory
         self.checkpoint = tf.train.Checkpoint(**trackables)
+        # Read checkpoints written before a model's states were kept (`model_states`).
+        self._without_states = tf.train.Checkpoint(**{
+            k: v for k, v in trackables.items() if k != "model_states"}) \
+            if "model_states" in trackables else self.checkpoint
         self.manager = None
         if is_chief and directory:
             _recover_state(directory)  # before the manager reads it
@@ -244,6 +248,19 @@ class Checkpointer:
         # that failed): never train over them, try them after the listed ones.
         return listed + [p for _, p in reversed(on_disk(self.directory)) if p not in listed]
 
+    def _reader_for(self, path):
+        """The checkpoint object that reads `path`: one without the model's states where
+        the file has none (written by an older kerastrain)."""
+        import tensorflow as tf
+        if self._without_states is self.checkpoint:
+            return self.checkpoint
+        try:
+            names = [name for name, _ in tf.train.list_variables(path)]
+        except (tf.errors.OpError, ValueError):
+            return self.checkpoint  # unreadable: the read below says so
+        return self.checkpoint if any(n.startswith("model_states/") for n in names) \
+            else self._without_states
+
     def restore(self) -> str | None:
         """Restore the newest readable checkpoint; warn about and skip unreadable ones.
 
@@ -255,7 +272,7 @@ class Checkpointer:
         tried = []
         for path in self.candidates():
             try:
-                status = self.checkpoint.read(path)
+                status = self._reader_for(path).read(path)
                 status.assert_existing_objects_matched()
                 # The file also holds Checkpoint's own save_counter, which `read` leaves
                 # alone on purpose; without this TensorFlow warns about it at exit.

@@ -67,7 +67,7 @@ class RunState:
                 background=options.background and self.background, traced=self.traced,
                 model=model,
                 optimizer=model.optimizer, global_step=self._saved["global_step"],
-                epoch_totals=self.epoch_totals, **self.counters)
+                epoch_totals=self.epoch_totals, **_states(model), **self.counters)
 
     def move(self, *, model_dir, outputs, options):
         """Keep the state in another place from the next fit on (a `BackupAndRestore`'s
@@ -162,3 +162,12 @@ class RunState:
                 or self.is_multi_worker or step == 0:
             return False
         return not checkpoints.export_is_current(self.outputs.path("export"), step)
+
+
+def _states(model):
+    """The model's variables that are not weights (the seed generators' states of
+    `Dropout` and other random layers), which a checkpoint of the model alone leaves out:
+    kept beside it, a resumed run draws what an uninterrupted one draws."""
+    weights = {id(v) for v in model.weights}
+    states = [v for v in model.variables if id(v) not in weights]
+    return {"model_states": states} if states else {}

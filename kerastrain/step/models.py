@@ -106,6 +106,7 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
     from kerastrain.step import loops
     own_step = loops.overrides(instance, "train_step")
     _check_eager(instance, built)
+    _check_stateful(instance, built)
     if getattr(instance, "optimizer", None) is not None and own_step:
         _check_accumulation(instance.optimizer, built.name)
     return instance
@@ -133,6 +134,22 @@ def check_compiled(model, *, training):
         "`Trainer(..., optimizer='adam', loss='mse')`; `predict` needs no compile. Received: "
         f"model {model.name!r} with compiled={compiled}, optimizer="
         f"{getattr(model, 'optimizer', None)!r}")
+
+
+def _check_stateful(instance, built):
+    """A stateful RNN keeps one state per row of a fixed batch; split over replicas, each
+    replica's share has other rows than the state (TensorFlow fails deep in the step, as
+    Keras's `fit` does under the same strategy)."""
+    replicas = built.strategy.num_replicas_in_sync
+    stateful = [layer.name for layer in _compat.all_layers(instance)
+                if getattr(layer, "stateful", False)]
+    if replicas > 1 and stateful:
+        raise ValueError(
+            f"The model {instance.name!r} has stateful recurrent layers ({', '.join(stateful)}), "
+            f"whose states hold one row per example of a fixed batch; under {built.name!r} "
+            f"each of the {replicas} replicas trains a share of the batch, which does not match "
+            "them. Train it on one device (strategy='one_device'), or make the layers "
+            f"stateless. Received: stateful layers under {replicas} replicas")
 
 
 def _check_eager(instance, built):

@@ -49,6 +49,30 @@ def test_fit_resumes_to_the_requested_total_with_identical_results(tmp_path, cap
     assert fresh.global_step == 6
 
 
+@pytest.mark.parametrize("strategy", ["one_device", {"name": "mirrored", "cpu_devices": 2}],
+                         ids=["one_device", "mirrored"])
+def test_a_resumed_run_draws_the_dropout_masks_an_uninterrupted_one_draws(tmp_path, strategy):
+    """A Dropout's seed generator state is not a weight: the checkpoint left it out, so a
+    run stopped after 5 epochs and resumed to 8 ended with other losses than 8 in one go."""
+    import keras
+    x, y = helpers.arrays(64)
+
+    def build():
+        model = keras.Sequential([keras.Input((helpers.FEATURES,)), keras.layers.Dense(8),
+                                  keras.layers.Dropout(0.5), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        return model
+
+    options = dict(strategy=strategy, verbose=0, tensorboard=False, seed=0)
+    fit = dict(batch_size=16, shuffle=False)
+    straight = kt.Trainer(build, model_dir=str(tmp_path / "a"), **options).fit(
+        x, y, epochs=8, **fit).history["loss"]
+    kt.Trainer(build, model_dir=str(tmp_path / "b"), **options).fit(x, y, epochs=5, **fit)
+    resumed = kt.Trainer(build, model_dir=str(tmp_path / "b"), **options).fit(
+        x, y, epochs=8, **fit).history["loss"]
+    np.testing.assert_allclose(resumed, straight[5:], rtol=1e-6)
+
+
 def test_mid_epoch_checkpoint_resumes_the_epoch_exactly(tmp_path, caplog):
     import keras
     reference = trainer()
