@@ -10,6 +10,7 @@ from kerastrain._options import TrainerConfig, check_arguments, check_int
 from kerastrain.data import feeds as feeds_lib
 from kerastrain.data import fit_args
 from kerastrain.data import inputs as data_lib
+from kerastrain.data import preprocessing
 from kerastrain.data import service as service_lib
 from kerastrain.data import sharding
 from kerastrain.distribute import strategies
@@ -135,7 +136,9 @@ class Trainer:
             optimizer=optimizer, loss=loss, metrics=metrics)
         self._built = self._state.built  # a model instance's copy may fall back to another
         self._feeds = feeds_lib.Feeds(self._built, shard=shard, seed=seed,
-                                      tuning=self._tuning, service=self._service)
+                                      tuning=self._tuning, service=self._service,
+                                      preprocess=preprocessing.of_model(
+                                          self._state.user_model or self.model))
         self._evaluation = evaluating.Evaluation(
             self._state, self._feeds, lambda: self._epochs and self._epochs.beat)
         self._predictor = None
@@ -334,6 +337,9 @@ class Trainer:
         self._state.take_user_changes()  # a new compile may have made a new model
         if self._predictor is None or self._predictor.model is not self.model:
             self._predictor = predicting.Predictor(self._built, self.model)
+        if self._feeds.preprocess is not None:  # a keras-hub task's preprocessor
+            x, batch_size = preprocessing.mapped(x, self._feeds.preprocess, argument="x",
+                                                 batch_size=batch_size), None
         with self._state.cluster_errors_explained():
             return self._predictor.predict(x, batch_size=batch_size, steps=steps,
                                            callbacks=callbacks,

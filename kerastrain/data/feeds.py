@@ -12,6 +12,7 @@ import numpy as np
 
 from kerastrain.data import distributed
 from kerastrain.data import inputs as data_lib
+from kerastrain.data import preprocessing
 
 
 class Feeds:
@@ -25,8 +26,10 @@ class Feeds:
         service: the tf.data service (`service.Service`), or None.
     """
 
-    def __init__(self, built, *, shard, seed, tuning, service):
+    def __init__(self, built, *, shard, seed, tuning, service, preprocess=None):
         self.built = built
+        # A keras-hub task's `preprocess_samples`, mapped over every input (`preprocessing`).
+        self.preprocess = preprocess
         self._shard = shard
         self._seed = seed
         self._tuning = tuning
@@ -41,8 +44,13 @@ class Feeds:
         if key not in self.inputs or self.inputs[key][0] is not data or \
                 self._contents.get(key) != content:
             self._contents[key] = content
+            source = data
+            if self.preprocess is not None:
+                source = preprocessing.mapped(data, self.preprocess, argument=argument,
+                                              batch_size=batch_size)
+                batch_size = None
             self.inputs[key] = (data, distributed.DistributedInput(
-                self.built, data, argument=argument, shard=self._shard,
+                self.built, source, argument=argument, shard=self._shard,
                 batch_size=batch_size, seed=self.order_seed(data, argument, role), role=role,
                 shuffle=shuffle, input_options=self._tuning.input_options,
                 in_step=self._tuning.in_step_batches, service=self._service))
