@@ -248,8 +248,9 @@ def test_every_shipped_recipe_runs_shortened(path, tmp_path, capsys):
 
 
 def test_set_changes_the_run_and_the_resolved_recipe_shows_it(tmp_path, capsys):
+    # 6 batches of 256: epochs of 3 steps (finite data ends an epoch early, as in fit).
     sets = ["trainer.epochs=1", "trainer.steps_per_epoch=3", f"trainer.model_dir={tmp_path}",
-            "data.train.args.num_examples=512", "data.validation.args.num_examples=256",
+            "data.train.args.num_examples=1536", "data.validation.args.num_examples=256",
             "trainer.verbose=0", "strategy=default"]
     code = cli.main(["run", os.path.join(helpers.REPO, "recipes", "quickstart.yaml"),
                      *[a for s in sets for a in ("--set", s)]])

@@ -162,8 +162,9 @@ def test_s3_without_tensorflow_io_fails_at_construction_and_exits_2(tmp_path, ca
 
 
 def test_the_recipe_cli_and_the_evaluator_use_a_url_model_dir(url, capsys, monkeypatch):
+    # 6 batches of 256: two epochs of 3 steps (finite data ends an epoch early, as in fit).
     sets = ["trainer.epochs=1", "trainer.steps_per_epoch=3", f"trainer.model_dir={url}",
-            "data.train.args.num_examples=256", "data.validation.args.num_examples=128",
+            "data.train.args.num_examples=1536", "data.validation.args.num_examples=128",
             "trainer.verbose=0", "strategy=default"]
     args = [a for s in sets for a in ("--set", s)]
     assert cli.main(["run", QUICKSTART, *args]) == 0
