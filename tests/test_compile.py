@@ -123,3 +123,29 @@ def test_a_metric_whose_reset_keeps_its_state_runs_over_epochs_and_caps_apply(st
         keras.config.set_max_epochs(None)
         keras.config.set_max_steps_per_epoch(None)
     assert history.epoch == [0] and trainer.global_step == 2 * 4 + 2
+
+
+LossOf = __import__("collections").namedtuple("LossOf", ["a", "b"])
+
+
+@STRATEGIES
+@pytest.mark.parametrize("loss,outputs", [
+    ({"a": ["mse"], "b": ["mae"]}, "dict"), ([["mse"], ["mae"]], "list"),
+    (LossOf("mse", "mae"), "list")], ids=["dict_of_lists", "list_of_lists", "namedtuple"])
+def test_losses_in_the_structures_compile_takes_train_as_under_fit(loss, outputs, strategy):
+    """Keras takes a loss per output as a dict of lists, a list of lists or a namedtuple;
+    `Trainer(model)` raised ("'generator' object does not support item assignment",
+    "__new__() missing ... argument") reading them."""
+    def model():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6,))
+        a, b = keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(1, name="b")(inputs)
+        m = keras.Model(inputs, {"a": a, "b": b} if outputs == "dict" else [a, b])
+        m.compile(keras.optimizers.SGD(0.05), loss=loss)
+        return m
+
+    y = {"a": X[:, :1], "b": X[:, 1:2]} if outputs == "dict" else [X[:, :1], X[:, 1:2]]
+    expected = model().fit(X, y, **FIT).history["loss"]
+    trainer = kt.Trainer(model(), strategy=strategy, verbose=0, checkpoint=False,
+                         tensorboard=False)
+    close(trainer.fit(X, y, **FIT).history["loss"], expected)

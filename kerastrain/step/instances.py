@@ -72,11 +72,21 @@ def _as_config(obj):
     # a metric object is kept and given new storage in scope (`models._fresh`).
     if isinstance(obj, keras.optimizers.Optimizer):
         return FromConfig(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_as_config(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _as_config(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, dict)):
+        return same_structure(obj, _as_config)
     return obj
+
+
+def same_structure(obj, fn):
+    """`obj` (a list, tuple, namedtuple or dict, as `compile` takes its losses and metrics,
+    which Keras may keep in its own tracked lists and dicts) with `fn` applied to each item."""
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(fn(o) for o in obj))
+    if isinstance(obj, tuple):
+        return tuple(fn(o) for o in obj)
+    if isinstance(obj, list):  # also TensorFlow's ListWrapper, which takes no generator
+        return [fn(o) for o in obj]
+    return {k: fn(v) for k, v in obj.items()}
 
 
 def detach(model):

@@ -36,10 +36,8 @@ def _fresh(obj):
     if isinstance(obj, keras.metrics.Metric):
         _compat.replace_storage(obj.variables, [_value_or_zeros(v) for v in obj.variables])
         return obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_fresh(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _fresh(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, dict)):
+        return instances.same_structure(obj, _fresh)
     return obj
 
 
