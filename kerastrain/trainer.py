@@ -10,7 +10,6 @@ from kerastrain._options import TrainerConfig, check_arguments, check_int
 from kerastrain.data import feeds as feeds_lib
 from kerastrain.data import fit_args
 from kerastrain.data import inputs as data_lib
-from kerastrain.data import preprocessing
 from kerastrain.data import service as service_lib
 from kerastrain.data import sharding
 from kerastrain.distribute import strategies
@@ -137,8 +136,7 @@ class Trainer:
         self._built = self._state.built  # a model instance's copy may fall back to another
         self._feeds = feeds_lib.Feeds(self._built, shard=shard, seed=seed,
                                       tuning=self._tuning, service=self._service,
-                                      preprocess=preprocessing.of_model(
-                                          self._state.user_model or self.model))
+                                      model=self._state.user_model or self.model)
         self._evaluation = evaluating.Evaluation(
             self._state, self._feeds, lambda: self._epochs and self._epochs.beat)
         self._predictor = None
@@ -240,8 +238,7 @@ class Trainer:
                 end of finite data, required under ps for infinite data).
             validation_dataset_fn: validation data in any input form, evaluated at
                 epoch ends and logged with a `val_` prefix (`validation_data` too).
-            callbacks: Keras callbacks, each hook called as `model.fit` calls it (batch
-                hooks around every `steps_per_execution` batches, whatever the loop size).
+            callbacks: Keras callbacks, each hook called as `model.fit` calls it.
             actions: `kerastrain.Action`s called after each compiled loop and at each
                 epoch end, with the steps they ask to see exactly (`Action`'s docstring).
             **keras_args: `x`, `sample_weight`, `class_weight`, `validation_data`,
@@ -250,10 +247,8 @@ class Trainer:
         Raises:
             ValueError: missing data, infinite data without `steps_per_epoch`, or a
                 `model.fit` argument that does not apply to this input."""
-        strategies.check_outside_user_scope("trainer.fit(...)")
-        _check_counts(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
-                      validation_steps=validation_steps, validation_freq=validation_freq)
-        epochs, steps_per_epoch = _debugging_caps(epochs, steps_per_epoch)
+        epochs, steps_per_epoch = _check_counts(epochs, steps_per_epoch, validation_steps,
+                                                validation_freq, initial_epoch=initial_epoch)
         data = fit_args.of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args,
                                     default=self._dataset_fn)
         actions = actions_lib.check_user_actions(actions)  # refused before anything is used
@@ -309,7 +304,6 @@ class Trainer:
         whole dataset itself, reading variables from the ps tasks, so every example
         counts exactly once.
         """
-        strategies.check_outside_user_scope("trainer.evaluate(...)")
         return self._evaluation.evaluate(
             dataset_fn, x, y, sample_weight, training_data=self._dataset_fn,
             batch_size=batch_size, steps=steps, return_dict=return_dict, callbacks=callbacks,
@@ -332,26 +326,24 @@ class Trainer:
         Example:
             >>> probabilities = trainer.predict(x_test, batch_size=256)
         """
-        strategies.check_outside_user_scope("trainer.predict(...)")
         callbacks = callbacks_lib.check_callbacks(callbacks)
         self._state.take_user_changes()  # a new compile may have made a new model
-        if self._predictor is None or self._predictor.model is not self.model:
-            self._predictor = predicting.Predictor(self._built, self.model)
-        if self._feeds.preprocess is not None:  # a keras-hub task's preprocessor
-            x, batch_size = preprocessing.mapped(x, self._feeds.preprocess, argument="x",
-                                                 batch_size=batch_size), None
+        self._predictor = predicting.Predictor.of(self._predictor, self._built, self.model,
+                                                  preprocess=self._feeds.preprocess)
         with self._state.cluster_errors_explained():
             return self._predictor.predict(x, batch_size=batch_size, steps=steps,
                                            callbacks=callbacks,
                                            verbose=self._resolve_verbose(verbose))
 
 
-def _check_counts(*, epochs, steps_per_epoch, validation_steps, initial_epoch, validation_freq):
-    """fit's counts: those a recipe's `trainer:` has by their `TrainerConfig` fields."""
+def _check_counts(epochs, steps_per_epoch, validation_steps, validation_freq, *, initial_epoch):
+    """fit's counts (those a recipe's `trainer:` has by their `TrainerConfig` fields):
+    `(epochs, steps_per_epoch)` as Keras's debugging caps leave them."""
     check_arguments(TrainerConfig, epochs=epochs, steps_per_epoch=steps_per_epoch,
                     validation_steps=validation_steps)
     check_int("initial_epoch", initial_epoch, minimum=0)
     check_int("validation_freq", validation_freq, minimum=1)
+    return _debugging_caps(epochs, steps_per_epoch)
 
 
 def _debugging_caps(epochs, steps_per_epoch):

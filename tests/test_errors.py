@@ -130,7 +130,7 @@ def test_run_eagerly_is_refused_where_steps_cannot_run_eagerly(name, ps, multi_w
     remote workers, and multi-worker steps are compiled collectives: refused, saying so,
     not quietly compiled."""
     import types
-    from kerastrain.step import models as models_lib
+    from kerastrain.step import checks
     model = keras.Sequential([keras.Input((helpers.FEATURES,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
     built = types.SimpleNamespace(name=name, is_parameter_server=ps,
@@ -139,9 +139,9 @@ def test_run_eagerly_is_refused_where_steps_cannot_run_eagerly(name, ps, multi_w
             rf"`run_eagerly=True` .*which the '{name}' strategy cannot honour.*'one_device' or "
             rf"'mirrored'.*Received: run_eagerly=True for model 'sequential.*under "
             rf"strategy='{name}'")):
-        models_lib._check_eager(model, built)
+        checks.check_eager(model, built)
     model.compile(optimizer="sgd", loss="mse")
-    models_lib._check_eager(model, built)  # compiled steps: nothing to refuse
+    checks.check_eager(model, built)  # compiled steps: nothing to refuse
 
 
 def test_cpu_devices_after_tensorflow_initialised():

@@ -24,12 +24,13 @@ class Feeds:
         seed: the Trainer's seed (None: orders drawn freshly).
         tuning: the `tuning.TuningOptions` (input options, in-step batches).
         service: the tf.data service (`service.Service`), or None.
+        model: the user's model (a keras-hub task's preprocessor is applied to the data).
     """
 
-    def __init__(self, built, *, shard, seed, tuning, service, preprocess=None):
+    def __init__(self, built, *, shard, seed, tuning, service, model=None):
         self.built = built
         # A keras-hub task's `preprocess_samples`, mapped over every input (`preprocessing`).
-        self.preprocess = preprocess
+        self.preprocess = preprocessing.of_model(model)
         self._shard = shard
         self._seed = seed
         self._tuning = tuning

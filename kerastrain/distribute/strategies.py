@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 
 from kerastrain.distribute import cluster as cluster_lib
 from kerastrain.distribute import network as network_lib
+from kerastrain.distribute import user_scope
 from kerastrain.distribute.devices import (  # configure_cpu_devices: public here too
     configure_cpu_devices, gpus, local_devices, on_one_device)
 from kerastrain.distribute.ps import partitioning
@@ -201,7 +202,7 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
         2
     """
     name, options = normalize(strategy, strategy_options)
-    check_outside_user_scope()
+    user_scope.check_outside()
     cluster_lib.use_slurm(name, options)
     if "cpu_devices" in options:
         configure_cpu_devices(options["cpu_devices"])
@@ -209,36 +210,6 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
     built.options = options
     logger.info("strategy: %s (%s)%s", built.name, built.reason, _asynchronous_note(built))
     return built
-
-
-# The kerastrain name of each tf.distribute strategy class a user may have entered.
-_NAMES_OF_CLASSES = {
-    "OneDeviceStrategy": "one_device", "MirroredStrategy": "mirrored",
-    "CentralStorageStrategy": "central_storage",
-    "MultiWorkerMirroredStrategy": "multi_worker_mirrored",
-    "CollectiveAllReduceStrategy": "multi_worker_mirrored",
-    "ParameterServerStrategy": "ps"}
-
-
-def check_outside_user_scope(what="kerastrain.Trainer(...)"):
-    """kerastrain builds and enters its own strategy; inside a user's `strategy.scope()`
-    TensorFlow fails at the first variable ("Mixing different tf.distribute.Strategy
-    objects"). Refused first, saying which name to give instead.
-
-    Raises:
-        RuntimeError: called inside a `tf.distribute` strategy's scope.
-    """
-    import tensorflow as tf
-    if not tf.distribute.has_strategy():
-        return
-    outer = type(tf.distribute.get_strategy()).__name__.removesuffix("V1")
-    name = _NAMES_OF_CLASSES.get(outer)
-    instead = f"strategy={name!r}" if name else "the strategy's kerastrain name"
-    raise RuntimeError(
-        f"{what} was called inside a `tf.distribute` strategy's scope ({outer}). kerastrain "
-        f"builds and enters its strategy itself: call it outside `strategy.scope()` and pass "
-        f"{instead} (a model built in your scope may be given as it is). Received: a call "
-        f"inside {outer}.scope()")
 
 
 def default_for_instance(built, model):

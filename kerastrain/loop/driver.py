@@ -190,19 +190,12 @@ class SyncDriver:
         """
         import tensorflow as tf
 
-        if self._rewind_to is not None:
-            self._rewind(train_input)
-        if self._continue_pass:
-            self._continue_pass = False
-        elif steps_per_epoch is None or self._iterator is None or self._pass_ended:
-            self._new_iterator(train_input)
-        self._pass_ended = False
+        self._begin_epoch(train_input, steps_per_epoch)
         before = before or (lambda *args, **kwargs: None)
         if self._batch_loop is not None:
             yield from self._run_batches(train_input, steps_per_epoch, before)
             return
-        done = 0
-        restarted = False
+        done, restarted = 0, False
         sizer = None if isinstance(steps_per_loop, int) else steps_per_loop
         if sizer is not None:
             sizer.calibrate(self._loop, self._iterator)
@@ -214,14 +207,13 @@ class SyncDriver:
             sized, free = sizer is None or sizer.size is not None, sizer is not None
             if self._trial is not None and sized and free:
                 most = self._trial.most(most)
-            n = loop_size(most, steps_per_epoch, done, boundary(step))
-            left = self._steps_left(train_input)
-            if left == 0:
+            n = self._within_pass(train_input, loop_size(most, steps_per_epoch, done,
+                                                         boundary(step)))
+            if n == 0:  # the pass ended on its last batch (data of known size)
                 if not self._pass_end(train_input, steps_per_epoch, done, restarted):
                     return
                 restarted = True
                 continue
-            n = n if left is None else min(n, left)
             if self.skips or self.probe:
                 self._skip_poisoned()
                 n = self._cut(n)
@@ -273,15 +265,27 @@ class SyncDriver:
         if offset:  # one batch a step: a trial runs without gradient accumulation
             self.offset = int(self._skip(self._iterator, tf.constant(offset, tf.int32)))
 
-    def _steps_left(self, train_input):
-        """Steps left in this pass of data of known size (None: unknown). Where none is
-        left the epoch ends (or, at its start, begins a new pass) before a loop that would
-        find the data empty, as `model.fit` knows the size and calls no callback's batch
-        begin for it."""
+    def _begin_epoch(self, train_input, steps_per_epoch):
+        """Where the epoch's first batch comes from: a recovery's position, a resumed
+        pass, the pass the last epoch left, or a new pass (an epoch of one pass, or after
+        an epoch that ended where the data's pass did)."""
+        if self._rewind_to is not None:
+            self._rewind(train_input)
+        if self._continue_pass:
+            self._continue_pass = False
+        elif steps_per_epoch is None or self._iterator is None or self._pass_ended:
+            self._new_iterator(train_input)
+        self._pass_ended = False
+
+    def _within_pass(self, train_input, n):
+        """`n` steps, cut to those left in this pass of data of known size. Where none is
+        left (0) the epoch ends (or, at its start, begins a new pass) before a loop that
+        would find the data empty, as `model.fit` knows the size and calls no callback's
+        batch begin for it."""
         count = train_input.cardinality
         if not (isinstance(count, int) and count > 0):
-            return None
-        return max(0, -(-(count - self.saved_offset) // self._batches))
+            return n
+        return min(n, max(0, -(-(count - self.saved_offset) // self._batches)))
 
     def _pass_end(self, train_input, steps_per_epoch, done, restarted):
         """The data's pass ended after `done` steps of this epoch: whether the epoch goes on

@@ -23,6 +23,7 @@ import numpy as np
 
 from kerastrain._tracing import compiled, runs_eagerly
 from kerastrain.data import numpy_data
+from kerastrain.data import preprocessing
 from kerastrain.data import inputs as data_lib
 
 DEFAULT_BATCH_SIZE = 32  # as in Keras's `predict(x)`
@@ -82,9 +83,18 @@ def _check_finite(dataset, steps, argument):
 class Predictor:
     """Compiled predict steps of one model under one strategy (see the module docstring)."""
 
-    def __init__(self, built, model):
+    @classmethod
+    def of(cls, previous, built, model, preprocess=None):
+        """`previous` (a Predictor, or None) where it predicts with `model`, else a new one
+        (a second compile made a new model)."""
+        if previous is not None and previous.model is model:
+            return previous
+        return cls(built, model, preprocess)
+
+    def __init__(self, built, model, preprocess=None):
         self.built = built
         self.model = model
+        self.preprocess = preprocess  # a keras-hub task's `preprocess_samples`, or None
         # CentralStorageStrategy's distributed datasets drop a last batch its replicas
         # cannot split (measured, TF 2.21: 13 examples in batches of 6 lose the 13th), so
         # its predictions run here, on the variables' own device, like the other two.
@@ -98,6 +108,9 @@ class Predictor:
         import tensorflow as tf
 
         strategy = self.built.strategy
+        if self.preprocess is not None:  # as the task's own predict maps it over the batches
+            x, batch_size = preprocessing.mapped(x, self.preprocess, argument=argument,
+                                                 batch_size=batch_size), None
         dataset = global_dataset(x, batch_size=batch_size, argument=argument)
         if dataset is None:  # a dataset_fn(ctx)
             if self.local:

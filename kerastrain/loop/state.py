@@ -16,6 +16,7 @@ from kerastrain import _compat
 from kerastrain import _logging
 from kerastrain.data import inputs as data_lib
 from kerastrain.distribute import strategies
+from kerastrain.distribute import user_scope
 from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import modes
@@ -24,6 +25,7 @@ from kerastrain.loop import run_state
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.step import accumulation as accumulation_lib
 from kerastrain.step import loops as loops_lib
+from kerastrain.step import checks
 from kerastrain.step import instances
 from kerastrain.step import metrics as metrics_lib
 from kerastrain.step import models as models_lib
@@ -118,7 +120,7 @@ class TrainingState:
         and the compiled step (once); every input is checked against the model (`steps`:
         those of its methods that, overridden, decide what its batches need)."""
         self.check_compile()
-        models_lib.check_compiled(self.model, training="train_step" in steps)
+        checks.check_compiled(self.model, training="train_step" in steps)
         data_lib.check_against_model(element_spec, self.model, steps)
         if self.step is not None:
             self.take_user_changes()
@@ -171,6 +173,7 @@ class TrainingState:
         optimizer's state goes on where the new compile keeps the optimizer object, and
         starts afresh with a new one, as in Keras."""
         import tensorflow as tf
+        user_scope.check_outside("a Trainer call (fit, evaluate, predict)")
         watched = self._watched
         token = _compat.compile_token(watched) if watched is not None else None
         if token is self._compiled_as:

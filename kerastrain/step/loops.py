@@ -363,8 +363,7 @@ class Step:
         return loop
 
     def start_epoch(self):
-        """Called before each epoch and evaluation: totals start at 0, from the state the
-        metrics' `reset_state` leaves (`MetricState.start`)."""
+        """Before each epoch and evaluation: from what `reset_state` leaves (`metrics`)."""
         self.metrics.start()
 
 

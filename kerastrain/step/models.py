@@ -8,7 +8,9 @@ import logging
 import keras
 
 from kerastrain import _compat
+from kerastrain.step import checks
 from kerastrain.step import instances
+from kerastrain.step import precision
 
 logger = logging.getLogger("kerastrain")
 
@@ -103,72 +105,11 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
     # for a compiled one (`check_compiled`).
     from kerastrain.step import loops
     own_step = loops.overrides(instance, "train_step")
-    _check_eager(instance, built)
-    _check_stateful(instance, built)
+    checks.check_eager(instance, built)
+    checks.check_stateful(instance, built)
     if getattr(instance, "optimizer", None) is not None and own_step:
         _check_accumulation(instance.optimizer, built.name)
     return instance
-
-
-def check_compiled(model, *, training):
-    """`fit` and `evaluate` need a compiled model, as Keras's do; `fit` an optimizer too.
-
-    Compiled without a loss is fine where the model adds its own (an "endpoint" layer's
-    `add_loss`, as on keras.io); without any, Keras's compute_loss says "No loss to compute".
-    A model with its own train_step may keep its optimizers itself (a GAN's two).
-
-    Raises:
-        ValueError: the model is not compiled, or (to train) has no optimizer.
-    """
-    from kerastrain.step import loops
-    compiled = getattr(model, "compiled", False)
-    if compiled and not (training and getattr(model, "optimizer", None) is None
-                         and not loops.overrides(model, "train_step")):
-        return
-    raise ValueError(
-        f"The model is not compiled, so kerastrain does not know what to "
-        f"{'minimise' if training else 'evaluate'}. Call `model.compile(optimizer=..., "
-        "loss=...)` (in your model function, or on the model before this call), or pass "
-        "`Trainer(..., optimizer='adam', loss='mse')`; `predict` needs no compile. Received: "
-        f"model {model.name!r} with compiled={compiled}, optimizer="
-        f"{getattr(model, 'optimizer', None)!r}")
-
-
-def _check_stateful(instance, built):
-    """A stateful RNN keeps one state per row of a fixed batch; split over replicas, each
-    replica's share has other rows than the state (TensorFlow fails deep in the step, as
-    Keras's `fit` does under the same strategy)."""
-    replicas = built.strategy.num_replicas_in_sync
-    stateful = [layer.name for layer in _compat.all_layers(instance)
-                if getattr(layer, "stateful", False)]
-    if replicas > 1 and stateful:
-        raise ValueError(
-            f"The model {instance.name!r} has stateful recurrent layers ({', '.join(stateful)}), "
-            f"whose states hold one row per example of a fixed batch; under {built.name!r} "
-            f"each of the {replicas} replicas trains a share of the batch, which does not match "
-            "them. Train it on one device (strategy='one_device'), or make the layers "
-            f"stateless. Received: stateful layers under {replicas} replicas")
-
-
-def _check_eager(instance, built):
-    """`run_eagerly=True` (Keras's debugging mode) runs every step eagerly on this task's
-    replicas; where steps are functions TensorFlow runs elsewhere, it cannot."""
-    if not getattr(instance, "run_eagerly", False):
-        return
-    if built.is_parameter_server:
-        why = ("a parameter-server coordinator schedules each loop on a remote worker as a "
-               "tf.function, which cannot run eagerly")
-    elif built.is_multi_worker:
-        why = ("multi-worker mirrored runs every step on every worker in step, through "
-               "collectives kerastrain runs compiled only")
-    else:
-        return
-    raise ValueError(
-        f"The model is compiled with `run_eagerly=True` (Keras's debugging mode), which the "
-        f"{built.name!r} strategy cannot honour: {why}. Debug the model eagerly under the "
-        "'one_device' or 'mirrored' strategy, then compile it without `run_eagerly` for "
-        f"{built.name!r}. Received: run_eagerly=True for model {instance.name!r} under "
-        f"strategy={built.name!r}")
 
 
 def _check_built_by_function(instance, model, built):
@@ -453,7 +394,7 @@ def clone_compiled(model, why, compile_args=None, clone_function=None):
         model.compiled = False
         # Under the model's own dtype policy: a model made under mixed_float16 keeps it
         # (its copy was float32, so `compile` gave it no loss scaling, without a word).
-        with _global_policy(model.dtype_policy):
+        with precision.global_policy(model.dtype_policy):
             clone = keras.models.clone_model(model, clone_function=clone_function)
     except Exception as e:  # clone_model raises several types for unclonable models
         cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
@@ -468,16 +409,6 @@ def clone_compiled(model, why, compile_args=None, clone_function=None):
     if args is not None and compiled:
         _recompile(clone, args, fresh=True)
     return clone
-
-
-@contextlib.contextmanager
-def _global_policy(policy):
-    previous = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_dtype_policy(policy)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_dtype_policy(previous)
 
 
 def unpartitioned_copy(model, source=None):

@@ -62,3 +62,15 @@ def ensure_loss_scaling(model, mixed_precision):
     logger.info("mixed precision: %s (layers compute in %s, variables float32)%s",
                 mixed_precision, model.dtype_policy.compute_dtype,
                 "; dynamic loss scaling" if scaled else "")
+
+
+@contextlib.contextmanager
+def global_policy(policy):
+    """While active, Keras's global dtype policy is `policy` (a model copied under its own)."""
+    import keras
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)

@@ -1,6 +1,8 @@
 """Routes `keras.Model.fit` / `evaluate` / `predict` through kerastrain for the tests of
 this folder (each module names its strategy in `STRATEGY`).
 
+- One device runs in every suite run; mirrored (twice the time, over the suite's 10-minute
+  budget on a 2-core machine) with `KERASTRAIN_CONTRACT_MIRRORED=1`.
 - `KERASTRAIN_CONTRACT=plain` runs the same tests on Keras alone, to see what passes there.
 - Tests that fail under plain Keras on this install are deselected (`known.PLAIN_FAILS`).
 - Tests listed in `known.DIFFERS[strategy]` are expected to fail through kerastrain, each
@@ -16,6 +18,8 @@ import known
 import routing
 
 _MODE = os.environ.get("KERASTRAIN_CONTRACT", "")
+collect_ignore = [] if os.environ.get("KERASTRAIN_CONTRACT_MIRRORED") else [
+    "test_trainer_mirrored.py"]
 
 
 def pytest_collection_modifyitems(config, items):
