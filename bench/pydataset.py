@@ -91,6 +91,13 @@ def main():
         runner.epoch()
     examples = BATCH * args.batches
     wall, cpu = _rounds.interleave(runners, args.rounds, examples)
+    # What was timed trained every batch of every epoch (model.fit on a fresh generator
+    # trains one batch more an epoch in Keras 3.15.1: a peeked batch, read twice).
+    steps = {name: int(r.model.optimizer.iterations.numpy()) if isinstance(r, KerasFit)
+             else r.trainer.global_step for name, r in runners.items()}
+    print("optimizer steps:", steps)
+    assert all(n == args.batches * (args.rounds + 1) for name, n in steps.items()
+               if name != "model.fit (generator)"), steps
     import statistics
     rows = []
     for kind in ("PyDataset", "generator"):
