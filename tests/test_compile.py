@@ -149,3 +149,29 @@ def test_losses_in_the_structures_compile_takes_train_as_under_fit(loss, outputs
     trainer = kt.Trainer(model(), strategy=strategy, verbose=0, checkpoint=False,
                          tensorboard=False)
     close(trainer.fit(X, y, **FIT).history["loss"], expected)
+
+
+class SplitOutputs(keras.Model):
+    """A `compute_loss` override that splits one output into a list, one loss each."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        return super().compute_loss(x, y, [y_pred[:, :1], y_pred[:, 1:]], sample_weight,
+                                    training)
+
+
+@STRATEGIES
+def test_a_compute_loss_that_splits_an_output_into_a_list_trains_as_under_fit(strategy):
+    def model():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6,))
+        m = SplitOutputs(inputs, keras.layers.Dense(2)(inputs))
+        m.compile(keras.optimizers.SGD(0.05), loss=["mse", "mae"])
+        return m
+
+    y = [X[:, :1], X[:, 1:2]]
+    expected = model().fit(X, y, **FIT).history
+    got = kt.Trainer(model(), strategy=strategy, verbose=0, checkpoint=False,
+                     tensorboard=False).fit(X, y, **FIT).history
+    assert sorted(got) == sorted(expected) == ["loss", "mae_loss", "mse_loss"]
+    for key in expected:
+        close(got[key], expected[key])
