@@ -31,19 +31,24 @@ def check_compiled(model, *, training):
 
 
 def check_stateful(instance, built):
-    """A stateful RNN keeps one state per row of a fixed batch; split over replicas, each
-    replica's share has other rows than the state (TensorFlow fails deep in the step, as
-    Keras's `fit` does under the same strategy)."""
+    """A stateful RNN keeps one state per row of a fixed batch, carried from batch to batch.
+    Split over replicas, each replica's share has other rows than the state (TensorFlow
+    fails deep in the step, as Keras's `fit` does under the same strategy); under parameter
+    servers workers train batches in no set order on one state, and the user's object could
+    not hold it afterwards (made before the cluster connected)."""
     replicas = built.strategy.num_replicas_in_sync
     stateful = [layer.name for layer in _compat.all_layers(instance)
                 if getattr(layer, "stateful", False)]
-    if replicas > 1 and stateful:
+    if stateful and (replicas > 1 or built.is_parameter_server):
+        why = (f"each of the {replicas} replicas trains a share of the batch, which does not "
+               "match them") if replicas > 1 else (
+            "its workers train batches in no set order, all on one state")
         raise ValueError(
             f"The model {instance.name!r} has stateful recurrent layers ({', '.join(stateful)}), "
-            f"whose states hold one row per example of a fixed batch; under {built.name!r} "
-            f"each of the {replicas} replicas trains a share of the batch, which does not match "
-            "them. Train it on one device (strategy='one_device'), or make the layers "
-            f"stateless. Received: stateful layers under {replicas} replicas")
+            f"whose states hold one row per example of a fixed batch, carried from batch to "
+            f"batch; under {built.name!r} {why}. Train it on one device "
+            f"(strategy='one_device'), or make the layers stateless. Received: stateful "
+            f"layers under strategy={built.name!r}")
 
 
 def check_eager(instance, built):
