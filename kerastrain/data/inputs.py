@@ -280,22 +280,26 @@ def is_absent(spec_or_value) -> bool:
         isinstance(spec_or_value, (tf.OptionalSpec, tf.experimental.Optional))
 
 
-def check_no_absent(element_spec, argument):
-    """An optional input given None cannot pass a distributed iterator yet.
+def check_no_absent(element_spec, argument, built):
+    """An optional input given None trains on one device (the default strategy reads the
+    dataset as it is, as Keras's `fit` does); it cannot pass a distributed iterator yet.
 
     Raises:
-        ValueError: a None among the inputs (x), naming the cause and what to do.
+        ValueError: a None among the inputs (x) under a strategy that distributes the data,
+            naming the cause and what to do.
     """
     import tensorflow as tf
-    if any(is_absent(s) for s in tf.nest.flatten(split_batch(element_spec)[0])):
+    if built.name != "default" and any(
+            is_absent(s) for s in tf.nest.flatten(split_batch(element_spec)[0])):
         raise ValueError(
             f"`{argument}` gives an optional input (`keras.Input(..., optional=True)`) the "
-            "value None. kerastrain's compiled loops read batches through tf.distribute "
-            "iterators, which cannot carry a None (TensorFlow 2.21: a NoneTensorSpec has no "
-            "shape); Keras's TF trainer carries it as an empty tf.experimental.Optional and "
-            "turns it back into None before its step, which kerastrain does not do yet. "
-            "Feed the input zeros, or build the model without it. Received: "
-            f"element_spec={describe(element_spec)}")
+            f"value None, which trains on one device. Under {built.name!r} kerastrain's "
+            "compiled loops read batches through tf.distribute iterators, which cannot carry "
+            "a None (TensorFlow 2.21: a NoneTensorSpec has no shape); Keras's TF trainer "
+            "carries it as an empty tf.experimental.Optional and turns it back into None "
+            "before its step, which kerastrain does not do yet. Feed the input zeros, build "
+            "the model without it, or train on one device. Received: "
+            f"element_spec={describe(element_spec)} under strategy={built.name!r}")
 
 
 def cardinality(dataset) -> int:
@@ -382,7 +386,7 @@ def resolve(built, data, form, *, argument, shard, batch_size, seed, for_trainin
                       fn=data)
     probe = make()
     check_element_spec(probe, argument)
-    check_no_absent(probe.element_spec, argument)
+    check_no_absent(probe.element_spec, argument, built)
     size = cardinality(probe)
     pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
     file_source = pipeline.file_source() if pipelines > 1 or shard == "file" else None

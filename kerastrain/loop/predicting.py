@@ -123,7 +123,7 @@ class Predictor:
                     lambda ctx: _checked(x(ctx), argument)), _known(probe, steps), \
                     probe.element_spec
         _check_finite(dataset, steps, argument)
-        data_lib.check_no_absent(dataset.element_spec, argument)
+        data_lib.check_no_absent(dataset.element_spec, argument, self.built)
         if self.local:
             return dataset, _known(dataset, steps), dataset.element_spec
         # Every replica of this one task reads this one dataset: TensorFlow's default policy
