@@ -18,10 +18,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 FEATURES = 3
 
 
-def build_model(n, own_step=False, accumulation=None, aggregation="none"):
+def build_model(n, own_step=False, accumulation=None, aggregation="none",
+                steps_per_execution=1):
     """The counting model; `own_step`: a subclass with its own `train_step` (kerastrain's
     `ModelStep`); `accumulation`: SGD with `gradient_accumulation_steps`; `aggregation` of
-    the counts (`"sum"` under mirrored: each replica adds its own ids)."""
+    the counts (`"sum"` under mirrored: each replica adds its own ids); `steps_per_execution`:
+    how many batches apart batch hooks run, as Keras calls them."""
     import keras
     import tensorflow as tf
 
@@ -51,7 +53,7 @@ def build_model(n, own_step=False, accumulation=None, aggregation="none"):
         hidden = CountIds(name="count_ids")(inputs)
         model = (OwnStep if own_step else keras.Model)(inputs, keras.layers.Dense(1)(hidden))
         model.compile(optimizer=keras.optimizers.SGD(gradient_accumulation_steps=accumulation),
-                      loss="mse")
+                      loss="mse", steps_per_execution=steps_per_execution)
         return model
     return make
 
@@ -106,8 +108,12 @@ def main():
     results = []
     for case in job["cases"]:
         started = time.monotonic()
+        # A batch hook that sleeps (below) runs once a loop, as it did before batch hooks
+        # followed `steps_per_execution` (one step a loop under ps made the run 2x longer).
         model = build_model(n, own_step=case.get("own_step", False),
-                            accumulation=case.get("accumulation"))
+                            accumulation=case.get("accumulation"),
+                            steps_per_execution=case["steps_per_loop"]
+                            if case.get("sleep_per_loop") else 1)
         trainer = kt.Trainer(model, strategy={"name": "ps", "num_workers": 2,
                                                        "num_ps": 1},
                              seed=0, verbose=0, steps_per_loop=case["steps_per_loop"],
@@ -129,8 +135,7 @@ def main():
             callbacks.append(keras.callbacks.LambdaCallback(
                 on_epoch_begin=lambda epoch, logs=None: epoch == at and open(marker, "w").close()))
         if case.get("sleep_per_loop"):
-            # Batch hooks run at every batch (a loop a batch): a slower coordinator, a longer
-            # run.
+            # A slower coordinator, a longer run: a sleep every `steps_per_loop` batches.
             callbacks.append(keras.callbacks.LambdaCallback(
                 on_train_batch_end=lambda b, logs=None: time.sleep(case["sleep_per_loop"])))
         form = case["form"]
