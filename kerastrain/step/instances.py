@@ -261,6 +261,17 @@ def _set(variable, value) -> bool:
         return False
 
 
+def value_or_zeros(variable):
+    """A variable's value, or zeros where this process cannot read it (made before it joined
+    a parameter-server cluster): a metric's state, which starts each epoch afresh anyway."""
+    import numpy as np
+    import tensorflow as tf
+    try:
+        return variable.numpy()
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+        return np.zeros(variable.shape, variable.dtype)
+
+
 def _rehome_unreadable(variables, moved):
     """New storage, holding zeros, for variables on a device that is gone (metric states,
     an optimizer's count: their values there cannot be read); added to `moved`."""

@@ -16,6 +16,7 @@ from kerastrain import _compat
 from kerastrain._tracing import runs_eagerly
 from kerastrain.data import inputs as data_lib
 from kerastrain.distribute.ps import worker_steps
+from kerastrain.step import instances
 
 logger = logging.getLogger("kerastrain")
 
@@ -134,7 +135,8 @@ class MetricState:
             return
         if self._last is None:
             self._last = np.concatenate(
-                [_readable(v).ravel() for v in self.variables]).astype(np.float64)
+                [np.asarray(instances.value_or_zeros(v), np.float64).ravel()
+                 for v in self.variables]).astype(np.float64)
         last = np.split(self._last, np.cumsum(self.sizes)[:-1])
         state = [tf.constant(a.reshape(v.shape), v.dtype) for a, v in zip(last, self.variables)]
         with _compat.stateless_scope(list(zip(self.variables, state))) as scope:
@@ -206,13 +208,3 @@ class MetricState:
                 # Converted here, in the scope: a variable returned would be read after it.
                 parts.append({k: tf.convert_to_tensor(r) for k, r in result.items()})
         return parts
-
-
-def _readable(variable):
-    """A metric variable's value, or zeros where this process cannot read it (made before
-    it joined a parameter-server cluster)."""
-    import tensorflow as tf
-    try:
-        return np.asarray(variable.numpy(), np.float64)
-    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
-        return np.zeros(variable.shape, np.float64)

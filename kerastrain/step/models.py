@@ -36,23 +36,11 @@ def _fresh(obj):
     if isinstance(obj, keras.optimizers.Optimizer):
         return obj.__class__.from_config(obj.get_config())
     if isinstance(obj, keras.metrics.Metric):
-        _compat.replace_storage(obj.variables, [_value_or_zeros(v) for v in obj.variables])
+        _compat.replace_storage(obj.variables, [instances.value_or_zeros(v) for v in obj.variables])
         return obj
     if isinstance(obj, (list, tuple, dict)):
         return instances.same_structure(obj, _fresh)
     return obj
-
-
-def _value_or_zeros(variable):
-    """A metric variable's value, or zeros where it cannot be read any more (made before
-    this process joined a parameter-server cluster); a metric's state starts each epoch
-    from `reset_state` anyway."""
-    import numpy as np
-    import tensorflow as tf
-    try:
-        return variable.numpy()
-    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
-        return np.zeros(variable.shape, variable.dtype)
 
 
 def materialize(model, built, *, detached=None, optimizer=None, loss=None, metrics=None):

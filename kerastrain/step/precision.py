@@ -38,12 +38,8 @@ def policy(mixed_precision, model):
                 f"Received: model={model.name!r}")
         yield
         return
-    previous = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_dtype_policy(mixed_precision)
-    try:
+    with global_policy(mixed_precision):
         yield
-    finally:
-        keras.mixed_precision.set_dtype_policy(previous)
 
 
 def ensure_loss_scaling(model, mixed_precision):
