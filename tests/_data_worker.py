@@ -87,7 +87,8 @@ def main():
         data = (helpers.arrays(fit["numpy"])[0], helpers.arrays(fit["numpy"])[1]) \
             if fit.get("numpy") else files_data(fit["dir"], False)
         history = trainer.fit(data, epochs=fit["epochs"], steps_per_epoch=fit.get("steps"),
-                              batch_size=BATCH if fit.get("numpy") else None)
+                              batch_size=BATCH if fit.get("numpy") else None,
+                              validation_data=data if fit.get("validate") else None)
         results["fit"] = {"history": history.history, "global_step": trainer.global_step}
     with open(out + ".json", "w") as f:
         json.dump(results, f)

@@ -19,12 +19,14 @@ DOCS = [Path(helpers.REPO) / "docs" / name
         for name in ("strategies.md", "data.md", "parameter_servers.md", "optimizers.md")]
 BLOCKS = [block for doc in DOCS
           for block in re.findall(r"```python\n(.+?)```", doc.read_text(), flags=re.S)]
+EXPOSED = "reachable from the network"   # kerastrain's warning for servers open to all
 ALONE = [i for i, block in enumerate(BLOCKS) if "subprocess" in block]
 TOGETHER = sorted(set(range(len(BLOCKS))) - set(ALONE), key=lambda i: ('"ps"' in BLOCKS[i], i))
 
 RUNNER = """
 import json, os, sys, traceback
 import kerastrain
+kerastrain.isolate_network()          # as the ps examples do, before any thread starts
 os.dup2(1, 2)
 kerastrain.configure_cpu_devices(2)   # as a test process does: examples ask for 2 CPUs
 for index, code in json.loads(sys.argv[1]):
@@ -61,6 +63,7 @@ def test_example_runs_in_a_shared_process(index, together):
     out = outputs.get(index, "(never started; the process ended with code "
                              f"{proc.returncode}:\n{proc.stdout[-3000:]}")
     assert out.rstrip().endswith(f"@@ example {index} ran"), BLOCKS[index] + out[-4000:]
+    assert EXPOSED not in out, out   # the example keeps TensorFlow's servers off the network
 
 
 @pytest.mark.multiprocess
@@ -68,3 +71,14 @@ def test_example_runs_in_a_shared_process(index, together):
 def test_example_that_starts_processes_runs(index):
     proc = helpers.run_python(BLOCKS[index])
     assert proc.returncode == 0, BLOCKS[index] + proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert EXPOSED not in proc.stdout + proc.stderr, proc.stderr[-4000:]
+
+
+def test_examples_with_servers_isolate_the_network_first():
+    """Run as printed, an example that starts TensorFlow servers keeps them off the network:
+    `isolate_network()` comes right after `import kerastrain`, before anything starts threads."""
+    servers = [block for block in BLOCKS if re.search(r'"ps"|multi_worker|TF_CONFIG', block)]
+    assert len(servers) >= 4
+    for block in servers:
+        lines = [line for line in block.splitlines() if line.strip()]
+        assert lines[0].startswith("import kerastrain") and "isolate_network()" in lines[1], block

@@ -386,5 +386,21 @@ def to_tree(recipe: Recipe) -> dict:
         del tree["model"]["compile"]
     if tree["data"]["validation"] is None:
         del tree["data"]["validation"]
+    for section, cls in _option_classes().items():   # defaults filled in, as for the rest
+        value = tree[section]
+        if value is True or isinstance(value, Mapping):
+            given = value if isinstance(value, Mapping) else {}
+            tree[section] = {**{f.name: plain(default_of(f)) for f in dataclasses.fields(cls)},
+                             **given}
     return tree
+
+
+def _option_classes() -> dict:
+    """The sections given as the fields of an options class, by section."""
+    from kerastrain.io.checkpoints import CheckpointOptions
+    from kerastrain.io.monitor import TensorBoardOptions
+    from kerastrain.io.tracking import MLflowOptions
+    from kerastrain.loop.tuning import TuningOptions
+    return {"checkpoints": CheckpointOptions, "tensorboard": TensorBoardOptions,
+            "tuning": TuningOptions, "mlflow": MLflowOptions}
 

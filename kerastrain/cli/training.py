@@ -155,7 +155,8 @@ def _with_hparams(tensorboard, recipe):
     if tensorboard is False:
         return False
     options = dict(tensorboard) if isinstance(tensorboard, dict) else {}
-    options.setdefault("hparams", hparams(recipe))
+    if options.get("hparams") is None:   # `hparams: null` (a resolved recipe.yaml): the default
+        options["hparams"] = hparams(recipe)
     return options
 
 

@@ -89,7 +89,10 @@ class DistributedInput:
         self._role = role
         self._input_options = input_options  # `pipeline_lib.tuned` on what synchronous loops read
         ps = built.is_parameter_server
-        self._pipelines = max(built.num_workers, 1)
+        # Under parameter servers only training data goes to the workers: the coordinator
+        # evaluates (validation too) from one pipeline of its own (`local_dataset`).
+        evaluated_here = ps and role in ("validation", "evaluation")
+        self._pipelines = 1 if evaluated_here else max(built.num_workers, 1)
         # Built on first use (the last two, and `passes_read`, kept between fits: ps + service)
         self._distributed = self._per_worker = self._worker_index = self._account = None
         self.passes_read = 0
@@ -109,6 +112,10 @@ class DistributedInput:
             shard, form=self.form, pipelines=self._pipelines, source=source.file_source,
             parameter_servers=ps, global_batch=source.global_batch,
             replicas=built.strategy.num_replicas_in_sync)
+        if evaluated_here:
+            self.plan = dataclasses.replace(self.plan, sentence=(
+                f"read on the coordinator (under parameter servers the chief evaluates): "
+                f"{self.plan.sentence}"))
         self._decide_visits(shard, role)
         self._say_plan(source.probe, in_step)
 

@@ -1,5 +1,6 @@
 """YAML recipes and the `kerastrain run / validate` command line (docs/recipes.md)."""
 
+import dataclasses
 import glob
 import os
 import re
@@ -262,6 +263,16 @@ def test_set_changes_the_run_and_the_resolved_recipe_shows_it(tmp_path, capsys):
     resolved = yaml.safe_load(text)
     assert resolved["trainer"]["epochs"] == 1 and resolved["trainer"]["steps_per_epoch"] == 3
     assert resolved["strategy"] == {"name": "default"}
+    # Defaults filled in, the options sections too; and the file is a recipe as it is.
+    from kerastrain.io.checkpoints import CheckpointOptions
+    from kerastrain.io.monitor import TensorBoardOptions
+    assert set(resolved["checkpoints"]) == {f.name for f in dataclasses.fields(CheckpointOptions)}
+    assert set(resolved["tensorboard"]) == {f.name for f in dataclasses.fields(TensorBoardOptions)}
+    assert resolved["tuning"]["input_options"] is True and resolved["mlflow"] is False
+    assert cli.main(["validate", str(tmp_path / "recipe.yaml")]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == resolved
+    recipe, _ = recipes.load(str(tmp_path / "recipe.yaml"), [], imports=False)
+    assert training._with_hparams(recipe.tensorboard, recipe)["hparams"]["trainer.epochs"] == 1
     # A rerun with another setting keeps the earlier record instead of overwriting it.
     assert cli.main(["run", os.path.join(helpers.REPO, "recipes", "quickstart.yaml"),
                      *[a for s in sets + ["trainer.epochs=2"] for a in ("--set", s)]]) == 0

@@ -338,7 +338,7 @@ def test_parameter_server_workers_read_different_shards(tmp_path, record_dirs):
     job = {"strategy": {"name": "ps", "num_workers": 2, "num_ps": 1}, "scenarios": [
         {"name": "eight-auto", "dir": record_dirs["eight"], "shard": "auto"},
         {"name": "one-auto", "dir": record_dirs["one"], "shard": "auto"},
-    ], "fit": {"numpy": 96, "epochs": 2}}
+    ], "fit": {"numpy": 96, "epochs": 2, "validate": True}}
     proc = helpers.run_python(["tests/_data_worker.py", json.dumps(job), str(tmp_path / "ps")])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads((tmp_path / "ps.json").read_text())
@@ -358,6 +358,9 @@ def test_parameter_server_workers_read_different_shards(tmp_path, record_dirs):
     assert "worker i takes batches i, i+2, i+4" in proc.stderr   # the scenarios' inputs
     # Training data under ps: loops carry positions instead (tests/distribute/ps/test_visits.py).
     assert "training data: every worker reads the whole data, in one device's order" in proc.stderr
+    # The coordinator evaluates: validation data is read there, not sharded across workers.
+    assert fit["history"]["val_count"] == [96, 96]
+    assert "validation data: sharding" not in proc.stderr   # as it said before 2026-11-28
 
 
 def test_arrays_changed_in_place_between_calls_are_read_anew_as_keras_reads_them(make_trainer):
