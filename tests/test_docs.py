@@ -82,3 +82,28 @@ def test_examples_with_servers_isolate_the_network_first():
     for block in servers:
         lines = [line for line in block.splitlines() if line.strip()]
         assert lines[0].startswith("import kerastrain") and "isolate_network()" in lines[1], block
+
+
+def _port_blocks():
+    text = (Path(helpers.REPO) / "docs" / "getting_started.md").read_text()
+    section = text.split("## Port a `model.fit` script", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.+?)```", section, flags=re.S)
+
+
+@pytest.mark.multiprocess
+def test_the_porting_guide_runs_as_printed_and_its_rerun_trains_nothing(tmp_path):
+    """getting_started's port of a keras.io script: the kerastrain version runs as printed (in a
+    folder of its own: it writes runs/port), and run again it knows the run is over."""
+    import subprocess
+    import sys
+    keras_io, ported = _port_blocks()
+    assert "model.fit(x, y, batch_size=64" in keras_io and "kt.Trainer(model" in ported
+    runs = [subprocess.run([sys.executable, "-c", ported], env=helpers.child_env(),
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+            for _ in range(2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    first, again = (proc.stdout + proc.stderr for proc in runs)
+    assert (tmp_path / "runs" / "port" / "checkpoints").is_dir()
+    assert "Epoch 1/20" in first and "Epoch 1/" not in again
+    assert "nothing left to train" in again, again[-3000:]
