@@ -1,10 +1,12 @@
 """The `kerastrain` logger: visible by default, yet routable and silenceable by users."""
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import tempfile
+import threading
 
 logger = logging.getLogger("kerastrain")
 
@@ -26,6 +28,30 @@ def ensure_visible():
     logger.propagate = False
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
+
+
+@contextlib.contextmanager
+def held_lines():
+    """Hold this thread's `kerastrain` lines until the block ends, then log them in order.
+
+    An epoch end's lines (a checkpoint saved) come after Keras's progress line for that
+    epoch, printed by the callbacks at the end of the block, not before it or, with a
+    progress bar, inside it.
+    """
+    records, thread = [], threading.get_ident()
+
+    def hold(record):
+        if record.thread != thread:
+            return True
+        records.append(record)
+        return False
+    logger.addFilter(hold)
+    try:
+        yield
+    finally:
+        logger.removeFilter(hold)
+        for record in records:
+            logger.handle(record)
 
 
 # What TensorFlow's C++ side prints while it loads, before it reads TF_CPP_MIN_LOG_LEVEL

@@ -282,3 +282,38 @@ def test_each_recipe_run_logs_its_values_flattened_so_set_variants_compare(tmp_p
     assert a["strategy.name"] == "default" and a["trainer.model_dir"] == str(tmp_path / "a")
     assert a["data.train.args.num_examples"] == 256
     assert {k for k in a if a[k] != b[k]} == {"trainer.epochs", "trainer.model_dir"}
+
+
+# TensorFlow's C++ start-up lines (docs/monitoring.md#tensorflows-own-start-up-lines), each
+# printed twice by `import tensorflow` on this machine when nothing holds them back.
+STARTUP_NOISE = ("absl::InitializeLog", "oneDNN", "cuInit", "cuda drivers", "cudart", "TF-TRT")
+
+def _epochs_in_order(lines, epochs, steps, saved):
+    """Each epoch's lines: `Epoch k/N`, its progress line, then its checkpoint's (`saved`)
+    line, before the next epoch's; kerastrain's other lines anywhere else."""
+    keras_or_checkpoint = [line for line in lines
+                           if re.match(r"Epoch \d|\d+/\d+ - |kerastrain: checkpoint", line)]
+    expected = [pattern for k in range(1, epochs + 1) for pattern in (
+        rf"Epoch {k}/{epochs}$", rf"{steps}/{steps} - .*loss", saved.format(step=k * steps))]
+    assert len(keras_or_checkpoint) == len(expected), "\n".join(lines)
+    for line, pattern in zip(keras_or_checkpoint, expected):
+        assert re.match(pattern, line), (pattern, "\n".join(lines))
+
+
+@pytest.mark.multiprocess
+def test_kerastrain_run_under_ps_says_each_checkpoint_after_its_epochs_progress_line(tmp_path):
+    """The command line, under parameter servers (saves in the foreground): each epoch's
+    `checkpoint saved` line after its progress line, none of TensorFlow's start-up lines."""
+    env = helpers.child_env()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    sets = ["trainer.epochs=2", f"trainer.model_dir={tmp_path}", "trainer.verbose=2",
+            "data.train.args.num_examples=1024", "data.validation.args.num_examples=256",
+            "tensorboard=false"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kerastrain.cli", "run", "recipes/parameter_server.yaml",
+         *[a for s in sets for a in ("--set", s)]], env=env, cwd=helpers.REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert not [line for line in lines if any(s in line for s in STARTUP_NOISE)], lines[:12]
+    _epochs_in_order(lines, 2, 4, r"kerastrain: checkpoint saved at step {step}: .*ckpt-{step}$")
