@@ -7,11 +7,16 @@ run without starting TensorFlow.
 import importlib as _importlib
 import os as _os
 
-# TensorFlow's C++ start-up chatter (oneDNN notices, placement logs) is not for
-# users; an explicit setting by the user wins (and the command line then shows TensorFlow's
-# start-up lines as they asked: kerastrain._logging.start_tensorflow_quietly).
+from kerastrain import _logging
+
+# TensorFlow's C++ chatter (oneDNN notices, placement logs, and the lines it prints while
+# loading, before it reads any setting) is not for users: held back when TensorFlow loads,
+# after `import kerastrain` (docs/monitoring.md). An explicit setting by the user wins: they
+# see TensorFlow's lines as they asked.
 _TF_LOG_LEVEL_SET_BY_USER = "TF_CPP_MIN_LOG_LEVEL" in _os.environ
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if not _TF_LOG_LEVEL_SET_BY_USER:
+    _logging.hold_tensorflow_startup()
 
 __version__ = "0.1.0"
 

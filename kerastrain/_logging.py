@@ -1,10 +1,12 @@
 """The `kerastrain` logger: visible by default, yet routable and silenceable by users."""
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import tempfile
+import threading
 
 logger = logging.getLogger("kerastrain")
 
@@ -28,50 +30,149 @@ def ensure_visible():
         logger.setLevel(logging.INFO)
 
 
+@contextlib.contextmanager
+def held_lines():
+    """Hold this thread's `kerastrain` lines until the block ends, then log them in order.
+
+    An epoch end's lines (a checkpoint saved) come after Keras's progress line for that
+    epoch, printed by the callbacks at the end of the block, not before it or, with a
+    progress bar, inside it.
+    """
+    records, thread = [], threading.get_ident()
+
+    def hold(record):
+        if record.thread != thread:
+            return True
+        records.append(record)
+        return False
+    logger.addFilter(hold)
+    try:
+        yield
+    finally:
+        logger.removeFilter(hold)
+        for record in records:
+            logger.handle(record)
+
+
 # What TensorFlow's C++ side prints while it loads, before it reads TF_CPP_MIN_LOG_LEVEL
 # (absl logs everything to stderr until initialised; TF 2.21 loads two libraries that each
-# say it): start-up notes (I/W lines) and, on a machine without a GPU, cuInit's failure.
+# link absl and say it: its core, and the profiler plugin): start-up notes (I/W lines) and,
+# on a machine without a GPU, cuInit's failure (once devices are first listed).
 _STARTUP_NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
     r"STDERR|[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] .*)$")
 _NO_CUDA = re.compile(r"^E\d{4} [\d:.]+ +\d+ cuda_\w+\.cc:\d+\] failed call to cuInit.*$")
 
+_started = None   # set by a held start: {"gpus": [...], "cuda_failed": bool}
+_devices_said = False
 
-def start_tensorflow_quietly():
-    """Import TensorFlow with its C++ start-up lines held back; one line on the devices instead.
 
-    For the command line only (a library must not touch a process's file descriptors). A
-    user who set `TF_CPP_MIN_LOG_LEVEL` sees TensorFlow exactly as they asked. Otherwise
-    TensorFlow's notes and warnings are hidden from then on (level 2); errors still print,
-    except cuInit's failure on a machine where no GPU is found, which the devices line
-    says in its own words. (kerastrain sets level 2 when imported, unless the user set it.)
+def hold_tensorflow_startup():
+    """Have TensorFlow, whoever imports it next, start with its C++ start-up lines held back.
+
+    Called by `import kerastrain` unless the user set `TF_CPP_MIN_LOG_LEVEL` (they see
+    TensorFlow as they asked) or TensorFlow is already imported (what it printed stays
+    printed). Nothing is imported now: an import hook waits for `tensorflow`, whether the
+    user's `import keras` or kerastrain loads it.
     """
-    import kerastrain
-    if kerastrain._TF_LOG_LEVEL_SET_BY_USER or "tensorflow" in sys.modules:
-        import tensorflow as tf
-        return _devices_line(tf.config.list_physical_devices("GPU"), cuda_failed=False)
+    if "tensorflow" not in sys.modules and not any(
+            isinstance(finder, _HeldStart) for finder in sys.meta_path):
+        sys.meta_path = [_HeldStart(), *sys.meta_path]
+
+
+class _HeldStart:
+    """A finder for `tensorflow` alone, once: its loader runs with the start-up held."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        # Once (a new list: an import in another thread may be going through the old one).
+        sys.meta_path = [f for f in sys.meta_path if f is not self]
+        import importlib.util
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _HeldLoader(spec.loader)
+        return spec
+
+
+class _HeldLoader:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):  # anything else a loader answers: TensorFlow's loader
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        # TensorFlow's own loader from here on (resources are read through it).
+        module.__loader__ = module.__spec__.loader = self.loader
+
+        def start():
+            self.loader.exec_module(module)
+            return module.config.list_physical_devices("GPU")  # where CUDA is tried
+        _start_held(start)
+
+
+def _start_held(start):
+    """`start()` (which loads TensorFlow and lists its GPUs) with stderr's file descriptor
+    captured; pass on every line but the start-up notes, and cuInit's failure where no GPU
+    was found (the devices line says it: `say_devices`)."""
+    global _started
     sys.stderr.flush()
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr at all: nothing to keep quiet
+        return start()
+    gpus = None
     with tempfile.TemporaryFile() as capture:
         os.dup2(capture.fileno(), 2)
         try:
-            import tensorflow as tf
-            gpus = tf.config.list_physical_devices("GPU")  # where CUDA is tried
+            gpus = start()
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
             held = capture.read().decode("utf-8", "replace").splitlines()
-    cuda_failed = False
-    for line in held:
-        if _STARTUP_NOISE.match(line):
-            continue
-        if _NO_CUDA.match(line) and not gpus:
-            cuda_failed = True
-            continue
-        print(line, file=sys.stderr)
-    return _devices_line(gpus, cuda_failed)
+            cuda_failed = False
+            for line in held:
+                if _STARTUP_NOISE.match(line):
+                    continue
+                if _NO_CUDA.match(line) and gpus == []:
+                    cuda_failed = True
+                    continue
+                print(line, file=sys.stderr)
+    _started = {"gpus": gpus, "cuda_failed": cuda_failed}
+    return gpus
+
+
+def start_tensorflow_quietly():
+    """Import TensorFlow with its C++ start-up lines held back; one line on the devices instead.
+
+    For the command line, which calls it before anything imports TensorFlow (`import
+    kerastrain` set up the hold: `hold_tensorflow_startup`). A user who set
+    `TF_CPP_MIN_LOG_LEVEL` sees TensorFlow exactly as they asked. Otherwise
+    TensorFlow's notes and warnings are hidden from then on (level 2); errors still print,
+    except cuInit's failure on a machine where no GPU is found, which the devices line
+    says in its own words. (kerastrain sets level 2 when imported, unless the user set it.)
+    """
+    import tensorflow as tf
+    ensure_visible()
+    if _started is None:  # not held: the user asked to see TensorFlow, or it ran already
+        return _devices_line(tf.config.list_physical_devices("GPU"), cuda_failed=False)
+    return say_devices()
+
+
+def say_devices():
+    """The devices line, once a process, where TensorFlow's start-up was held back (it says
+    what the held lines would have: no GPU, and why). Logged before the strategy's line."""
+    global _devices_said
+    if _started is None or _devices_said:
+        return None
+    _devices_said = True
+    return _devices_line(_started["gpus"], _started["cuda_failed"])
 
 
 def _devices_line(gpus, cuda_failed):
@@ -83,7 +184,6 @@ def _devices_line(gpus, cuda_failed):
         why = ("no CUDA device or driver answered" if cuda_failed else
                "none visible to TensorFlow")
         line = f"devices: the CPU ({cores} core(s) for this process); no GPU ({why})"
-    ensure_visible()
     logger.info(line)
     return line
 

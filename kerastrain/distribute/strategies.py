@@ -7,6 +7,7 @@ import difflib
 import logging
 from typing import Any, Callable, Mapping
 
+from kerastrain import _logging
 from kerastrain.distribute import cluster as cluster_lib
 from kerastrain.distribute import network as network_lib
 from kerastrain.distribute import user_scope
@@ -208,6 +209,7 @@ def build_strategy(strategy="auto", strategy_options=None) -> BuiltStrategy:
         configure_cpu_devices(options["cpu_devices"])
     built = _REGISTRY[name].build(**options)
     built.options = options
+    _logging.say_devices()  # once, where TensorFlow's start-up lines were held back
     logger.info("strategy: %s (%s)%s", built.name, built.reason, _asynchronous_note(built))
     return built
 

@@ -153,7 +153,8 @@ class Checkpointer:
 
         def written(path):  # in TensorFlow's writer thread, once the files are whole
             self.last_path = path
-            logger.info("checkpoint saved at step %d: %s", step, path)
+            logger.debug("checkpoint saved at step %d: %s (written in the background)",
+                         step, path)
         options = tf.train.CheckpointOptions(enable_async=True,
                                              experimental_write_callbacks=[written])
         return self.manager.save(checkpoint_number=step, options=options)
@@ -222,6 +223,11 @@ class Checkpointer:
         if path and not background:
             self.last_path = path
             logger.info("checkpoint saved at step %d: %s", step, path)
+        elif path:
+            # Said now, with the epoch it ends (the writer thread's line would land in the
+            # next one); whole before the next save, SIGTERM's exit and the end of `fit`.
+            logger.info("checkpoint at step %d: %s (being written in the background)",
+                        step, path)
         return path
 
     def due(self, step: int, *, epoch_end: bool, now: float | None = None) -> bool:

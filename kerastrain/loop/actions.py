@@ -10,11 +10,13 @@ the loop to stop (`steps_to_boundary`), so that it sees exactly the steps it act
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
 import numpy as np
 
+from kerastrain import _logging
 from kerastrain.io import cadence
 from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.loop import preemption
@@ -109,12 +111,15 @@ def steps_to_boundary(actions, step):
 
 def run(actions, progress: Progress) -> Progress:
     """Call the actions in order. After a preemption or a recovery none follows; after
-    divergence only those that report it (callbacks see the end of the epoch that diverged)."""
-    for action in actions:
-        if progress.stop in (PREEMPTED, RECOVERING) or (progress.stop == DIVERGED and not getattr(
-                action, "reports_divergence", False)):
-            continue
-        action(progress)
+    divergence only those that report it (callbacks see the end of the epoch that diverged).
+    kerastrain's lines of an epoch end print after the callbacks' (Keras's progress line)."""
+    with _logging.held_lines() if progress.epoch_end else contextlib.nullcontext():
+        for action in actions:
+            if progress.stop in (PREEMPTED, RECOVERING) or (
+                    progress.stop == DIVERGED and not getattr(action, "reports_divergence",
+                                                              False)):
+                continue
+            action(progress)
     return progress
 
 

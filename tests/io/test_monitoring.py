@@ -282,3 +282,127 @@ def test_each_recipe_run_logs_its_values_flattened_so_set_variants_compare(tmp_p
     assert a["strategy.name"] == "default" and a["trainer.model_dir"] == str(tmp_path / "a")
     assert a["data.train.args.num_examples"] == 256
     assert {k for k in a if a[k] != b[k]} == {"trainer.epochs", "trainer.model_dir"}
+
+
+# TensorFlow's C++ start-up lines (docs/monitoring.md#tensorflows-own-start-up-lines), each
+# printed twice by `import tensorflow` on this machine when nothing holds them back.
+STARTUP_NOISE = ("absl::InitializeLog", "oneDNN", "cuInit", "cuda drivers", "cudart", "TF-TRT")
+
+A_FIRST_SCRIPT = """
+import os
+import kerastrain as kt     # first, before keras and tensorflow, as docs/monitoring.md asks
+import keras
+import numpy as np
+
+def build():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+x = np.random.default_rng(0).random((64, 4), dtype="float32")
+y = x.sum(axis=1, keepdims=True)
+for strategy in ({"name": "mirrored", "cpu_devices": 2}, "one_device"):
+    print(f"user: {strategy}", flush=True)
+    trainer = kt.Trainer(build, strategy=strategy, seed=0, verbose=2, tensorboard=False,
+                         model_dir=os.path.join(os.environ["RUNS"], str(len(strategy))))
+    trainer.fit(x, y, batch_size=16, epochs=3)
+os.write(2, b"user: stderr is the user's again\\n")
+"""
+
+
+def _epochs_in_order(lines, epochs, steps, saved):
+    """Each epoch's lines: `Epoch k/N`, its progress line, then its checkpoint's (`saved`)
+    line, before the next epoch's; kerastrain's other lines anywhere else."""
+    keras_or_checkpoint = [line for line in lines
+                           if re.match(r"Epoch \d|\d+/\d+ - |kerastrain: checkpoint", line)]
+    expected = [pattern for k in range(1, epochs + 1) for pattern in (
+        rf"Epoch {k}/{epochs}$", rf"{steps}/{steps} - .*loss", saved.format(step=k * steps))]
+    assert len(keras_or_checkpoint) == len(expected), "\n".join(lines)
+    for line, pattern in zip(keras_or_checkpoint, expected):
+        assert re.match(pattern, line), (pattern, "\n".join(lines))
+
+
+@pytest.mark.multiprocess
+def test_a_script_importing_kerastrain_first_shows_only_its_lines_each_epochs_in_order(tmp_path):
+    """A new user's script, no TF_CPP_MIN_LOG_LEVEL set: none of TensorFlow's C++ start-up
+    lines, the devices line instead; each epoch's checkpoint line after its progress line
+    (under mirrored the background write's line came after the next `Epoch k/N`), under
+    mirrored and one device; the user's own output to stderr still shows."""
+    env = helpers.child_env(RUNS=str(tmp_path))
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    proc = subprocess.run([sys.executable, "-c", A_FIRST_SCRIPT], env=env, cwd=helpers.REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=300)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert not [line for line in lines if any(s in line for s in STARTUP_NOISE)
+                or re.match(r"[EWIF]\d{4} ", line)], lines[:12]
+    theirs = [line for line in lines if not line.startswith(("kerastrain: ", "user: "))]
+    assert not [line for line in theirs if not re.match(r"Epoch \d|\d+/\d+ - ", line)], theirs
+    assert lines[1].startswith("kerastrain: devices: the CPU"), lines[:3]
+    assert len([line for line in lines if "devices:" in line]) == 1, lines
+    assert lines[-1] == "user: stderr is the user's again"
+    mirrored, one_device = "\n".join(lines).split("user: one_device")
+    background = r"kerastrain: checkpoint at step {step}: .*ckpt-{step} \(being written in the"
+    _epochs_in_order(mirrored.splitlines(), 3, 4, background)
+    _epochs_in_order(one_device.splitlines(), 3, 4, background)
+
+
+@pytest.mark.multiprocess
+def test_kerastrain_run_under_ps_says_each_checkpoint_after_its_epochs_progress_line(tmp_path):
+    """The command line, under parameter servers (saves in the foreground): each epoch's
+    `checkpoint saved` line after its progress line, none of TensorFlow's start-up lines."""
+    env = helpers.child_env()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    sets = ["trainer.epochs=2", f"trainer.model_dir={tmp_path}", "trainer.verbose=2",
+            "data.train.args.num_examples=1024", "data.validation.args.num_examples=256",
+            "tensorboard=false"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kerastrain.cli", "run", "recipes/parameter_server.yaml",
+         *[a for s in sets for a in ("--set", s)]], env=env, cwd=helpers.REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert not [line for line in lines if any(s in line for s in STARTUP_NOISE)], lines[:12]
+    _epochs_in_order(lines, 2, 4, r"kerastrain: checkpoint saved at step {step}: .*ckpt-{step}$")
+
+
+@pytest.mark.multiprocess
+def test_a_user_who_set_tf_cpp_min_log_level_sees_tensorflow_as_they_asked():
+    """The way to see everything (docs/monitoring.md): kerastrain keeps the user's setting
+    and holds nothing back."""
+    proc = helpers.run_python(
+        "import os, kerastrain, keras; print(os.environ['TF_CPP_MIN_LOG_LEVEL'])",
+        env={"TF_CPP_MIN_LOG_LEVEL": "1"}, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1", proc.stderr[-2000:]
+    assert "absl::InitializeLog" in proc.stderr
+
+
+def test_a_held_start_drops_only_tensorflows_start_up_notes(capfd, monkeypatch):
+    """What TensorFlow prints while it loads: its start-up notes dropped; any other line, a
+    real error included, passed on; cuInit's failure dropped only where no GPU was found
+    (the devices line says it), passed on if the start failed."""
+    from kerastrain import _logging
+    monkeypatch.setattr(_logging, "_started", None)
+    notes = [b"WARNING: All log messages before absl::InitializeLog() is called are written "
+             b"to STDERR",
+             b"I0000 00:00:1795836952.324434   21748 port.cc:153] oneDNN custom operations "
+             b"are on.",
+             b"I0000 00:00:1795836952.324753   21748 cudart_stub.cc:31] Could not find cuda "
+             b"drivers on your machine, GPU will not be used."]
+    cuinit = (b"E0000 00:00:1795836959.342544   22005 cuda_platform.cc:52] failed call to "
+              b"cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)")
+    real = b"E0000 00:00:1795836959.342544   22005 kernel.cc:1] a real error"
+
+    def start(gpus):
+        os.write(2, b"\n".join([*notes, real, cuinit, *notes]) + b"\n")
+        if gpus is None:
+            raise ImportError("TensorFlow failed")
+        return gpus
+
+    assert _logging._start_held(lambda: start([])) == []
+    assert capfd.readouterr().err.splitlines() == [real.decode()]
+    assert _logging._started == {"gpus": [], "cuda_failed": True}
+    with pytest.raises(ImportError):
+        _logging._start_held(lambda: start(None))
+    assert capfd.readouterr().err.splitlines() == [real.decode(), cuinit.decode()]
