@@ -13,9 +13,13 @@ from kerastrain import _logging
 # loading, before it reads any setting) is not for users: held back when TensorFlow loads,
 # after `import kerastrain` (docs/monitoring.md). An explicit setting by the user wins: they
 # see TensorFlow's lines as they asked.
-_TF_LOG_LEVEL_SET_BY_USER = "TF_CPP_MIN_LOG_LEVEL" in _os.environ
-_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# What kerastrain set is marked: a process this one starts (a script's workers) inherits both,
+# and holds TensorFlow's start-up back too instead of taking the level for the user's.
+_SET_BY_KERASTRAIN = "KERASTRAIN_TF_CPP_MIN_LOG_LEVEL"
+_TF_LOG_LEVEL_SET_BY_USER = "TF_CPP_MIN_LOG_LEVEL" in _os.environ and \
+    _os.environ.get(_SET_BY_KERASTRAIN) != _os.environ["TF_CPP_MIN_LOG_LEVEL"]
 if not _TF_LOG_LEVEL_SET_BY_USER:
+    _os.environ["TF_CPP_MIN_LOG_LEVEL"] = _os.environ[_SET_BY_KERASTRAIN] = "2"
     _logging.hold_tensorflow_startup()
 
 __version__ = "0.1.0"

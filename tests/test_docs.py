@@ -19,6 +19,8 @@ DOCS = [Path(helpers.REPO) / "docs" / name
         for name in ("strategies.md", "data.md", "parameter_servers.md", "optimizers.md")]
 BLOCKS = [block for doc in DOCS
           for block in re.findall(r"```python\n(.+?)```", doc.read_text(), flags=re.S)]
+# TensorFlow's C++ lines (start-up notes, cuInit's failure): not on a user's screen.
+STARTUP = re.compile(r"absl::InitializeLog|^[IWE]\d{4} [\d:.]+ +\d+ \S+:\d+\]", re.M)
 EXPOSED = "reachable from the network"   # kerastrain's warning for servers open to all
 ALONE = [i for i, block in enumerate(BLOCKS) if "subprocess" in block]
 TOGETHER = sorted(set(range(len(BLOCKS))) - set(ALONE), key=lambda i: ('"ps"' in BLOCKS[i], i))
@@ -41,6 +43,16 @@ for index, code in json.loads(sys.argv[1]):
 """
 
 
+def _as_printed(args, cwd=helpers.REPO):
+    """Run Python as a user would: without TF_CPP_MIN_LOG_LEVEL (tests set it elsewhere)."""
+    import subprocess
+    import sys
+    env = helpers.child_env()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                          timeout=420, cwd=cwd)
+
+
 def test_every_strategy_has_an_example():
     text = "\n".join(BLOCKS)
     for name in ("one_device", "mirrored", "central_storage", '"ps"', "multi_worker_mirrored"):
@@ -50,7 +62,7 @@ def test_every_strategy_has_an_example():
 @pytest.fixture(scope="module")
 def together():
     """The output of each example that ran in the shared process, by index."""
-    proc = helpers.run_python(["-c", RUNNER, json.dumps([[i, BLOCKS[i]] for i in TOGETHER])])
+    proc = _as_printed(["-c", RUNNER, json.dumps([[i, BLOCKS[i]] for i in TOGETHER])])
     outputs = dict(re.findall(r"@@ example (\d+) starts\n(.*?)(?=@@ example \d+ starts|\Z)",
                               proc.stdout, flags=re.S))
     return {int(i): out for i, out in outputs.items()}, proc
@@ -64,14 +76,17 @@ def test_example_runs_in_a_shared_process(index, together):
                              f"{proc.returncode}:\n{proc.stdout[-3000:]}")
     assert out.rstrip().endswith(f"@@ example {index} ran"), BLOCKS[index] + out[-4000:]
     assert EXPOSED not in out, out   # the example keeps TensorFlow's servers off the network
+    assert not STARTUP.search(out), out[:3000]
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("index", ALONE)
 def test_example_that_starts_processes_runs(index):
-    proc = helpers.run_python(BLOCKS[index])
+    proc = _as_printed(["-c", BLOCKS[index]])
     assert proc.returncode == 0, BLOCKS[index] + proc.stdout[-2000:] + proc.stderr[-4000:]
     assert EXPOSED not in proc.stdout + proc.stderr, proc.stderr[-4000:]
+    # Its own processes too (they inherit kerastrain's log level, not the user's).
+    assert not STARTUP.search(proc.stdout + proc.stderr), proc.stderr[:3000]
 
 
 def test_examples_with_servers_isolate_the_network_first():
@@ -94,16 +109,15 @@ def _port_blocks():
 def test_the_porting_guide_runs_as_printed_and_its_rerun_trains_nothing(tmp_path):
     """getting_started's port of a keras.io script: the kerastrain version runs as printed (in a
     folder of its own: it writes runs/port), and run again it knows the run is over."""
-    import subprocess
-    import sys
     keras_io, ported = _port_blocks()
     assert "model.fit(x, y, batch_size=64" in keras_io and "kt.Trainer(model" in ported
-    runs = [subprocess.run([sys.executable, "-c", ported], env=helpers.child_env(),
-                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
-            for _ in range(2)]
+    runs = [_as_printed(["-c", ported], cwd=tmp_path) for _ in range(2)]
     for proc in runs:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     first, again = (proc.stdout + proc.stderr for proc in runs)
+    assert not STARTUP.search(first), first[:3000]
     assert (tmp_path / "runs" / "port" / "checkpoints").is_dir()
     assert "Epoch 1/20" in first and "Epoch 1/" not in again
     assert "nothing left to train" in again, again[-3000:]
+    # Run again, the model object holds what the first run trained (restored, not retrained).
+    assert first.splitlines()[-1] == again.splitlines()[0], (first[-500:], again[:500])
