@@ -187,6 +187,12 @@ def numpy_batch_size(data, batch_size):
 
 
 def summary_line(history, trainer, seconds):
+    ended = trainer.ended  # a callback ended the run (EarlyStopping...): this fit, or before
+    if not history.epoch and ended is not None:
+        checkpoint = f"{trainer.model_dir}/checkpoints/{ended.checkpoint}"
+        return (f"kerastrain: nothing left to train: {trainer.model_dir} {ended}; to train on "
+                f"from there anyway, --set checkpoints.restore={checkpoint}; to start afresh, "
+                "choose another trainer.model_dir")
     if not history.epoch:
         return (f"kerastrain: nothing left to train: {trainer.model_dir} already holds step "
                 f"{trainer.global_step}, as far as trainer.epochs goes; raise it (e.g. --set "
@@ -198,4 +204,5 @@ def summary_line(history, trainer, seconds):
     where = (f"outputs in {trainer.model_dir} (checkpoints/, logs/, export/, recipe.yaml)"
              if trainer.model_dir else "no model_dir: nothing written")
     return (f"kerastrain: done: {epochs} epoch{'s' if epochs != 1 else ''}, step "
-            f"{trainer.global_step}, {seconds:.1f} s; {metrics or 'no metrics'}; {where}")
+            f"{trainer.global_step}, {seconds:.1f} s; {metrics or 'no metrics'}; "
+            f"{f'{ended}; ' if ended else ''}{where}")
