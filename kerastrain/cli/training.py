@@ -6,6 +6,7 @@ import inspect
 import time
 
 from kerastrain.cli import config as config_lib
+from kerastrain.cli import fit_options
 
 
 def call_builder(section, batch_size):
@@ -170,10 +171,13 @@ def run(recipe, resolved_text=None):
     validation = None if data.validation is None else call_builder(
         data.validation, data.batch_size)
     numpy_batch = numpy_batch_size(train, data.batch_size)
+    fit_options.check_split_applies(data, train)
     t = recipe.trainer
     history = trainer.fit(train, epochs=t.epochs, steps_per_epoch=t.steps_per_epoch,
                           validation_dataset_fn=validation, validation_steps=t.validation_steps,
-                          batch_size=numpy_batch)
+                          batch_size=numpy_batch, validation_split=data.validation_split,
+                          callbacks=fit_options.build_callbacks(recipe.callbacks, trainer,
+                                                                config_lib.resolve))
     summary = summary_line(history, trainer, time.perf_counter() - started)
     if trainer.is_chief:
         print(summary, flush=True)
