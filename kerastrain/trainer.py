@@ -34,7 +34,25 @@ logger = logging.getLogger("kerastrain")
 _DEFAULT = TrainerConfig()
 
 
-class Trainer:
+class _LastFit:
+    """What the last `fit` of a `Trainer` came to, beside its History: read by scripts and by
+    the command line's summary line."""
+
+    @property
+    def recoveries(self) -> int:
+        """Recoveries from a bad loss in the last `fit` (`on_nonfinite="recover"`)."""
+        return getattr(self._epochs and self._epochs.recovery, "count", 0)
+
+    @property
+    def ended(self):
+        """Why the last `fit` ended, when a callback ended it (`model.stop_training`:
+        EarlyStopping...): a `kerastrain.loop.run_state.Ended` (epoch, epochs, step, reason,
+        checkpoint), set by the `fit` that stopped, or by a `fit` that restored such a run
+        from `model_dir` and so trained nothing; else None."""
+        return self._state.run.ended
+
+
+class Trainer(_LastFit):
     """Trains a Keras model under any `tf.distribute` strategy, chosen by name.
 
     Args:
@@ -179,11 +197,6 @@ class Trainer:
     def is_chief(self) -> bool:
         return self._built.is_chief
 
-    @property
-    def recoveries(self) -> int:
-        """Recoveries from a bad loss in the last `fit` (`on_nonfinite="recover"`)."""
-        return getattr(self._epochs and self._epochs.recovery, "count", 0)
-
     def write_text(self, name: str, text: str):
         """Write a text file into `model_dir` on the chief only (e.g. the resolved recipe):
         its path, or None on other tasks and without a `model_dir`. A different file of that
@@ -265,7 +278,7 @@ class Trainer:
         watch, state = self._state.sigterm_watch(), self._state
         driver = run.driver(lambda: watch.requested or self.model.stop_training, callbacks)
         resumed = state.run.restore(driver, train_input, lambda: self.global_step, epochs)
-        initial_epoch = max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
+        initial_epoch = state.run.first_epoch(resumed, initial_epoch, epochs)
         first_step = self.global_step
         monitor = self._workdir.monitor(self.model, first_step, train_input.element_spec)
         cbs.on_train_begin()

@@ -29,6 +29,8 @@ def run(job, out):
     x, y = cases.data(job["n"])
     resume = {"model_dir": job["model_dir"], "checkpoint": {"every_steps": 1}} \
         if "model_dir" in job else {}
+    if "model_dir" in job:
+        helpers.as_interrupted(job["model_dir"])  # the chain's legs stop to resume elsewhere
     model = cases.builder(job["k"])
     if job.get("instance"):  # the user's own object, trained by model.fit first
         model = model()

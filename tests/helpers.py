@@ -84,6 +84,15 @@ def global_batch_dataset_fn(n=96, global_batch=GLOBAL_BATCH, seed=0):
     return dataset_fn
 
 
+def as_interrupted(model_dir):
+    """A callback's `model.stop_training` ends a run for good (`checkpoints/ended.json`: a
+    rerun trains nothing). Tests that stop a run so to resume it elsewhere forget that record:
+    the checkpoint of the stop holds exactly where training stood, as an interruption's."""
+    path = os.path.join(str(model_dir), "checkpoints", "ended.json")
+    if os.path.exists(path):
+        os.remove(path)
+
+
 def child_env(tests=False, **extra):
     """The environment of a Python process a test starts: the repo importable (and `tests/`
     when `tests`), `tests/_site` first (its sitecustomize keeps scikit-learn unloaded unless

@@ -1,13 +1,14 @@
 """The recipe schema: typed, frozen config objects, checked key by key with every error at once.
 
-A recipe is a mapping with six sections (see docs/recipes.md):
+A recipe is a mapping with these sections (see docs/recipes.md):
 
     model:       builder (import path), args, compile (optimizer, loss, metrics)
-    data:        train / validation builders, batch_size, shard, service
+    data:        train / validation builders, validation_split, batch_size, shard, service
     strategy:    name plus options
     trainer:     epochs, steps_per_epoch, validation_steps, steps_per_loop, seed,
                  model_dir, verbose, jit_compile, mixed_precision, on_nonfinite,
                  max_recoveries, spike_factor, stall_timeout
+    callbacks:   Keras callbacks, as fit(callbacks=...): {name: EarlyStopping, **arguments}
     checkpoints: CheckpointOptions fields, or false
     tensorboard: TensorBoardOptions fields, or false
     tuning:      TuningOptions fields (speed choices kerastrain makes), or false
@@ -112,6 +113,8 @@ def schema() -> dict:
         "data": _section(DataConfig, "the data", required=True),
         "strategy": Key(None, doc="a name, or {name: ..., **options}"),
         "trainer": _section(TrainerConfig, "the training loop"),
+        "callbacks": Key(None, doc="Keras callbacks, as fit(callbacks=...): a list of "
+                                   "{name: EarlyStopping, **arguments} (cli/fit_options.py)"),
         "checkpoints": Key(None, doc="CheckpointOptions fields, or false"),
         "tensorboard": Key(None, doc="TensorBoardOptions fields, or false"),
         "tuning": Key(None, doc="TuningOptions fields, or false"),
@@ -134,7 +137,8 @@ class _Checker:
         return "recipe"
 
     def add(self, path, message):
-        self.problems.append(Problem(".".join(str(p) for p in path), self.where(path), message))
+        key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+        self.problems.append(Problem(key, self.where(path), message))  # callbacks[0].name
 
     def bad(self, path, value, expected):
         self.add(path, f"expected {expected}. Received: {_describe(value)}")
@@ -335,6 +339,7 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
     model = checked.get("model") or {}
     data = checked.get("data") or {}
     compile_config = _check_compile(checker, model.get("compile"))
+    callbacks = _check_fit_options(checker, tree, trainer, data)
     if not checker.problems and imports:
         _check_builder_args(checker, ("model",), model["builder"], model["args"])
         for part in ("train", "validation"):
@@ -349,12 +354,33 @@ def validate(tree, positions=None, *, imports=True) -> Recipe:
 
     return Recipe(
         model=ModelConfig(model["builder"], model["args"], compile_config),
-        data=DataConfig(builder(data["train"]), builder(data["validation"]), data["batch_size"],
-                        data["shard"], data["service"]),
+        data=DataConfig(**dict(data, train=builder(data["train"]),
+                               validation=builder(data["validation"]))),
         strategy=strategy,
         trainer=TrainerConfig(**(checked.get("trainer") or {
             k: spec.default for k, spec in sections["trainer"].section.items()})),
-        checkpoints=checkpoints, tensorboard=tensorboard, tuning=tuning, mlflow=mlflow)
+        checkpoints=checkpoints, tensorboard=tensorboard, tuning=tuning, mlflow=mlflow,
+        callbacks=callbacks)
+
+
+def _check_fit_options(checker, tree, trainer, data):
+    """`callbacks:` (`fit_options.check_callbacks`) and `data.validation_split`: what a
+    ported `model.fit(...)` call says."""
+    from kerastrain.cli import fit_options
+    if data.get("validation_split") is not None and data.get("validation"):
+        checker.add(("data", "validation_split"), "holds out part of the training data for "
+                    "validation, and data.validation gives validation data too: give one "
+                    f"(Received: validation_split={data['validation_split']} and a "
+                    "data.validation builder)")
+
+    def resolve_class(name):
+        return resolve(name) if checker.imports else _import_path_unimported(name) and None
+    callbacks, problems = fit_options.check_callbacks(
+        tree.get("callbacks"), model_dir=trainer.get("model_dir"),
+        tensorboard=tree.get("tensorboard"), resolve=resolve_class)
+    for path, message in problems:
+        checker.add(path, message)
+    return callbacks
 
 
 def import_paths(recipe: Recipe) -> dict:
@@ -366,6 +392,8 @@ def import_paths(recipe: Recipe) -> dict:
     name = optimizer.get("name") if isinstance(optimizer, Mapping) else optimizer
     if isinstance(name, str) and ":" in name:
         paths["model.compile.optimizer"] = name
+    from kerastrain.cli import fit_options
+    paths.update(fit_options.import_paths(recipe.callbacks))
     return paths
 
 

@@ -13,7 +13,8 @@ import importlib
 import re
 from typing import Any, Callable, Mapping
 
-from kerastrain._options import REQUIRED, Bad, TrainerConfig, choice, ints, option
+from kerastrain._options import (REQUIRED, Bad, TrainerConfig, choice, ints, is_number,
+                                 option)
 
 def _service(value):
     from kerastrain.data import service  # pure Python until a Trainer starts it
@@ -69,6 +70,13 @@ def _import_path_unimported(value):
     return value
 
 
+def _fraction(value):
+    """A fraction strictly between 0 and 1, or null."""
+    if value is None or (is_number(value, above=0) and value < 1):
+        return value
+    raise Bad("a number between 0 and 1 (exclusive) or null")
+
+
 def _as_given(value):
     return value  # checked as a whole elsewhere (`_check_compile`)
 
@@ -115,6 +123,9 @@ class DataConfig:
                                   section=BuilderConfig)
     validation: BuilderConfig | None = option(None, "validation data (optional), same forms",
                                               section=BuilderConfig)
+    validation_split: float | None = option(None, "NumPy data only: hold out the last fraction "
+                                                  "of the arrays for validation (model.fit's)",
+                                            check=_fraction)
     batch_size: int | None = option(None, "global batch size: for NumPy data (default 32), and "
                                           "passed to builders that take `batch_size`",
                                     check=ints(1, optional=True))
@@ -128,7 +139,8 @@ class DataConfig:
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """A validated recipe. `strategy` is `{"name": ..., **options}`; `checkpoints`,
-    `tensorboard` and `mlflow` are option mappings, True, or False when switched off."""
+    `tensorboard` and `mlflow` are option mappings, True, or False when switched off;
+    `callbacks` the `{name, **arguments}` of each (`fit_options`)."""
     model: ModelConfig
     data: DataConfig
     strategy: Mapping[str, Any]
@@ -137,3 +149,4 @@ class Recipe:
     tensorboard: Any = True
     tuning: Any = True
     mlflow: Any = False
+    callbacks: tuple = ()

@@ -67,6 +67,7 @@ def template() -> str:
     parts.append(_line(0, "strategy", "auto", "or {name: mirrored, cpu_devices: 2}, "
                                              "{name: ps, num_workers: 2}, ...") + "\n")
     parts.append("\n".join(["trainer:"] + _template_lines(TrainerConfig)) + "\n")
+    parts.append(_CALLBACKS)
     for name, cls in (("checkpoints", CheckpointOptions), ("tensorboard", TensorBoardOptions),
                       ("tuning", TuningOptions)):
         head = _line(0, name, "", "or false" + ("" if name == "tuning" else
@@ -78,3 +79,14 @@ def template() -> str:
     parts.append("\n".join([head] + ["# " + line for line in _template_lines(MLflowOptions)])
                  + "\n")
     return "\n".join(parts)
+
+
+_CALLBACKS = """\
+callbacks: []                 # Keras callbacks, as fit(callbacks=[...]), for example:
+#  - {name: EarlyStopping, monitor: val_loss, patience: 3, restore_best_weights: true}
+#  - {name: ReduceLROnPlateau, monitor: val_loss, factor: 0.5, patience: 2}
+#  - {name: CSVLogger, filename: history.csv}  # relative paths: under trainer.model_dir
+#  - {name: ModelCheckpoint, filepath: best.keras, save_best_only: true}
+#  - TerminateOnNaN
+#  - {name: mypkg.callbacks:MyCallback, every: 10}  # your own class, by import path
+"""

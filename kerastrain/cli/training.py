@@ -6,6 +6,7 @@ import inspect
 import time
 
 from kerastrain.cli import config as config_lib
+from kerastrain.cli import fit_options
 
 
 def call_builder(section, batch_size):
@@ -171,10 +172,13 @@ def run(recipe, resolved_text=None):
     validation = None if data.validation is None else call_builder(
         data.validation, data.batch_size)
     numpy_batch = numpy_batch_size(train, data.batch_size)
+    fit_options.check_split_applies(data, train)
     t = recipe.trainer
     history = trainer.fit(train, epochs=t.epochs, steps_per_epoch=t.steps_per_epoch,
                           validation_dataset_fn=validation, validation_steps=t.validation_steps,
-                          batch_size=numpy_batch)
+                          batch_size=numpy_batch, validation_split=data.validation_split,
+                          callbacks=fit_options.build_callbacks(recipe.callbacks, trainer,
+                                                                config_lib.resolve))
     summary = summary_line(history, trainer, time.perf_counter() - started)
     if trainer.is_chief:
         print(summary, flush=True)
@@ -188,6 +192,12 @@ def numpy_batch_size(data, batch_size):
 
 
 def summary_line(history, trainer, seconds):
+    ended = trainer.ended  # a callback ended the run (EarlyStopping...): this fit, or before
+    if not history.epoch and ended is not None:
+        checkpoint = f"{trainer.model_dir}/checkpoints/{ended.checkpoint}"
+        return (f"kerastrain: nothing left to train: {trainer.model_dir} {ended}; to train on "
+                f"from there anyway, --set checkpoints.restore={checkpoint}; to start afresh, "
+                "choose another trainer.model_dir")
     if not history.epoch:
         return (f"kerastrain: nothing left to train: {trainer.model_dir} already holds step "
                 f"{trainer.global_step}, as far as trainer.epochs goes; raise it (e.g. --set "
@@ -199,4 +209,5 @@ def summary_line(history, trainer, seconds):
     where = (f"outputs in {trainer.model_dir} (checkpoints/, logs/, export/, recipe.yaml)"
              if trainer.model_dir else "no model_dir: nothing written")
     return (f"kerastrain: done: {epochs} epoch{'s' if epochs != 1 else ''}, step "
-            f"{trainer.global_step}, {seconds:.1f} s; {metrics or 'no metrics'}; {where}")
+            f"{trainer.global_step}, {seconds:.1f} s; {metrics or 'no metrics'}; "
+            f"{f'{ended}; ' if ended else ''}{where}")

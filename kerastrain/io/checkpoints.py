@@ -183,10 +183,11 @@ class Checkpointer:
         with files.disk_full_guard(f"the checkpoint of step {step}", self.directory, after):
             raise error
 
-    def save(self, step: int) -> str | None:
-        """Save at `step` (once per step); returns the path being written (None: not kept
-        by this task). A background write is whole once `wait` returns."""
-        if self.last_saved_step == step:
+    def save(self, step: int, *, again: bool = False) -> str | None:
+        """Save at `step` (once per step; `again`: write that step's checkpoint once more, with
+        what the variables hold now); returns the path being written (None: not kept by this
+        task). A background write is whole once `wait` returns."""
+        if self.last_saved_step == step and not again:
             return self.saved_path
         background = False
         if self.manager is not None:
@@ -363,7 +364,7 @@ def tidy(model_dir: str):
     removed = []
     directory = files.join(model_dir, "checkpoints")
     for name in files.listdir(directory):
-        if _SAVE_TEMPORARY.match(name):
+        if _SAVE_TEMPORARY.match(name) or files.is_own_temporary(name):
             files.remove(files.join(directory, name))
             removed.append(f"checkpoints/{name}")
     export_dir = files.join(model_dir, EXPORT)

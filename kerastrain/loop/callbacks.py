@@ -217,6 +217,25 @@ def history_of(callback_list, user_model=None):
     raise AssertionError("CallbackList(add_history=True) always holds a History")
 
 
+def why_stopped(callbacks, model) -> str:
+    """Why training was asked to stop, for the record of the run's end: EarlyStopping with
+    its monitor and patience, another callback with a `stopped_epoch`, else which callbacks
+    might have set `model.stop_training` (or an `Action`'s `progress.request_stop()`)."""
+    if not model.stop_training:
+        return "a kerastrain.Action called progress.request_stop()"
+    for cb in callbacks:
+        if isinstance(cb, keras.callbacks.EarlyStopping) and cb.stopped_epoch:
+            by = f" by more than {abs(cb.min_delta):g}" if cb.min_delta else ""
+            return (f"EarlyStopping: {cb.monitor} did not improve{by} for {cb.wait} "
+                    f"epoch{'s' if cb.wait != 1 else ''}")
+    for cb in callbacks:
+        if getattr(cb, "stopped_epoch", 0):
+            return f"{type(cb).__name__}: stopped_epoch {cb.stopped_epoch}"
+    names = sorted({type(cb).__name__ for cb in callbacks})
+    return "a callback set model.stop_training" + (f"; callbacks: {', '.join(names)}"
+                                                   if names else "")
+
+
 def resolve_verbose(verbose, *, default, is_chief):
     """The verbosity of one `fit`/`evaluate`/`predict` call (`verbose` None: the Trainer's
     `default`): "auto" is 1 on an interactive chief, 2 on a pipe, 0 off the chief; 1 on a

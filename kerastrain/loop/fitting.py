@@ -9,6 +9,7 @@ is following one epoch from `fit` to the compiled step and back.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -27,6 +28,8 @@ from kerastrain.step import instances
 from kerastrain.step import updates
 
 logger = logging.getLogger("kerastrain")
+# The data's position at a batch a callback stopped at, as a checkpoint keeps it.
+Position = collections.namedtuple("Position", ["passes", "saved_offset"])
 
 
 class Epochs:
@@ -61,6 +64,8 @@ class Epochs:
         self.steps_per_epoch = None  # as `epoch_length` decided
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
         self.beat = None      # while the epochs run: progress, for their `stalls.StallWatch`
+        self.ended = None     # a callback's stop (`train`), for `finish` to save and record
+        self.stopped_at = None  # a stop at a batch: the position then (`_run`)
 
     def epoch_length(self, train_input, steps_per_epoch):
         """Steps in an epoch: as asked, else one pass of finite data (None: a pass of a
@@ -175,12 +180,20 @@ class Epochs:
     def train(self, driver, train_input, listed, epochs, steps_per_epoch, resumed,
               callback_list, callbacks=()):
         """Run the epochs, then end them as `model.fit` does unless preempted (training goes
-        on elsewhere): an EMA optimizer's averages become the weights."""
+        on elsewhere): an EMA optimizer's averages become the weights. A stop a callback
+        asked for is kept for `finish` (`self.ended`)."""
         progress = self._run(driver, train_input, listed, epochs, steps_per_epoch,
                              self.steps_per_loop(callbacks, steps_per_epoch, train_input),
                              resumed, callback_list)
         if progress.stop != actions_lib.PREEMPTED:
             updates.finalize(self.model, epochs.stop)
+        if progress.stop == actions_lib.REQUESTED:  # saved again once on_train_end has run
+            # Within its epoch where a batch's stop left some of it (unknown: as a mid-epoch
+            # save); else (an epoch end, ps with loops in flight) saved as after that epoch.
+            at, known = self.stopped_at, self.steps_known(train_input)
+            self.ended = dict(driver=driver, progress=progress, epochs=epochs.stop,
+                              within=at if at and (known is None or at["batch"] < known) else None,
+                              reason=callbacks_lib.why_stopped(callbacks, self.model))
         return progress
 
     def _run(self, driver, train_input, listed, epochs, steps_per_epoch, steps_per_loop,
@@ -219,6 +232,10 @@ class Epochs:
                         p.step += result.steps
                         if actions_lib.run(listed, p).stop:
                             break
+                if p.stop == actions_lib.REQUESTED and p.last.in_sync:
+                    # A callback's stop at a batch: where it and the data stood (`train`).
+                    self.stopped_at = dict(batch=p.batch, totals=p.totals.copy(),
+                                           data=Position(driver.passes, driver.saved_offset))
                 if p.batch == 0 and not p.stop and epoch > epochs.start:
                     return self._ran_out(p, epoch, logs)
                 if p.last is None and not p.stop:
@@ -251,12 +268,15 @@ class Epochs:
         return p
 
     def finish(self, progress, first_step, model_source, workdir):
-        """Unless the loss diverged: export after training, or when the export is missing or
-        stale (a resumed run with nothing left to train keeps a current export); then a
-        finished backup goes."""
+        """Unless the loss diverged: the stop a callback asked for saved again with the
+        weights `on_train_end` left (`run_state.RunState.save_end`); export after training, or
+        when the export is missing or stale (a resumed run with nothing left to train keeps
+        a current export); then a finished backup goes."""
         if progress.stop == actions_lib.DIVERGED:
             return
         step, run = int(self.global_step.numpy()), self.run_state
+        if self.ended is not None:  # a callback ended the run: keep the weights of its end
+            run.save_end(**self.ended)
         if step > first_step or run.export_missing(step):
             if run.export(self.model, model_source=model_source, step=step,
                           partitioned=self.step.partitioned):

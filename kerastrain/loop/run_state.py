@@ -7,12 +7,20 @@ so that a resumed epoch's logs are exact. `RunState` creates those variables, wr
 them before a save, reads them back on the first `fit` of a Trainer, and exports the
 trained model (chief only; other multi-worker tasks take part in a removed scratch
 directory, as the collective save requires).
+
+A run a callback ended (`model.stop_training`: EarlyStopping...) is saved once more at its
+stop, after the callbacks' `on_train_end` (the weights EarlyStopping restored), and the chief
+writes `checkpoints/ended.json` beside it: a rerun that resumes from that checkpoint has
+nothing left to train and says why (`Ended`). A SIGTERM or a NaN loss is no end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
+import os
 
 import numpy as np
 
@@ -24,6 +32,24 @@ from kerastrain.io import outputs as outputs_lib
 logger = logging.getLogger("kerastrain")
 
 COUNTERS = ("epoch", "step_in_epoch", "data_pass", "data_offset")
+ENDED = "ended.json"  # in model_dir/checkpoints: the checkpoint a callback's stop was saved in
+
+
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """A run a callback ended: at which epoch (1-based) of how many, at which step, why,
+    and the checkpoint saved at the stop (the record is valid while it is the newest)."""
+
+    epoch: int
+    epochs: int
+    step: int
+    reason: str
+    checkpoint: str
+
+    def __str__(self):
+        early = " early" if self.epoch < self.epochs else ""
+        return (f"ended{early} at epoch {self.epoch} of {self.epochs}, step {self.step} "
+                f"({self.reason})")
 
 
 class RunState:
@@ -44,6 +70,7 @@ class RunState:
         self.epoch_totals = None
         self.checkpointer = None
         self.restored = False
+        self.ended = None  # an `Ended`: the run restored, or this fit, was ended by a callback
 
     def attach(self, *, width, model, global_step):
         """Create the epoch totals (`width` values; any length later: a model's own
@@ -81,7 +108,8 @@ class RunState:
     def restore(self, driver, train_input, global_step, epochs=None):
         """On the first fit, restore the latest checkpoint and move the driver's data to
         where it stood; return where training stood (None: nothing restored). `epochs`:
-        the fit's, for the log line."""
+        the fit's, for the log line. A run a callback ended is `self.ended` then."""
+        self.ended = None
         if self.restored or self.checkpointer is None:
             return None
         self.restored = True
@@ -90,16 +118,63 @@ class RunState:
             return None
         info = {k: int(v.numpy()) for k, v in self.counters.items()}
         info["totals"] = np.asarray(self.epoch_totals.numpy(), np.float64)
-        of = f" of {epochs}" if epochs else ""
-        if info["step_in_epoch"]:
-            where = f"{info['step_in_epoch']} steps into epoch {info['epoch'] + 1}{of}"
-        elif info["epoch"]:
-            where = f"after epoch {info['epoch']}{of}"
+        self.ended = self._ended_at(path)
+        if self.ended is not None:
+            logger.info("resumed from %s, where the run %s: nothing left to train. To train "
+                        "on from there anyway, restore that checkpoint explicitly "
+                        "(Trainer(checkpoint={'restore': %r}); a recipe: checkpoints.restore), "
+                        "or give another model_dir to start afresh", path, self.ended, path)
         else:
-            where = "at the start of epoch 1"
-        logger.info("resumed from %s: step %d, %s", path, global_step(), where)
+            logger.info("resumed from %s: step %d, %s", path, global_step(),
+                        _where(info, epochs))
         driver.resume(train_input, info["data_pass"], info["data_offset"])
         return info
+
+    def first_epoch(self, resumed, initial_epoch, epochs):
+        """The fit's first epoch: after where a restored run stood (`epochs`, none to train,
+        when a callback had ended it)."""
+        if self.ended is not None:
+            return max(initial_epoch, epochs)
+        return max(initial_epoch, resumed["epoch"]) if resumed else initial_epoch
+
+    def _ended_at(self, path):
+        """The `Ended` recorded for the checkpoint `path` restored from model_dir (None: none,
+        an explicit `restore=` path, or a record of an older checkpoint)."""
+        if self.options.restore != "latest" or not self.checkpointer.directory:
+            return None
+        text = files.read_text(files.join(self.checkpointer.directory, ENDED))
+        try:
+            record = json.loads(text)
+            if record["checkpoint"] != os.path.basename(path):
+                return None
+            return Ended(**{f.name: record[f.name] for f in dataclasses.fields(Ended)})
+        except (TypeError, ValueError, KeyError):
+            return None  # no record, or one kerastrain cannot read: resume as before
+
+    def save_end(self, driver, progress, *, epochs, within, reason):
+        """A callback ended training at `progress`: `self.ended`; with checkpoints, save that
+        step again with the weights the model holds now (after `on_train_end`) and where
+        training stood: `within` its epoch, the batch, totals and data position of the stop
+        (`{batch, totals, data}`, as a mid-epoch checkpoint has them); else (None) after the
+        epoch. Then, on the chief, record the end beside it. Every task takes part."""
+        path = None
+        if self.checkpointer is not None:
+            if within:
+                self.set(within["data"], progress.epoch, within["batch"], within["totals"])
+            else:
+                self.set(driver, progress.epoch + 1, 0, np.zeros_like(progress.totals))
+            path = self.checkpointer.save(progress.step, again=True)
+            self.wait()
+        self.ended = Ended(epoch=progress.epoch + 1, epochs=epochs, step=progress.step,
+                           reason=reason, checkpoint=os.path.basename(path or ""))
+        if path is not None and self.checkpointer.manager is not None:
+            record = files.join(self.checkpointer.directory, ENDED)
+            with files.disk_full_guard("the record of the run's end", record,
+                                       "the checkpoint of the stop is whole; a rerun resumes "
+                                       "from it and trains on"):
+                files.write_text(record, json.dumps(dataclasses.asdict(self.ended)))
+            logger.info("training %s; recorded in %s: a rerun on this model_dir trains nothing",
+                        self.ended, record)
 
     def set(self, driver, epoch, batch, totals):
         for name, value in (("epoch", epoch), ("step_in_epoch", batch),
@@ -162,6 +237,16 @@ class RunState:
                 or self.is_multi_worker or step == 0:
             return False
         return not checkpoints.export_is_current(self.outputs.path("export"), step)
+
+
+def _where(info, epochs):
+    """Where a restored run stood, for the log line."""
+    of = f" of {epochs}" if epochs else ""
+    if info["step_in_epoch"]:
+        return f"{info['step_in_epoch']} steps into epoch {info['epoch'] + 1}{of}"
+    if info["epoch"]:
+        return f"after epoch {info['epoch']}{of}"
+    return "at the start of epoch 1"
 
 
 def _states(model):

@@ -124,6 +124,7 @@ def test_resuming_mid_epoch_skips_whole_groups_of_batches(tmp_path):
                        model_dir=str(tmp_path / "run"), checkpoint={"every_steps": 1})
     first.fit(x, y, batch_size=32, epochs=1, shuffle=False, callbacks=[StopAfterOneStep()])
     assert first.global_step == 1
+    helpers.as_interrupted(tmp_path / "run")
     resumed = kt.Trainer(builder(4), strategy=MIRRORED, verbose=0,
                          model_dir=str(tmp_path / "run"))
     resumed.fit(x, y, batch_size=32, epochs=1, shuffle=False)
@@ -302,6 +303,7 @@ def test_accumulation_under_multi_worker_mirrored_and_parameter_servers(tmp_path
 def _leg(strategy, k, model_dir, stop_after=None, epochs=3):
     """One run of a chain in this process: resume from model_dir, train, save every step."""
     x, y = data(256)
+    helpers.as_interrupted(model_dir)  # the leg before stopped to resume here
     trainer = kt.Trainer(builder(k), strategy=strategy, verbose=0, steps_per_loop=1,
                          model_dir=str(model_dir), checkpoint={"every_steps": 1})
     trainer.fit(x, y, batch_size=16, epochs=epochs, shuffle=False,
