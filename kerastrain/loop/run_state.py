@@ -244,6 +244,9 @@ def _where(info, epochs):
     of = f" of {epochs}" if epochs else ""
     if info["step_in_epoch"]:
         return f"{info['step_in_epoch']} steps into epoch {info['epoch'] + 1}{of}"
+    if epochs and info["epoch"] >= epochs:   # as `kerastrain run` says it in its last line
+        return (f"after epoch {info['epoch']}{of}: nothing left to train (pass more epochs to "
+                "go on)")
     if info["epoch"]:
         return f"after epoch {info['epoch']}{of}"
     return "at the start of epoch 1"
