@@ -142,6 +142,8 @@ def _run(args, train):
             _logging.logger.setLevel("DEBUG")
         # After isolation (TensorFlow starts threads), before the recipe's modules load it.
         _logging.start_tensorflow_quietly()
+    if imports:
+        recipes.import_from(args.recipe)  # the working directory, then the recipe's folder
     recipe, tree = recipes.load(args.recipe, args.set, imports=imports)
     text = recipes.dump(tree)
     if not train or getattr(args, "print_config", False):
@@ -205,7 +207,10 @@ def _launch_job(args, launch, interrupts):
     if not args.dry_run:  # first: the tasks inherit it, and Linux moves one thread only
         launch.isolate(network, tree)
     interrupts.watch()  # then threads: this watcher's, those of the recipe's modules
-    # Every task would fail the same way: say it once.
+    # Every task would fail the same way: say it once. (Each imports the recipe's modules
+    # as `kerastrain run` does, started in this working directory.)
+    if not script:
+        recipes.import_from(args.recipe)
     recipe = None if script else recipes.load(args.recipe, args.set)[0]
     model_dir = None if script else recipe.trainer.model_dir
     if recipe is not None:
