@@ -1,10 +1,14 @@
-"""A recipe's first run (issue 51): where its builders are imported from."""
+"""A recipe's first run (issue 51): where its builders are imported from, and that `run` checks
+every key before TensorFlow starts."""
 
+import json
 import os
+import re
 import sys
 
 import pytest
 
+import helpers
 from kerastrain.cli import command as cli
 
 BASE = """\
@@ -74,3 +78,26 @@ def test_builders_are_imported_from_the_working_directory_then_the_recipes_folde
     assert ("importing 'issue51_no' failed with ModuleNotFoundError: No module named 'issue51_no' "
             "(a recipe's modules are imported from the working directory first, then from the "
             "recipe file's folder, then from the installed packages") in err, err
+
+
+# -- 3. `run` checks every key before TensorFlow starts -----------------------------------------
+
+def test_run_with_a_typo_fails_before_tensorflow_starts(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(BASE.replace("verbose: 0", "verbos: 0"))
+    code = ("import json, os, sys\nfrom kerastrain.cli import command as cli\n"
+            f"code = cli.main(['run', {str(path)!r}])\n"
+            "loaded = sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)\n"
+            # A valid recipe's check leaves the process one thread (no NumPy yet): a local
+            # cluster's network isolation comes after it, and Linux moves one thread only.
+            "cli._checked_tree(cli.arguments.parser().parse_args(['run', "
+            "'recipes/parameter_server.yaml']))\n"
+            "print(json.dumps({'code': code, 'loaded': loaded, "
+            "'threads': len(os.listdir('/proc/self/task'))}))\n")
+    proc = helpers.run_python(code, timeout=60)
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result == {"code": 2, "loaded": [], "threads": 1}, proc.stderr[-3000:]
+    assert "devices" not in proc.stderr, proc.stderr
+    assert "Traceback (most recent call last)" not in proc.stderr, proc.stderr
+    assert re.search(r"recipe\.yaml:9: trainer\.verbos: unknown key\. Did you mean 'verbose'\?",
+                     proc.stderr), proc.stderr
