@@ -12,6 +12,7 @@ import yaml
 from kerastrain import _logging  # pure Python: no TensorFlow
 from kerastrain.cli import arguments  # argparse only
 from kerastrain.cli.config import RecipeError  # pure Python: no TensorFlow
+from kerastrain.cli.training import RecipeRunError  # pure Python too
 from kerastrain.io.files import DiskFull  # pure Python: no TensorFlow
 from kerastrain.loop.stalls import LostPeer  # pure Python too
 
@@ -159,6 +160,20 @@ def _run(args, train):
                   f"imported (--no-import), so not checked to exist or take their args: "
                   f"{skipped}", file=sys.stderr)
         return 0
+    try:
+        return _train(args, recipe, text)
+    except (LostPeer, DiskFull):
+        raise
+    except Exception as e:  # the user's code (a builder) or a recipe value, by its key
+        from kerastrain.cli import training
+        failure = training.blamed(e, positions)
+        if failure is None:
+            raise  # kerastrain's own: not dressed up as the user's
+        raise failure from e
+
+
+def _train(args, recipe, text):
+    """Play this process's part in the validated recipe: train, serve, or evaluate."""
     from kerastrain.cli import training
 
     role = training.task_role(recipe)
@@ -307,6 +322,16 @@ def _export(args):
     return 0
 
 
+def _traceback(args, error):
+    """`kerastrain run -v`: the traceback of an error otherwise told in one line."""
+    if getattr(args, "verbose", None) is not True:
+        return False
+    import traceback
+    traceback.print_exception(error, file=sys.stderr)
+    sys.stderr.flush()
+    return True
+
+
 def main(argv=None) -> int:
     from kerastrain._lifetime import die_with_launcher
     from kerastrain.loop import stalls
@@ -336,7 +361,13 @@ def main(argv=None) -> int:
     except RecipeError as e:  # every problem in the recipe, one per line
         print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
         return 2
+    except RecipeRunError as e:  # the user's code or a recipe value failed: by its key
+        shown = _traceback(args, e.error)
+        print(f"kerastrain: error: {e}" + ("" if shown else " (-v shows the traceback)"),
+              file=sys.stderr)
+        return 2
     except (ValueError, TypeError, RuntimeError) as e:
+        _traceback(args, e)
         print(f"kerastrain: error: {e}", file=sys.stderr)
         return 2
     except DiskFull as e:  # what was written before is intact; the message says what to do

@@ -1,5 +1,5 @@
-"""A recipe's first run (issue 51): where its builders are imported from, and that `run` checks
-every key before TensorFlow starts."""
+"""A recipe's first run (issue 51): where its builders are imported from, what the user sees when
+their code or a value fails, and that `run` checks every key before TensorFlow starts."""
 
 import json
 import os
@@ -10,6 +10,8 @@ import pytest
 
 import helpers
 from kerastrain.cli import command as cli
+from kerastrain.cli import recipes
+from kerastrain.cli import training
 
 BASE = """\
 model:
@@ -24,6 +26,10 @@ trainer: {verbose: 0}
 checkpoints: false
 tensorboard: false
 """
+
+
+def error_lines(err):
+    return [line for line in err.splitlines() if line.startswith("kerastrain: error:")]
 
 
 @pytest.fixture
@@ -78,6 +84,108 @@ def test_builders_are_imported_from_the_working_directory_then_the_recipes_folde
     assert ("importing 'issue51_no' failed with ModuleNotFoundError: No module named 'issue51_no' "
             "(a recipe's modules are imported from the working directory first, then from the "
             "recipe file's folder, then from the installed packages") in err, err
+
+
+# -- 2. a builder's failure, or a value's: one line naming the key ------------------------------
+
+def test_a_builder_or_value_that_fails_is_one_line_naming_its_key(tmp_path, capsys):
+    path = tmp_path / "recipe.yaml"
+    shown = str(path)  # as the recipe loader shows a file outside the working directory
+    # A builder argument of the wrong type: Keras refuses it inside the builder.
+    path.write_text(BASE.replace("hidden: 8", 'hidden: "8"'))
+    assert cli.main(["validate", str(path)]) == 0  # what only running the builder reveals
+    capsys.readouterr()
+    assert cli.main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" not in err and error_lines(err) == [
+        f"kerastrain: error: {shown}:2: model.builder (kerastrain.examples:build_mlp) failed: "
+        "ValueError: Received an invalid value for `units`, expected a positive integer. "
+        "Received: units=8 -- it was called with model.args {'features': 8, 'hidden': '8'} "
+        f"({shown}:3); fix the args or the builder (-v shows the traceback)"], err
+    # -v: the traceback of the user's code, then the same line.
+    assert cli.main(["run", str(path), "-v"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in build_mlp" in err, err
+    assert err.rstrip().splitlines()[-1].startswith(f"kerastrain: error: {shown}:2: model.builder")
+
+    # A value Keras refuses: the optimizer's arguments.
+    path.write_text(BASE.replace(
+        "  args: {features: 8, hidden: 8}\n",
+        "  args: {features: 8, hidden: 8}\n  compile: {optimizer: {name: adam, betaa: 0.9}}\n"))
+    assert cli.main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" not in err and error_lines(err) == [
+        f"kerastrain: error: {shown}:4: model.compile.optimizer ({{'name': 'adam', 'betaa': 0.9}})"
+        " failed: ValueError: Argument(s) not recognized: {'betaa': 0.9} -- fix this value "
+        "(a name Keras knows, with arguments it takes) (-v shows the traceback)"], err
+    # A metric's name Keras does not know: said by its key, not later by `compile` as if the
+    # data did not fit the model.
+    path.write_text(BASE.replace(
+        "  args: {features: 8, hidden: 8}\n",
+        "  args: {features: 8, hidden: 8}\n  compile: {metrics: [acc, acuracy]}\n"))
+    assert cli.main(["run", str(path)]) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        f"kerastrain: error: {shown}:4: model.compile.metrics (['acc', 'acuracy']) failed: "
+        "ValueError: Could not interpret metric identifier: acuracy -- fix this value (a name "
+        "Keras knows, with arguments it takes) (-v shows the traceback)"]
+
+
+def test_a_data_builder_that_raises_is_reported_by_its_key_not_a_traceback(capsys, monkeypatch):
+    # The digits recipe where scikit-learn is not installed: an ImportError from the builder.
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    path = os.path.relpath(os.path.join(helpers.REPO, "recipes", "digits.yaml"))
+    text = open(path).read()
+    code = cli.main(["run", path, "--set", "trainer.model_dir=null", "--set", "trainer.epochs=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback (most recent call last)" not in err and error_lines(err) == [
+        f"kerastrain: error: {path}:{text.splitlines().index('  train:') + 2}: "
+        "data.train.builder (kerastrain.examples:digits) failed: ImportError: The digits data "
+        "comes with scikit-learn: pip install 'kerastrain[digits]' (or scikit-learn) -- it was "
+        "called with data.train.args {'split': 'train', 'validation_fraction': 0.25, 'seed': 0} "
+        f"({path}:{text.splitlines().index('  train:') + 3}); install what it imports "
+        "(-v shows the traceback)"], err
+
+
+def test_only_what_the_users_code_raised_is_reported_as_its_keys():
+    def builder():
+        raise KeyError("column")
+
+    with pytest.raises(KeyError) as raised:
+        training._blame("data.train.builder", ("m:f", ("data.train.args", {})), builder)
+    positions = {("data", "train", "builder"): "r.yaml:5"}
+    assert str(training.blamed(raised.value, positions)).startswith(
+        "r.yaml:5: data.train.builder (m:f) failed: KeyError: 'column' -- it was called with "
+        "data.train.args {}")
+    # kerastrain translating it (`raise ... from`) still blames the key...
+    try:
+        try:
+            raise raised.value
+        except KeyError as e:
+            raise ValueError("advice") from e
+    except ValueError as e:
+        assert training.blamed(e).key == "data.train.builder"
+    # ...but kerastrain's own failure while handling it is not dressed up as the user's.
+    try:
+        try:
+            raise raised.value
+        except KeyError:
+            raise TypeError("a kerastrain bug")
+    except TypeError as e:
+        assert training.blamed(e) is None
+    assert training.blamed(TypeError("unmarked")) is None
+
+
+def test_kerastrains_own_failure_during_a_run_is_not_blamed_on_the_recipe(
+        tmp_path, monkeypatch):
+    (tmp_path / "recipe.yaml").write_text(BASE)
+
+    def broken(*args, **kwargs):
+        raise KeyError("internal")
+
+    monkeypatch.setattr(training, "summary_line", broken)
+    with pytest.raises(KeyError, match="internal"):
+        cli.main(["run", str(tmp_path / "recipe.yaml")])
 
 
 # -- 3. `run` checks every key before TensorFlow starts -----------------------------------------
