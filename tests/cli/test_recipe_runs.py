@@ -33,7 +33,7 @@ def error_lines(err):
 
 
 @pytest.fixture
-def as_the_kerastrain_command(monkeypatch, tmp_path):
+def as_the_kerastrain_command(monkeypatch):
     """sys.path as the installed `kerastrain` script has it (its own folder first, not the
     working directory, unlike `python -m`), restored after the test, as are the modules that
     the test's recipes import."""
