@@ -12,6 +12,7 @@ import yaml
 from kerastrain import _logging  # pure Python: no TensorFlow
 from kerastrain.cli import arguments  # argparse only
 from kerastrain.cli.config import RecipeError  # pure Python: no TensorFlow
+from kerastrain.cli.training import RecipeRunError  # pure Python too
 from kerastrain.io.files import DiskFull  # pure Python: no TensorFlow
 from kerastrain.loop.stalls import LostPeer  # pure Python too
 
@@ -100,20 +101,20 @@ def _info():
     return 0
 
 
-def _raw_tree(args) -> dict:
-    """The recipe with includes and --set applied, unvalidated: nothing of the user's imported."""
-    from kerastrain.cli import recipes
+def _checked_tree(args):
+    """The recipe with includes and --set applied, every key checked but nothing of the user's
+    imported: (tree, positions). A typo fails here, before TensorFlow or a network starts."""
+    from kerastrain.cli import config, recipes
 
-    tree, positions = recipes.load_file(args.recipe)
-    tree = recipes.apply_overrides(tree, positions, args.set)
-    return tree if isinstance(tree, dict) else {}
+    tree, positions = recipes.read(args.recipe, args.set)
+    config.validate(tree, positions, imports=False)
+    return tree, positions
 
 
 def _run(args, train):
     from kerastrain.cli import config, template
     from kerastrain.distribute import network
     from kerastrain.cli import recipes
-    from kerastrain.cli import training
     from kerastrain.data import service
     from kerastrain.distribute import strategies
 
@@ -124,10 +125,12 @@ def _run(args, train):
         print("kerastrain: error: `run` needs a RECIPE file (or --print-config for a template)",
               file=sys.stderr)
         return 2
-    if train and not getattr(args, "print_config", False):
-        # A local ps cluster: isolate before validation imports the recipe's modules, whose
-        # NumPy starts threads, after which Linux cannot move the process.
-        tree = _raw_tree(args)
+    train = train and not getattr(args, "print_config", False)
+    if train:
+        # Every key first (nothing imported): a typo costs no TensorFlow start. Then a local
+        # ps cluster isolates before the recipe's modules are imported, whose NumPy starts
+        # threads, after which Linux cannot move the process.
+        tree, positions = _checked_tree(args)
         cluster = strategies.local_cluster_network(tree.get("strategy"))
         data = tree.get("data")
         local_service = service.local_network(data.get("service") if isinstance(data, dict)
@@ -135,25 +138,44 @@ def _run(args, train):
         network.isolate_for(tree, mode=cluster or local_service, opt_out=(
             "the strategy option `network: host` (--set strategy.network=host)" if cluster else
             "`data.service: {dispatcher: local, network: host}`"))
-    imports = not getattr(args, "no_import", False)
-    if train and not getattr(args, "print_config", False):
         if args.verbose:
             _logging.ensure_visible()
             _logging.logger.setLevel("DEBUG")
         # After isolation (TensorFlow starts threads), before the recipe's modules load it.
         _logging.start_tensorflow_quietly()
-    recipe, tree = recipes.load(args.recipe, args.set, imports=imports)
+    else:
+        tree, positions = recipes.read(args.recipe, args.set)
+    imports = not getattr(args, "no_import", False)
+    if imports:
+        recipes.import_from(args.recipe)  # the working directory, then the recipe's folder
+    recipe, tree = recipes.check(tree, positions, imports=imports)
     text = recipes.dump(tree)
-    if not train or getattr(args, "print_config", False):
+    if not train:
         print(text, end="")
-        if not train and imports:
+        if args.command == "validate" and imports:
             print(f"kerastrain: {args.recipe} is valid", file=sys.stderr)
-        elif not train:
+        elif args.command == "validate":
             skipped = "; ".join(f"{k} {v}" for k, v in config.import_paths(recipe).items())
             print(f"kerastrain: {args.recipe} is valid, except what needs importing: not "
                   f"imported (--no-import), so not checked to exist or take their args: "
                   f"{skipped}", file=sys.stderr)
         return 0
+    try:
+        return _train(args, recipe, text)
+    except (LostPeer, DiskFull):
+        raise
+    except Exception as e:  # the user's code (a builder) or a recipe value, by its key
+        from kerastrain.cli import training
+        failure = training.blamed(e, positions)
+        if failure is None:
+            raise  # kerastrain's own: not dressed up as the user's
+        raise failure from e
+
+
+def _train(args, recipe, text):
+    """Play this process's part in the validated recipe: train, serve, or evaluate."""
+    from kerastrain.cli import training
+
     role = training.task_role(recipe)
     if role == "server":
         # A worker or ps task of a parameter-server cluster: serve until the chief ends.
@@ -198,14 +220,17 @@ def _launch_job(args, launch, interrupts):
     script = launch.is_script(args.recipe)
     if script:
         _check_script(args)
-    tree = {} if script else _raw_tree(args)
+    tree = {} if script else _checked_tree(args)[0]
     network = args.network or launch.recipe_network(tree)
     multihost = network == hosts_lib.MULTIHOST
     _check_ray(args, network)
     if not args.dry_run:  # first: the tasks inherit it, and Linux moves one thread only
         launch.isolate(network, tree)
     interrupts.watch()  # then threads: this watcher's, those of the recipe's modules
-    # Every task would fail the same way: say it once.
+    # Every task would fail the same way: say it once. (Each imports the recipe's modules
+    # as `kerastrain run` does, started in this working directory.)
+    if not script:
+        recipes.import_from(args.recipe)
     recipe = None if script else recipes.load(args.recipe, args.set)[0]
     model_dir = None if script else recipe.trainer.model_dir
     if recipe is not None:
@@ -297,6 +322,16 @@ def _export(args):
     return 0
 
 
+def _traceback(args, error):
+    """`kerastrain run -v`: the traceback of an error otherwise told in one line."""
+    if getattr(args, "verbose", None) is not True:
+        return False
+    import traceback
+    traceback.print_exception(error, file=sys.stderr)
+    sys.stderr.flush()
+    return True
+
+
 def main(argv=None) -> int:
     from kerastrain._lifetime import die_with_launcher
     from kerastrain.loop import stalls
@@ -326,7 +361,13 @@ def main(argv=None) -> int:
     except RecipeError as e:  # every problem in the recipe, one per line
         print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
         return 2
+    except RecipeRunError as e:  # the user's code or a recipe value failed: by its key
+        shown = _traceback(args, e.error)
+        print(f"kerastrain: error: {e}" + ("" if shown else " (-v shows the traceback)"),
+              file=sys.stderr)
+        return 2
     except (ValueError, TypeError, RuntimeError) as e:
+        _traceback(args, e)
         print(f"kerastrain: error: {e}", file=sys.stderr)
         return 2
     except DiskFull as e:  # what was written before is intact; the message says what to do

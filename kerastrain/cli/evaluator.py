@@ -65,7 +65,8 @@ def run(recipe, *, poll_secs: float = 2.0, startup_timeout: float = 600.0) -> in
         trainer=dataclasses.replace(recipe.trainer, model_dir=None, verbose=0))
     trainer = training.build_trainer(local)
     data_config = recipe.data.validation or recipe.data.train
-    data = training.call_builder(data_config, recipe.data.batch_size)
+    data = training.call_builder(data_config, recipe.data.batch_size, key="data.validation"
+                                 if recipe.data.validation else "data.train")
     batch = training.numpy_batch_size(data, recipe.data.batch_size)
     trainer.build(data, batch_size=batch)
     model_dir = outputs.normalize_model_dir(model_dir)  # a URL as given, a local path absolute

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import stat
+import sys
 
 import yaml
 
@@ -421,16 +422,49 @@ def apply_overrides(tree, positions, overrides):
     return tree
 
 
+def read(path, overrides=()):
+    """(tree, positions) of a recipe with its includes and `--set` overrides applied,
+    unvalidated: nothing of the user's is imported."""
+    tree, positions = load_file(path)
+    return apply_overrides(tree, positions, overrides), positions
+
+
+def import_from(path):
+    """Make the modules a recipe names importable as the docs say (docs/recipes.md, "Where
+    builders are imported from"): from the working directory first, as `python -m` does, then
+    from the folder of the recipe file `path`, then from the installed packages.
+
+    Each folder not already on `sys.path` goes in front of the installed packages, and stays
+    (a builder may import its neighbours when it is called, as under `python -m`). For the
+    command line: a Python program keeps its own `sys.path`.
+    """
+    at = 0
+    for folder in (os.getcwd(), os.path.dirname(os.path.abspath(path))):
+        present = [i for i, entry in enumerate(sys.path)
+                   if os.path.abspath(entry or os.curdir) == folder]
+        if present:
+            at = present[0] + 1
+        else:
+            sys.path.insert(at, folder)
+            at += 1
+
+
+def check(tree, positions, *, imports=True):
+    """Validate a tree that `read` returned: (Recipe, resolved tree). With `imports`, the
+    modules it names are imported to check them (from `sys.path`: the command line puts the
+    recipe's folders on it first, `import_from`); see `config.validate`."""
+    recipe = config_lib.validate(tree, positions, imports=imports)
+    return recipe, config_lib.to_tree(recipe)
+
+
 def load(path, overrides=(), *, imports=True):
     """Load, include, override and validate a recipe: (Recipe, resolved tree).
 
     `imports=False` does not import the modules the recipe names (their code would run);
     see `config.validate`.
     """
-    tree, positions = load_file(path)
-    tree = apply_overrides(tree, positions, overrides)
-    recipe = config_lib.validate(tree, positions, imports=imports)
-    return recipe, config_lib.to_tree(recipe)
+    tree, positions = read(path, overrides)
+    return check(tree, positions, imports=imports)
 
 
 def dump(tree) -> str:

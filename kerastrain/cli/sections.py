@@ -34,6 +34,10 @@ def _mapping(value):
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+# The rule of docs/recipes.md ("Where builders are imported from"), said where an import fails.
+WHERE_FROM = ("a recipe's modules are imported from the working directory first, then from the "
+              "recipe file's folder, then from the installed packages: put the module beside "
+              "the recipe, run from its folder, or install it")
 
 
 def resolve(path: str) -> Callable:
@@ -44,8 +48,10 @@ def resolve(path: str) -> Callable:
     try:
         obj = importlib.import_module(module_name)
     except Exception as e:  # the user's module may fail in any way while importing
+        missing = isinstance(e, ModuleNotFoundError) and e.name is not None and (
+            module_name + ".").startswith(e.name + ".")  # the module itself, not its imports
         raise Bad(f"an importable module; importing {module_name!r} failed with "
-                   f"{type(e).__name__}: {e}") from None
+                  f"{type(e).__name__}: {e}" + (f" ({WHERE_FROM})" if missing else "")) from None
     for part in attribute.split("."):
         if not hasattr(obj, part):
             names = [n for n in dir(obj) if not n.startswith("_")]

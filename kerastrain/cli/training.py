@@ -9,8 +9,84 @@ from kerastrain.cli import config as config_lib
 from kerastrain.cli import fit_options
 
 
-def call_builder(section, batch_size):
-    """Call a data builder with its args, plus `batch_size` if it takes one."""
+# -- what the user's code raised, told by the recipe key that ran it -------------------------
+
+_BLAMED = "_kerastrain_recipe_key"
+
+
+class RecipeRunError(Exception):
+    """A recipe key's code (a builder it names) or value (an optimizer, a loss, metrics)
+    failed when the run used it: one message naming the key, where it is set, what was raised
+    and what it was called with. `error` is what was raised (its traceback: `kerastrain run -v`).
+    """
+
+    def __init__(self, error, key, called, positions=None):
+        self.error, self.key = error, key
+        path = tuple(key.split("."))
+        where = _where(positions or {}, path)
+        text = str(error).strip()
+        parts = [f"{where}: " if where else "", key, f" ({called[0]})" if called[0] else "",
+                 f" failed: {type(error).__name__}" + (f": {text}" if text else "")]
+        if called[1] is not None:  # the builder's arguments: (their key, their value)
+            args_key, args = called[1]
+            at = _where(positions or {}, tuple(args_key.split(".")))
+            parts.append(f" -- it was called with {args_key} {args!r}" +
+                         (f" ({at})" if at and at != where else "") + (
+                             "; install what it imports" if isinstance(error, ImportError)
+                             else "; fix the args or the builder"))
+        else:
+            parts.append(" -- fix this value (a name Keras knows, with arguments it takes)")
+        super().__init__("".join(parts))
+
+
+def _where(positions, path):
+    for i in range(len(path), 0, -1):
+        if path[:i] in positions:
+            return positions[path[:i]]
+    return None
+
+
+def _blame(key, called, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, the user's code (or Keras given a recipe's value) that `key` names.
+
+    What it raises is marked with the key and passes on unchanged, so that kerastrain handles
+    it exactly as before; `blamed` finds the mark where the command line reports the failure.
+    `called`: (the import path or value, (args key, args) or None), for the message.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        if getattr(e, _BLAMED, None) is None:
+            try:
+                setattr(e, _BLAMED, (key, called))
+            except AttributeError:  # an exception class that takes no attributes
+                pass
+        raise
+
+
+# TensorFlow's errors for a lost or late peer: a cluster's fault, not the builder's.
+_CLUSTER_FAULTS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError")
+
+
+def blamed(error, positions=None):
+    """A `RecipeRunError` for `error` if the user's code for a recipe key raised it (or raised
+    what kerastrain turned into it: `raise ... from`), else None: kerastrain's own failure."""
+    if type(error).__name__ in _CLUSTER_FAULTS:
+        return None  # a peer lost while the builder ran: the cluster's fault, as it was
+    seen = set()
+    cause = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        mark = getattr(cause, _BLAMED, None)
+        if mark is not None:
+            return RecipeRunError(error, mark[0], mark[1], positions)
+        cause = cause.__cause__ or (cause.__context__ if cause.__suppress_context__ else None)
+    return None
+
+
+def call_builder(section, batch_size, key="data.train"):
+    """Call a data builder with its args, plus `batch_size` if it takes one. What it raises is
+    marked as `key`'s (`blamed`)."""
     fn = config_lib.resolve(section.builder)
     kwargs = dict(section.args)
     try:
@@ -19,7 +95,7 @@ def call_builder(section, batch_size):
         accepts_batch = False
     if batch_size is not None and accepts_batch and "batch_size" not in kwargs:
         kwargs["batch_size"] = batch_size
-    return fn(**kwargs)
+    return _blame(f"{key}.builder", (section.builder, (f"{key}.args", kwargs)), fn, **kwargs)
 
 
 def _optimizer(spec):
@@ -46,13 +122,23 @@ def _optimizer(spec):
     return cls(**options)
 
 
+# Names `compile` reads itself, choosing by the data (keras/src/trainers/compile_utils.py).
+_COMPILE_CHOOSES = {"loss": ("crossentropy", "ce"), "metric": ("accuracy", "acc")}
+
+
 def _keras_object(spec, kind):
+    """A loss or metric of the recipe; a name is passed as given, once Keras knows it (so that
+    a misspelt one fails here, by its recipe key, and not later in `compile`)."""
     import keras
-    if spec is None or isinstance(spec, str):
+    if spec is None:
+        return spec
+    getter = keras.losses.get if kind == "loss" else keras.metrics.get
+    if isinstance(spec, str):
+        if spec.lower() not in _COMPILE_CHOOSES[kind]:
+            getter(spec)
         return spec
     options = dict(spec)
     name = options.pop("name")
-    getter = keras.losses.get if kind == "loss" else keras.metrics.get
     return type(getter(name))(**options) if options else getter(name)
 
 
@@ -102,14 +188,20 @@ def build_trainer(recipe):
     # Optimizer and metrics are made inside the strategy's scope by the Trainer:
     # making them here would start TensorFlow before the strategy is chosen.
     metrics = None if compile_config.metrics is None else (
-        lambda: [_keras_object(m, "metric") for m in compile_config.metrics])
+        lambda: _blame("model.compile.metrics", (list(compile_config.metrics), None),
+                       lambda: [_keras_object(m, "metric") for m in compile_config.metrics]))
     optimizer = None if compile_config.optimizer is None else (
-        lambda: _optimizer(compile_config.optimizer))
+        lambda: _blame("model.compile.optimizer", (compile_config.optimizer, None), _optimizer,
+                       compile_config.optimizer))
+    loss = _blame("model.compile.loss", (compile_config.loss, None), _keras_object,
+                  compile_config.loss, "loss")
+    called = (recipe.model.builder, ("model.args", model_args))
     return Trainer(
-        lambda: model_builder(**model_args), strategy=dict(recipe.strategy),
+        lambda: _blame("model.builder", called, model_builder, **model_args),
+        strategy=dict(recipe.strategy),
         model_dir=t.model_dir, seed=t.seed, steps_per_loop=t.steps_per_loop,
         optimizer=optimizer,
-        loss=_keras_object(compile_config.loss, "loss"), metrics=metrics, verbose=t.verbose,
+        loss=loss, metrics=metrics, verbose=t.verbose,
         jit_compile=t.jit_compile, tensorboard=_with_hparams(recipe.tensorboard, recipe),
         checkpoint=recipe.checkpoints, shard=recipe.data.shard, data_service=recipe.data.service,
         mixed_precision=t.mixed_precision, tuning=recipe.tuning, on_nonfinite=t.on_nonfinite,
@@ -170,7 +262,7 @@ def run(recipe, resolved_text=None):
     data = recipe.data
     train = call_builder(data.train, data.batch_size)
     validation = None if data.validation is None else call_builder(
-        data.validation, data.batch_size)
+        data.validation, data.batch_size, key="data.validation")
     numpy_batch = numpy_batch_size(train, data.batch_size)
     fit_options.check_split_applies(data, train)
     t = recipe.trainer

@@ -8,8 +8,6 @@ import logging
 import numbers
 from typing import Mapping
 
-import numpy as np
-
 from kerastrain.io import cadence
 from kerastrain.io import files
 from kerastrain.io.summaries import VALIDATION_PREFIX, scalars
@@ -256,6 +254,8 @@ def model_monitor(model, writer, options, *, step, settings, element_spec, train
         settings: the run's resolved settings as YAML text (`write_config`).
         element_spec: the training batches' spec, to trace the forward graph.
     """
+    import numpy as np  # here, not at the top: recipes are checked before NumPy may start
+
     from kerastrain import _compat
     optimizer = model.optimizer
     schedule = _compat.learning_rate_schedule(optimizer)

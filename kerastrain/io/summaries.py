@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import csv
 import logging
-from typing import Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Mapping
 
 from kerastrain.io import files
+
+if TYPE_CHECKING:  # NumPy starts threads on import: the recipe checks that run before a
+    import numpy as np  # network isolation import this module, so it loads when used
 
 logger = logging.getLogger("kerastrain")
 
@@ -19,6 +20,8 @@ def scalars(logs: Mapping) -> dict:
     """`logs` with every value a float: a metric result with several values (`F1Score`
     per class) becomes one scalar per value, `name/0`, `name/1`... (`name/0_1` for a
     matrix), where Keras's TensorBoard callback would fail on it."""
+    import numpy as np
+
     flat = {}
     for name, value in logs.items():
         array = np.asarray(value)
