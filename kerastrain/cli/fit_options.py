@@ -13,7 +13,7 @@ class's keyword arguments beside `name`. A path a Keras callback writes (`ModelC
 `directory`) is, when relative, under `trainer.model_dir` (without one: the working
 directory); only the chief keeps what they write: on other tasks of a cluster those paths go
 to a scratch directory of the process, removed when it ends (as their part of kerastrain's
-own checkpoints). The callbacks run on every task, as `Trainer.fit(callbacks=...)` runs them.
+own checkpoints; `kerastrain.io.outputs` holds that rule). The callbacks run on every task, as `Trainer.fit(callbacks=...)` runs them.
 With a model_dir, where a rerun resumes, `CSVLogger` appends unless told otherwise.
 """
 
@@ -211,30 +211,12 @@ def build_callbacks(specs, trainer, resolve):
     return made
 
 
-_SCRATCH = []
-
-
 def _place(path, trainer):
-    """Where a path a callback writes goes: on the chief, a relative one under model_dir
-    (its directory made); on other tasks, into this process's scratch directory."""
-    from kerastrain.io import files
-    if not isinstance(path, str):
-        return path  # Keras says what it takes
-    if not trainer.is_chief:
-        if not _SCRATCH:
-            import atexit
-            import shutil
-
-            from kerastrain.io import outputs
-            _SCRATCH.append(outputs.new_scratch())
-            atexit.register(shutil.rmtree, _SCRATCH[0], True)
-        path = os.path.join(_SCRATCH[0], path.replace("://", "/").lstrip("/"))
-    elif trainer.model_dir is not None and not (files.is_url(path) or os.path.isabs(path)):
-        path = files.join(trainer.model_dir, path)
-    parent = os.path.dirname(path)
-    if parent:
-        files.makedirs(parent)
-    return path
+    """Where a path a callback writes goes: the chief rule's (`outputs.Outputs.place`: on the
+    chief, a relative one under model_dir; on other tasks, into this process's scratch
+    directory), for the trainer's model_dir and task."""
+    from kerastrain.io import outputs
+    return outputs.Outputs(trainer.model_dir, trainer.is_chief).place(path)
 
 
 # -- data.validation_split ----------------------------------------------------------------

@@ -272,8 +272,8 @@ def run(recipe, resolved_text=None):
                           callbacks=fit_options.build_callbacks(recipe.callbacks, trainer,
                                                                 config_lib.resolve))
     summary = summary_line(history, trainer, time.perf_counter() - started)
-    if trainer.is_chief:
-        print(summary, flush=True)
+    from kerastrain.io import outputs
+    outputs.Outputs(trainer.model_dir, trainer.is_chief).say(summary)  # the chief's line
     return trainer, history
 
 

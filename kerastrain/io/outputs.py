@@ -40,6 +40,18 @@ def new_scratch() -> str:
     return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
 
 
+_PROCESS_SCRATCH = []  # this process's scratch directory, once made (`process_scratch`)
+
+
+def process_scratch() -> str:
+    """This process's scratch directory for the files it writes and no one keeps (made on
+    first use, removed at exit)."""
+    if not _PROCESS_SCRATCH:
+        _PROCESS_SCRATCH.append(new_scratch())
+        atexit.register(shutil.rmtree, _PROCESS_SCRATCH[0], True)
+    return _PROCESS_SCRATCH[0]
+
+
 @contextlib.contextmanager
 def scratch_dir():
     """A temporary directory for a non-chief task's part of a collective save, then removed.
@@ -55,21 +67,64 @@ def scratch_dir():
 
 
 class Outputs:
-    """Paths under `model_dir` for the chief; None for every other task or without a model_dir.
+    """This task's part of the chief rule (see the module docstring) for one `model_dir`.
 
-    Every task asks; only the chief gets a directory, so no two workers ever
+    Paths under `model_dir` are the chief's; None for every other task or without a
+    model_dir. Every task asks; only the chief gets a directory, so no two workers ever
     write the same file (tensorflow#38635, #31252). Everything goes through
     `kerastrain.io.files`, so `model_dir` may be a local path or a URL (gs://, ram://).
+
+    Args:
+        model_dir: normalized (`normalize_model_dir`), or None: nowhere.
+        is_chief: whether this task is the chief (`BuiltStrategy.is_chief`); nothing but
+            this class asks it.
     """
 
     def __init__(self, model_dir: str | None, is_chief: bool):
         self.model_dir = model_dir
-        self.is_chief = is_chief
+        self._is_chief = is_chief
         self.lock = None
+
+    def at(self, model_dir: str | None) -> Outputs:
+        """The same task's rule for another `model_dir` (a `BackupAndRestore`'s backup_dir)."""
+        return Outputs(model_dir, self._is_chief)
 
     @property
     def enabled(self) -> bool:
-        return self.model_dir is not None and self.is_chief
+        """Whether this task keeps files under `model_dir` (the chief, with a model_dir)."""
+        return self.model_dir is not None and self._is_chief
+
+    @property
+    def speaks(self) -> bool:
+        """Whether this task talks to the user: its progress bars on `verbose="auto"`, the
+        command line's last line. Every task computes the same logs; one says them."""
+        return self._is_chief
+
+    def say(self, text: str):
+        """Print `text` where this task speaks (the chief); elsewhere nothing."""
+        if self.speaks:
+            print(text, flush=True)
+
+    def writers(self, writers) -> list:
+        """The metric writers this task writes to: `writers` on the chief (with or without a
+        model_dir: the user's own writers write elsewhere), none on other tasks."""
+        return list(writers) if self._is_chief else []
+
+    def place(self, path):
+        """Where a path a user's callback writes goes (`ModelCheckpoint`'s `filepath`...): on
+        the chief, as given, a relative one under `model_dir` (the working directory without
+        one); on other tasks, into this process's scratch directory, removed at exit. The
+        parent directory is made. Anything but a str is returned as it is."""
+        if not isinstance(path, str):
+            return path  # Keras says what it takes
+        if not self._is_chief:
+            path = os.path.join(process_scratch(), path.replace("://", "/").lstrip("/"))
+        elif self.model_dir is not None and not (files.is_url(path) or os.path.isabs(path)):
+            path = files.join(self.model_dir, path)
+        parent = os.path.dirname(path)
+        if parent:
+            files.makedirs(parent)
+        return path
 
     def claim(self, tidy=None):
         """On the chief: take the model_dir lock, tidy what a killed run left, say where state goes.
