@@ -95,15 +95,18 @@ class Checkpointer:
     """Saves and restores a `tf.train.Checkpoint` of the training state.
 
     Every task calls `save` (under multi-worker mirrored, all workers must take part);
-    only the chief keeps files. Other tasks write to a temporary directory that
-    is removed at once.
+    one that keeps nothing (`keep`) writes to a temporary directory that is removed at once.
+
+    Args:
+        directory: where checkpoints are read from, and kept (None: none).
+        keep: whether this task keeps what it saves in `directory`: the chief rule's answer
+            (`outputs.Outputs.enabled`).
     """
 
-    def __init__(self, directory: str | None, options: CheckpointOptions, *, is_chief: bool,
+    def __init__(self, directory: str | None, options: CheckpointOptions, *, keep: bool,
                  background: bool = False, traced: bool = False, **trackables):
         import tensorflow as tf
         self.options = options
-        self.is_chief = is_chief
         self.directory = directory
         self.checkpoint = tf.train.Checkpoint(**trackables)
         # Read checkpoints written before a model's states were kept (`model_states`).
@@ -111,7 +114,7 @@ class Checkpointer:
             k: v for k, v in trackables.items() if k != "model_states"}) \
             if "model_states" in trackables else self.checkpoint
         self.manager = None
-        if is_chief and directory:
+        if keep and directory:
             _recover_state(directory)  # before the manager reads it
             self.manager = _manager_class()(
                 self.checkpoint, directory, max_to_keep=options.max_to_keep,

@@ -59,7 +59,7 @@ class Synchronous:
     stop_flag_in_scope = False  # the flag is a variable of this task's own
     owns_sigterm = True       # the SIGTERM handler is kerastrain's (`preemption.SigtermWatch`)
     # Checkpoints may be written in the background: the values are copied to this host and
-    # only the chief writes (see `run_state.RunState`).
+    # only the chief keeps files (the chief rule: `io/outputs.py`).
     background_checkpoints = True
     # Foreground saves through one traced function (`_compat.TracedCheckpointWrite`).
     traced_checkpoints = False

@@ -55,13 +55,14 @@ class Ended:
 class RunState:
     """The counters of a run (made under the strategy's scope) and its checkpointer."""
 
-    def __init__(self, *, options, model_dir, outputs, is_chief, is_multi_worker,
-                 background=True, traced=False):
+    def __init__(self, *, options, model_dir, outputs, is_multi_worker, background=True,
+                 traced=False):
         import tensorflow as tf
         self.options = options  # a `checkpoints.CheckpointOptions`, or None: no checkpoints
         self.model_dir = model_dir
-        self.outputs = outputs
-        self.is_chief = is_chief
+        self.outputs = outputs  # `outputs.Outputs`: what this task keeps (the chief rule)
+        # Every worker takes part in each save and export (on-read variables are read
+        # collectively), so none exports alone.
         self.is_multi_worker = is_multi_worker
         self.background = background  # the strategy allows background checkpoint writes
         self.traced = traced  # foreground writes through one traced function (modes.py)
@@ -90,7 +91,7 @@ class RunState:
             # `background`: the mode's rule (modes.py; foreground under multi-worker mirrored
             # and parameter servers).
             self.checkpointer = checkpoints.Checkpointer(
-                directory, options, is_chief=self.is_chief,
+                directory, options, keep=self.outputs.enabled,
                 background=options.background and self.background, traced=self.traced,
                 model=model,
                 optimizer=model.optimizer, global_step=self._saved["global_step"],
@@ -218,7 +219,7 @@ class RunState:
         """The chief exports to model_dir/export; other workers take part in a removed temp dir."""
         if not (self.options and self.options.export and self.model_dir):
             return None
-        if self.is_chief:
+        if self.outputs.enabled:  # the chief (there is a model_dir)
             if partitioned:
                 # One machine serves it: the same model with whole variables.
                 model = models_lib.unpartitioned_copy(model, model_source)

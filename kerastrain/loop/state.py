@@ -88,7 +88,7 @@ class TrainingState:
             self.run = run_state.RunState(
                 options=workdir.checkpoint, model_dir=workdir.model_dir,
                 outputs=workdir.outputs, background=self.mode.background_checkpoints,
-                traced=self.mode.traced_checkpoints, is_chief=self.built.is_chief,
+                traced=self.mode.traced_checkpoints,
                 is_multi_worker=self.built.is_multi_worker)
         # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
         # step. A plain local variable where this task's loops read it; under ps a

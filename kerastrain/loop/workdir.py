@@ -1,7 +1,8 @@
 """Where a Trainer's run writes, and what: its `model_dir` (or a `BackupAndRestore`'s
 backup_dir in its place), the lock on it, the chief's metric writers, `config.yaml`.
 
-The Trainer holds one `WorkDir`; who may write (the chief) is `io/outputs.py`'s rule.
+The Trainer holds one `WorkDir`; what this task keeps of what it writes (the chief rule) is
+`io/outputs.py`'s to decide, asked through `self.outputs`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class WorkDir:
 
     Args:
         model_dir: normalized (`outputs.normalize_model_dir`), or None: nowhere.
-        is_chief: whether this task keeps files.
+        is_chief: whether this task is the chief, handed to `outputs.Outputs` (the rule).
         checkpoint: a `checkpoints.CheckpointOptions`, or None.
         tensorboard: a `monitor.TensorBoardOptions`, or None.
         writers: the user's more `summaries.MetricWriter`s.
@@ -33,7 +34,7 @@ class WorkDir:
     """
 
     def __init__(self, model_dir, *, is_chief, checkpoint, tensorboard, writers, moved):
-        self.model_dir, self.is_chief = model_dir, is_chief
+        self.model_dir = model_dir
         self.checkpoint, self.tensorboard = checkpoint, tensorboard
         self.settings = {}           # what the run resolved to (config.yaml), set by the Trainer
         self._settings_text = None
@@ -64,10 +65,8 @@ class WorkDir:
 
     def metric_writer(self):
         """The chief's writers (TensorBoard under model_dir/logs, plus the user's); else None."""
-        if not self.is_chief:
-            return None
         if self._writer is None:
-            writers = list(self._extra_writers)
+            writers = self.outputs.writers(self._extra_writers)
             logdir = self.outputs.dir("logs") if self.tensorboard else None
             if logdir:
                 self._tb_writer = summaries.TensorBoardWriter(logdir)
@@ -153,6 +152,6 @@ class WorkDir:
         self.settings.update(model_dir=model_dir,
                              checkpoint=options and dataclasses.asdict(options))
         self._settings_text = None
-        self.outputs = outputs_lib.Outputs(model_dir, self.is_chief)
+        self.outputs = self.outputs.at(model_dir)
         self._lock = self.outputs.claim(tidy=checkpoints.tidy)
         self._moved(model_dir, self.outputs, options)

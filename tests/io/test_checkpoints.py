@@ -317,7 +317,7 @@ def test_explicit_restore_path_and_resolved_config(tmp_path):
 
 def test_every_secs_and_every_steps_cadence():
     options = checkpoints.CheckpointOptions(every_steps=5, every_secs=30, at_epoch_end=False)
-    c = checkpoints.Checkpointer(None, options, is_chief=False)
+    c = checkpoints.Checkpointer(None, options, keep=False)
     c.cadence.done(now=100.0)
     assert c.due(10, epoch_end=False, now=101.0)          # a multiple of every_steps
     assert not c.due(11, epoch_end=False, now=129.0)      # neither
@@ -345,7 +345,7 @@ def test_one_cadence_rule_in_steps_seconds_and_epochs():
     assert not never.at_epoch_end(0)
     # Its users: checkpoints stop loops at their steps, as summaries and profiles do.
     c = checkpoints.Checkpointer(None, checkpoints.CheckpointOptions(every_steps=6),
-                                 is_chief=False)
+                                 keep=False)
     assert actions.Checkpoints(c, save=None, steps_per_epoch=None).steps_to_boundary(4) == 2
     schedule = monitor.Schedule(log_every_steps=5, profile_steps=(2, 3),
                                 histograms_every_epochs=2)
