@@ -231,7 +231,7 @@ class Trainer(_LastFit):
 
     def _resolve_verbose(self, verbose):
         return callbacks_lib.resolve_verbose(verbose, default=self._config.verbose,
-                                             is_chief=self.is_chief)
+                                             speaks=self._workdir.outputs.speaks)
 
     # -- training -------------------------------------------------------------
 

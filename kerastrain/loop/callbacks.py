@@ -236,16 +236,17 @@ def why_stopped(callbacks, model) -> str:
                                                    if names else "")
 
 
-def resolve_verbose(verbose, *, default, is_chief):
+def resolve_verbose(verbose, *, default, speaks):
     """The verbosity of one `fit`/`evaluate`/`predict` call (`verbose` None: the Trainer's
-    `default`): "auto" is 1 on an interactive chief, 2 on a pipe, 0 off the chief; 1 on a
-    pipe is 2 (a progress bar there is one line per update)."""
+    `default`): "auto" is 1 on an interactive terminal, 2 on a pipe, 0 on a task that does
+    not speak (`outputs.Outputs.speaks`: all but the chief); 1 on a pipe is 2 (a progress bar
+    there is one line per update)."""
     if verbose is not None:
         _options.check_choice("verbose", verbose, VERBOSE)
     verbose = default if verbose is None else verbose
     interactive = getattr(sys.stdout, "isatty", lambda: False)() or "ipykernel" in sys.modules
     if verbose == "auto":
-        return (1 if interactive else 2) if is_chief else 0
+        return (1 if interactive else 2) if speaks else 0
     if verbose == 1 and not interactive:
         return 2  # a progress bar on a pipe is one line per update: keep logs readable
     return verbose
