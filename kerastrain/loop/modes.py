@@ -63,6 +63,9 @@ class Synchronous:
     background_checkpoints = True
     # Foreground saves through one traced function (`_compat.TracedCheckpointWrite`).
     traced_checkpoints = False
+    # Every task takes part in each save and export (tasks but the chief into a removed
+    # scratch directory), so none exports alone.
+    every_task_saves = False
 
     @contextlib.contextmanager
     def preemption_agreement(self, checkpointer, model_dir):
@@ -118,6 +121,7 @@ class MultiWorker(Synchronous):
     owns_sigterm = False
     peers_can_stall = True
     background_checkpoints = False  # every worker takes part in a save
+    every_task_saves = True  # on-read variables are read collectively
 
     @contextlib.contextmanager
     def preemption_agreement(self, checkpointer, model_dir):

@@ -55,15 +55,15 @@ class Ended:
 class RunState:
     """The counters of a run (made under the strategy's scope) and its checkpointer."""
 
-    def __init__(self, *, options, model_dir, outputs, is_multi_worker, background=True,
+    def __init__(self, *, options, model_dir, outputs, every_task_saves, background=True,
                  traced=False):
         import tensorflow as tf
         self.options = options  # a `checkpoints.CheckpointOptions`, or None: no checkpoints
         self.model_dir = model_dir
         self.outputs = outputs  # `outputs.Outputs`: what this task keeps (the chief rule)
-        # Every worker takes part in each save and export (on-read variables are read
-        # collectively), so none exports alone.
-        self.is_multi_worker = is_multi_worker
+        # Every task takes part in each save and export (the mode's rule: multi-worker
+        # mirrored reads on-read variables collectively), so none exports alone.
+        self.every_task_saves = every_task_saves
         self.background = background  # the strategy allows background checkpoint writes
         self.traced = traced  # foreground writes through one traced function (modes.py)
         self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
@@ -226,7 +226,7 @@ class RunState:
             paths = checkpoints.export(model, self.outputs.path("export"), step=step)
             logger.info("exported %s and %s", paths["keras"], paths["saved_model"])
             return paths
-        if self.is_multi_worker:
+        if self.every_task_saves:
             with outputs_lib.scratch_dir() as scratch:
                 checkpoints.export(model, scratch)
         return None
@@ -235,7 +235,7 @@ class RunState:
         """Whether the chief's export is missing or not of this step (a run killed or out of
         disk while exporting): a rerun with nothing left to train writes it again."""
         if not (self.options and self.options.export and self.outputs.enabled) \
-                or self.is_multi_worker or step == 0:
+                or self.every_task_saves or step == 0:
             return False
         return not checkpoints.export_is_current(self.outputs.path("export"), step)
 

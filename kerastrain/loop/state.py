@@ -89,7 +89,7 @@ class TrainingState:
                 options=workdir.checkpoint, model_dir=workdir.model_dir,
                 outputs=workdir.outputs, background=self.mode.background_checkpoints,
                 traced=self.mode.traced_checkpoints,
-                is_multi_worker=self.built.is_multi_worker)
+                every_task_saves=self.mode.every_task_saves)
         # Flipped by a SIGTERM watcher thread; the compiled loop checks it before each
         # step. A plain local variable where this task's loops read it; under ps a
         # parameter server's, read by the workers' loops (`modes`: `stop_flag_in_scope`).
