@@ -281,16 +281,17 @@ def is_absent(spec_or_value) -> bool:
         isinstance(spec_or_value, (tf.OptionalSpec, tf.experimental.Optional))
 
 
-def check_no_absent(element_spec, argument, built):
+def check_no_absent(element_spec, argument, built, policy):
     """An optional input given None trains on one device (the default strategy reads the
-    dataset as it is, as Keras's `fit` does); it cannot pass a distributed iterator yet.
+    dataset as it is, as Keras's `fit` does: `policy.absent_inputs`); it cannot pass a
+    distributed iterator yet.
 
     Raises:
         ValueError: a None among the inputs (x) under a strategy that distributes the data,
             naming the cause and what to do.
     """
     import tensorflow as tf
-    if built.name != "default" and any(
+    if not policy.absent_inputs and any(
             is_absent(s) for s in tf.nest.flatten(split_batch(element_spec)[0])):
         raise ValueError(
             f"`{argument}` gives an optional input (`keras.Input(..., optional=True)`) the "
@@ -389,7 +390,7 @@ def resolve(built, data, form, *, policy, argument, shard, batch_size, seed, for
                       fn=data)
     probe = make()
     check_element_spec(probe, argument)
-    check_no_absent(probe.element_spec, argument, built)
+    check_no_absent(probe.element_spec, argument, built, policy)
     size = cardinality(probe)
     pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
     file_source = pipeline.file_source() if pipelines > 1 or shard == "file" else None

@@ -36,6 +36,9 @@ class InputPolicy:
             one pipeline of its own.
         predicts_here: prediction data is read on this task alone, each batch predicted
             whole (not split over replicas).
+        absent_inputs: an optional input may be given None: the step reads the batches
+            as the dataset yields them, not through tf.distribute iterators (which cannot
+            carry a None).
         shared_order_seed: NumPy data's example orders need a seed every worker shares (0
             when none is given), or data sharding would not be exact.
         service: what the tf.data service does for training data here: `CONSUMER`,
@@ -50,6 +53,7 @@ class InputPolicy:
     visits: bool = False
     evaluates_here: bool = False
     predicts_here: bool = False
+    absent_inputs: bool = False
     shared_order_seed: bool = False
     service: Optional[str] = CONSUMER
     check_dataset: Optional[Callable] = None

@@ -122,11 +122,14 @@ class Synchronous:
 
     def input_policy(self):
         """How the data is read (`data.policy.InputPolicy`): one pipeline per worker, read
-        by this task's loops. CentralStorageStrategy's distributed datasets drop a last
-        batch its replicas cannot split (measured, TF 2.21: 13 examples in batches of 6
-        lose the 13th), so its predictions run here, on the variables' own device."""
+        by this task's loops; the default strategy reads the dataset as it is, None inputs
+        too. CentralStorageStrategy's distributed datasets drop a last batch its replicas
+        cannot split (measured, TF 2.21: 13 examples in batches of 6 lose the 13th), so its
+        predictions run here, on the variables' own device."""
+        name = self.built.name
         return policy_lib.InputPolicy(pipelines=max(self.built.num_workers, 1),
-                                      predicts_here=self.built.name == "central_storage")
+                                      predicts_here=name == "central_storage",
+                                      absent_inputs=name == "default")
 
 
 class MultiWorker(Synchronous):

@@ -95,7 +95,8 @@ class Predictor:
         self.built = built
         self.model = model
         self.preprocess = preprocess  # a keras-hub task's `preprocess_samples`, or None
-        # Where this task predicts every batch itself, whole (`data.policy.InputPolicy`).
+        self.policy = policy  # the kind's `data.policy.InputPolicy`
+        # Where this task predicts every batch itself, whole.
         self.local = policy.predicts_here
         self._step = None
 
@@ -120,7 +121,7 @@ class Predictor:
                     lambda ctx: _checked(x(ctx), argument)), _known(probe, steps), \
                     probe.element_spec
         _check_finite(dataset, steps, argument)
-        data_lib.check_no_absent(dataset.element_spec, argument, self.built)
+        data_lib.check_no_absent(dataset.element_spec, argument, self.built, self.policy)
         if self.local:
             return dataset, _known(dataset, steps), dataset.element_spec
         # Every replica of this one task reads this one dataset: TensorFlow's default policy
