@@ -152,8 +152,9 @@ class Trainer(_LastFit):
             workdir=self._workdir, jit_compile=jit_compile, tuning=self._tuning,
             optimizer=optimizer, loss=loss, metrics=metrics)
         self._built = self._state.built  # a model instance's copy may fall back to another
-        self._feeds = feeds_lib.Feeds(self._built, shard=shard, seed=seed,
-                                      tuning=self._tuning, service=self._service,
+        self._feeds = feeds_lib.Feeds(self._built, policy=self._state.mode.input_policy(),
+                                      shard=shard, seed=seed, tuning=self._tuning,
+                                      service=self._service,
                                       model=self._state.user_model or self.model)
         self._evaluation = evaluating.Evaluation(
             self._state, self._feeds, lambda: self._epochs and self._epochs.beat)
@@ -342,7 +343,8 @@ class Trainer(_LastFit):
         callbacks = callbacks_lib.check_callbacks(callbacks)
         self._state.take_user_changes()  # a new compile may have made a new model
         self._predictor = predicting.Predictor.of(self._predictor, self._built, self.model,
-                                                  preprocess=self._feeds.preprocess)
+                                                  preprocess=self._feeds.preprocess,
+                                                  policy=self._feeds.policy)
         with self._state.cluster_errors_explained():
             return self._predictor.predict(x, batch_size=batch_size, steps=steps,
                                            callbacks=callbacks,

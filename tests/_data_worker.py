@@ -62,7 +62,8 @@ def main():
     for scenario in job["scenarios"]:
         try:
             data = DistributedInput(built, files_data(scenario["dir"], True),
-                                    shard=scenario["shard"], role=scenario["name"])
+                                    shard=scenario["shard"], role=scenario["name"],
+                                    policy=trainer._state.mode.input_policy())
         except ValueError as e:
             results[scenario["name"]] = {"error": str(e)}
             continue

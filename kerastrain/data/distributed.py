@@ -10,7 +10,9 @@ from kerastrain import _compat, _logging
 from kerastrain.data import inputs as data_lib
 from kerastrain.data import instep
 from kerastrain.data import pipelines as pipeline_lib
+from kerastrain.data import policy as policy_lib
 from kerastrain.data import sharding
+from kerastrain.distribute.ps import inputs as ps_inputs
 from kerastrain.distribute.ps import visits
 from kerastrain.data import service as service_lib
 
@@ -34,31 +36,6 @@ def _with_policy(dataset, policy):
     return dataset.with_options(options)
 
 
-def _ps_account(sentence, *, exact, off, form, pipelines, sizes):
-    """What holds under parameter servers: exact visits, or why not (after the plan's
-    `sentence`); `sizes`: of the pipelines probed, `off`: shard='off' was asked for."""
-    if exact:
-        if form == "context_fn":
-            what = (f"dataset_fn(ctx) is called once per input pipeline ({pipelines} in "
-                    "all); every worker reads every pipeline, taking their batches in turn")
-        else:
-            what = "every worker reads the whole data, in one device's order"
-        what += ", and trains the positions the coordinator gives each loop: every batch "
-        if data_lib.INFINITE in sizes:
-            return what + ("of the data's (infinite) stream once, in order (a shuffle in the "
-                           "pipeline must be seeded)")
-        if data_lib.UNKNOWN in sizes:
-            return what + ("once per pass of the data (its size is unknown: an epoch is "
-                           "`steps_per_epoch` batches of the repeated data; a shuffle in the "
-                           "pipeline must be seeded)")
-        return what + "once per pass of the data (a shuffle in the pipeline must be seeded)"
-    why = ("shard='off' asked for it, exact visits off" if off
-           else "a pipeline is empty" if 0 in sizes
-           else "each worker splits its batches over several replicas")
-    return (f"{sentence}; each worker reads its own shard ({why}): within an epoch "
-            "examples may repeat or be skipped")
-
-
 class DistributedInput:
     """One input (any form) made iterable under one strategy.
 
@@ -67,16 +44,18 @@ class DistributedInput:
         plan: the `sharding.Plan` decided (logged once).
         element_spec: the element spec of the batches (checked).
         cardinality: batches per epoch: per pipeline for `dataset_fn(ctx)`
-            under synchronous strategies, global batches otherwise (the sum over
-            workers under parameter servers); or INFINITE / UNKNOWN.
+            read in step, global batches otherwise (the sum over workers where
+            they take batches in turn: parameter servers); or INFINITE / UNKNOWN.
 
-    `role` ("training", "validation", "evaluation") names the input in the log
-    line; only training data is shuffled (NumPy input).
+    `built` is the `strategies.BuiltStrategy`, `policy` its kind's
+    `data.policy.InputPolicy`, which says how the data is read. `role`
+    ("training", "validation", "evaluation") names the input in the log line;
+    only training data is shuffled (NumPy input).
     """
 
-    def __init__(self, built, data, *, argument="dataset_fn", shard="auto", batch_size=None,
-                 seed=None, role="training", shuffle=True, input_options=True, in_step=True,
-                 service=None):
+    def __init__(self, built, data, *, policy, argument="dataset_fn", shard="auto",
+                 batch_size=None, seed=None, role="training", shuffle=True, input_options=True,
+                 in_step=True, service=None):
         self.form = data_lib.input_form(data, argument)
         sharding.check_policy(shard)
         if batch_size is not None and self.form != "numpy":
@@ -84,23 +63,22 @@ class DistributedInput:
                 "`batch_size` applies to NumPy input only; a dataset or dataset_fn batches its "
                 f"own data. Received: batch_size={batch_size!r} with {argument} of form "
                 f"{self.form!r}")
-        self._built = built
+        self._built, self._policy = built, policy
         self._argument = argument
         self._role = role
         self._input_options = input_options  # `pipeline_lib.tuned` on what synchronous loops read
-        ps = built.is_parameter_server
         # Under parameter servers only training data goes to the workers: the coordinator
         # evaluates (validation too) from one pipeline of its own (`local_dataset`).
-        evaluated_here = ps and role in ("validation", "evaluation")
-        self._pipelines = 1 if evaluated_here else max(built.num_workers, 1)
+        evaluated_here = policy.evaluates_here and role in ("validation", "evaluation")
+        self._pipelines = 1 if evaluated_here else policy.pipelines
         # Built on first use (the last two, and `passes_read`, kept between fits: ps + service)
         self._distributed = self._per_worker = self._worker_index = self._account = None
         self.passes_read = 0
         # A `kerastrain.data.service.Service` reads training data only (validation stays local).
         self._service = service if role == "training" else None
         source = data_lib.resolve(
-            built, data, self.form, argument=argument, shard=shard, batch_size=batch_size,
-            seed=seed, input_options=input_options,
+            built, data, self.form, policy=policy, argument=argument, shard=shard,
+            batch_size=batch_size, seed=seed, input_options=input_options,
             for_training=role == "training" and shuffle)  # NumPy training data is reshuffled
         # Python batches and arrays Keras's adapters slice (ragged, sparse, None) are read as
         # a dataset of global batches from here on.
@@ -110,7 +88,7 @@ class DistributedInput:
         self._sizes = source.sizes
         self.plan = sharding.decide(
             shard, form=self.form, pipelines=self._pipelines, source=source.file_source,
-            parameter_servers=ps, global_batch=source.global_batch,
+            in_turn=policy.in_turn, global_batch=source.global_batch,
             replicas=built.strategy.num_replicas_in_sync)
         if evaluated_here:
             self.plan = dataclasses.replace(self.plan, sentence=(
@@ -135,7 +113,7 @@ class DistributedInput:
         """`() -> instep.InStepBatches` when the batches can be read inside the compiled
         loop (`instep.source`), else None."""
         built = self._built
-        if built.is_parameter_server or self._pipelines != 1 or self._service is not None:
+        if self._policy.built_on_workers or self._pipelines != 1 or self._service is not None:
             return None
         return instep.source(self._numpy if self.form == "numpy" else None, probe,
                              self.element_spec, built.replica_devices or ("/cpu:0",),
@@ -148,7 +126,7 @@ class DistributedInput:
         expected = self._numpy.num_examples if self.form == "numpy" else None
         self._expected = expected
         return dataclasses.replace(self.plan, policy="off", sentence=self._service.sentence(
-            parameter_servers=self._built.is_parameter_server, expected=expected))
+            readers=self._policy.service, expected=expected))
 
     def _service_source(self, ctx=None, first_pass=0, passes=1):
         """The whole data as one pipeline, for the service to split (NumPy: by batch)."""
@@ -161,19 +139,22 @@ class DistributedInput:
         return self._checked(self._make())
 
     def _decide_visits(self, shard, role):
-        """Under parameter servers, loops name the batches they train (kerastrain.distribute.ps.visits)
-        unless a worker splits its batches over replicas, a pipeline is empty, or
-        shard='off' opts out (each worker reads its own pipeline, or all the data)."""
-        ps = self._built.is_parameter_server
+        """Where a coordinator hands out positions (`policy.visits`: parameter servers),
+        loops name the batches they train (kerastrain.distribute.ps.visits) unless a worker
+        splits its batches over replicas, a pipeline is empty, or shard='off' opts out
+        (each worker reads its own pipeline, or all the data)."""
+        visits_here = self._policy.visits
         self._reader = None
         self._local = None  # local_dataset(), made once
         self._off = shard == "off"
-        self.exact = (ps and self._built.strategy.num_replicas_in_sync == 1
+        self.exact = (visits_here and self._built.strategy.num_replicas_in_sync == 1
                       and 0 not in self._sizes and not self._off and self._service is None)
-        if ps and role == "training":
-            self.plan = dataclasses.replace(self.plan, sentence=_ps_account(
+        if visits_here and role == "training":
+            sizes = self._sizes
+            self.plan = dataclasses.replace(self.plan, sentence=ps_inputs.account(
                 self.plan.sentence, exact=self.exact, off=self._off, form=self.form,
-                pipelines=self._pipelines, sizes=self._sizes))
+                pipelines=self._pipelines, infinite=data_lib.INFINITE in sizes,
+                unknown=data_lib.UNKNOWN in sizes, empty=0 in sizes))
 
     # -- what the runners iterate ---------------------------------------------------
 
@@ -275,10 +256,10 @@ class DistributedInput:
 
     @property
     def drains(self) -> bool:
-        """Under parameter servers through the tf.data service: an epoch of
-        `steps_per_epoch=None` is one pass of a job every worker reads to its end
-        (`ps_driver.PSDriver.run_pass`)."""
-        return self._service is not None and self._built.is_parameter_server
+        """Through the tf.data service, where the workers read shared jobs (parameter
+        servers): an epoch of `steps_per_epoch=None` is one pass of a job every worker
+        reads to its end (`ps_driver.PSDriver.run_pass`)."""
+        return self._service is not None and self._policy.service == policy_lib.WORKERS
 
     def pass_iterators(self):
         """Per-worker iterators over the next pass's job (one job, shared by every ps

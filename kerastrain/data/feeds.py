@@ -20,6 +20,7 @@ class Feeds:
 
     Args:
         built: the `strategies.BuiltStrategy`.
+        policy: the `policy.InputPolicy` of its kind (`kerastrain.loop.modes`).
         shard: the sharding policy (`sharding.check_policy`).
         seed: the Trainer's seed (None: orders drawn freshly).
         tuning: the `tuning.TuningOptions` (input options, in-step batches).
@@ -27,8 +28,8 @@ class Feeds:
         model: the user's model (a keras-hub task's preprocessor is applied to the data).
     """
 
-    def __init__(self, built, *, shard, seed, tuning, service, model=None):
-        self.built = built
+    def __init__(self, built, *, policy, shard, seed, tuning, service, model=None):
+        self.built, self.policy = built, policy
         # A keras-hub task's `preprocess_samples`, mapped over every input (`preprocessing`).
         self.preprocess = preprocessing.of_model(model)
         self._shard = shard
@@ -51,7 +52,7 @@ class Feeds:
                                               batch_size=batch_size)
                 batch_size = None
             self.inputs[key] = (data, distributed.DistributedInput(
-                self.built, source, argument=argument, shard=self._shard,
+                self.built, source, policy=self.policy, argument=argument, shard=self._shard,
                 batch_size=batch_size, seed=self.order_seed(data, argument, role), role=role,
                 shuffle=shuffle, input_options=self._tuning.input_options,
                 in_step=self._tuning.in_step_batches, service=self._service))
@@ -61,7 +62,7 @@ class Feeds:
         """The seed of new data's example orders: the k-th NumPy training input of this
         Trainer is shuffled by a seed drawn from (seed, k), so a rerun of the same script
         (resuming) meets the same orders in the same calls."""
-        seed = data_lib.shuffle_seed(self._seed, self.built)
+        seed = data_lib.shuffle_seed(self._seed, self.policy)
         if seed is None or role != "training" or data_lib.input_form(data, argument) != "numpy":
             return seed
         k, self._numpy_inputs = self._numpy_inputs, self._numpy_inputs + 1

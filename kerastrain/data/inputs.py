@@ -116,22 +116,22 @@ def python_origin(dataset):
     return getattr(dataset, "_kerastrain_python_origin", None)
 
 
-def check_python_readable(built, dataset, argument):
-    """A dataset of Python batches is read by this process only: under parameter servers
-    the workers build their datasets from graphs (a Python object cannot travel), and
-    several multi-worker workers would each run their own copy.
+def check_python_readable(built, dataset, argument, policy):
+    """A dataset of Python batches is read by this process only: where the workers build
+    their datasets from graphs (`policy.built_on_workers`: a Python object cannot travel),
+    or several pipelines would each run their own copy.
 
     Raises:
         ValueError: such a dataset where another process would read it.
     """
     what = python_origin(dataset)
-    if what is None or not (built.is_parameter_server or built.num_workers > 1):
+    if what is None or not (policy.built_on_workers or policy.pipelines > 1):
         return
     raise ValueError(
         f"`{argument}` is {what}, whose batches Python code in this process makes; under "
-        f"`{built.name}` with {max(built.num_workers, 1)} worker(s) "
+        f"`{built.name}` with {policy.pipelines} worker(s) "
         + ("the parameter-server workers build their input from tf.data graphs, which cannot "
-           "call this process's Python" if built.is_parameter_server else
+           "call this process's Python" if policy.built_on_workers else
            "every worker would run its own copy, and the shards would not be one pass of "
            "the data")
         + ". Build the input with tf.data (e.g. `kerastrain.data.files(...)` or a "
@@ -167,10 +167,11 @@ def dense_arrays(data) -> bool:
     return not any(v is None or _compat.is_sparse_or_ragged(v) for v in tf.nest.flatten(data))
 
 
-def shuffle_seed(seed, built):
-    """The seed of NumPy data's shuffle: `seed`, or 0 without one under multi-worker
-    training (every worker must shuffle alike for data sharding to stay exact)."""
-    return 0 if seed is None and built.is_multi_worker else seed
+def shuffle_seed(seed, policy):
+    """The seed of NumPy data's shuffle: `seed`, or 0 without one where workers must share
+    it (`policy.shared_order_seed`: every worker must shuffle alike for data sharding to
+    stay exact)."""
+    return 0 if seed is None and policy.shared_order_seed else seed
 
 
 def input_form(data, argument="dataset_fn") -> str:
@@ -280,16 +281,17 @@ def is_absent(spec_or_value) -> bool:
         isinstance(spec_or_value, (tf.OptionalSpec, tf.experimental.Optional))
 
 
-def check_no_absent(element_spec, argument, built):
+def check_no_absent(element_spec, argument, built, policy):
     """An optional input given None trains on one device (the default strategy reads the
-    dataset as it is, as Keras's `fit` does); it cannot pass a distributed iterator yet.
+    dataset as it is, as Keras's `fit` does: `policy.absent_inputs`); it cannot pass a
+    distributed iterator yet.
 
     Raises:
         ValueError: a None among the inputs (x) under a strategy that distributes the data,
             naming the cause and what to do.
     """
     import tensorflow as tf
-    if built.name != "default" and any(
+    if not policy.absent_inputs and any(
             is_absent(s) for s in tf.nest.flatten(split_batch(element_spec)[0])):
         raise ValueError(
             f"`{argument}` gives an optional input (`keras.Input(..., optional=True)`) the "
@@ -321,7 +323,7 @@ class Source:
     probe: object  # the pipeline made here (the first one, for dataset_fn(ctx))
     element_spec: object
     cardinality: int
-    sizes: list  # of each pipeline made here: one, or one per worker (dataset_fn(ctx) under ps)
+    sizes: list  # of each pipeline made here: one, or one per worker (dataset_fn(ctx) in turn)
     make: object = None  # () -> a dataset of global batches (every form but dataset_fn(ctx))
     fn: object = None  # dataset_fn(ctx)
     numpy: object = None  # `numpy_data.NumpyData` of NumPy input
@@ -329,24 +331,24 @@ class Source:
     global_batch: int | None = None
 
 
-def resolve(built, data, form, *, argument, shard, batch_size, seed, for_training,
+def resolve(built, data, form, *, policy, argument, shard, batch_size, seed, for_training,
             input_options) -> Source:
     """`data` of `form` (`input_form`) made into its `Source`, one copy of its pipelines built
-    here, on this task, to check structure and size first.
+    here, on this task, to check structure and size first (`policy`: the
+    `data.policy.InputPolicy` of the strategy `built`).
 
     NumPy arrays are held in host variables (`numpy_data.NumpyData`, shuffled when
-    `for_training`); a dataset under parameter servers must be usable on this task.
+    `for_training`); a dataset object must be usable here (`policy.check_dataset`).
     """
     import tensorflow as tf
 
-    ps = built.is_parameter_server
-    pipelines = max(built.num_workers, 1)
+    pipelines = policy.pipelines
     replicas = built.strategy.num_replicas_in_sync
     numpy = global_batch = None
     if form == "python":  # as a dataset of global batches, on this process only
         data, form = python_dataset(data, shuffle=for_training, argument=argument), "dataset"
     if form == "dataset":
-        check_python_readable(built, data, argument)
+        check_python_readable(built, data, argument, policy)
     if form == "numpy" and not dense_arrays(data):
         # Ragged, sparse or None leaves: Keras's own array adapter slices them.
         global_batch = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
@@ -356,27 +358,29 @@ def resolve(built, data, form, *, argument, shard, batch_size, seed, for_trainin
             from kerastrain import _compat
             return _compat.arrays_dataset(arrays, batch_size=global_batch, shuffle=for_training)
     elif form == "numpy":
-        seed = shuffle_seed(seed, built)
+        seed = shuffle_seed(seed, policy)
         if seed is None and for_training:
             seed = random.randrange(2 ** 31)
         numpy = numpy_data.NumpyData(
             data, DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
             shuffle=for_training, seed=seed, argument=argument)
-        whole = input_options and not ps and pipelines == 1  # a `tuning` choice
+        # A `tuning` choice, where this task's loops read the one pipeline.
+        whole = input_options and not policy.built_on_workers and pipelines == 1
 
         def make():
             return numpy.dataset(whole_batches=whole)
     elif form == "dataset":
-        if ps and python_origin(data) is None:
-            _check_usable_here(data, argument)
+        if policy.check_dataset is not None and python_origin(data) is None:
+            policy.check_dataset(data, argument)
 
         def make():
             return data
     elif form == "global_fn":
         make = data
     else:
+        # Batches taken in turn: the size of an epoch is that of every pipeline together.
         contexts = [tf.distribute.InputContext(pipelines, i, replicas)
-                    for i in range(pipelines if ps else 1)]
+                    for i in range(pipelines if policy.in_turn else 1)]
         probes = [data(ctx) for ctx in contexts]
         for probe in probes:
             check_element_spec(probe, argument)
@@ -386,27 +390,13 @@ def resolve(built, data, form, *, argument, shard, batch_size, seed, for_trainin
                       fn=data)
     probe = make()
     check_element_spec(probe, argument)
-    check_no_absent(probe.element_spec, argument, built)
+    check_no_absent(probe.element_spec, argument, built, policy)
     size = cardinality(probe)
     pipeline = sharding.PipelineGraph(probe)  # serialised at most once, if needed
     file_source = pipeline.file_source() if pipelines > 1 or shard == "file" else None
     global_batch = numpy.batch_size if numpy else global_batch or pipeline.batch_size()
     return Source(form, probe, probe.element_spec, size, [size], make=make, numpy=numpy,
                   file_source=file_source, global_batch=global_batch)
-
-
-def _check_usable_here(dataset, argument):
-    """A dataset made before the PS cluster connected lives on devices that are gone."""
-    import tensorflow as tf
-    try:
-        dataset.with_options(tf.data.Options())
-    except tf.errors.InvalidArgumentError as e:
-        raise ValueError(
-            f"The tf.data.Dataset given as `{argument}` was created before kerastrain connected "
-            "to the parameter-server cluster, which replaces TensorFlow's devices, so it cannot "
-            "be used any more. Pass a zero-argument function that returns the dataset instead "
-            f"(e.g. `lambda: make_dataset()`), or create it after the Trainer. TensorFlow said: "
-            f"{e.message.splitlines()[0]}") from None
 
 
 def check_against_model(element_spec, model, steps=("train_step", "compute_loss")):

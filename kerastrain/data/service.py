@@ -39,6 +39,7 @@ import threading
 import uuid
 
 from kerastrain import _options
+from kerastrain.data import policy as policy_lib
 
 logger = logging.getLogger("kerastrain")
 
@@ -125,9 +126,10 @@ def local_network(value) -> str | None:
     return options.network if options is not None and options.dispatcher == LOCAL else None
 
 
-def check_strategy(options, built):
-    """Refuse a strategy the service cannot keep exact (multi-worker mirrored)."""
-    if options is not None and built.is_multi_worker and not built.is_parameter_server:
+def check_strategy(options, built, policy):
+    """Refuse a strategy the service cannot keep exact (multi-worker mirrored), as its
+    `data.policy.InputPolicy` says (`policy.service` None)."""
+    if options is not None and policy.service is None:
         raise ValueError(
             "`data_service` works with one device, mirrored, central storage and ps; under "
             "multi_worker_mirrored every worker must reach the end of the data at the same "
@@ -260,14 +262,15 @@ class Service:
                 "read all of it (each example then trained once per worker per pass). "
                 f"Received: `{argument}` with sources {bad}")
 
-    def sentence(self, *, parameter_servers, expected) -> str:
-        """The one-line account of what holds."""
+    def sentence(self, *, readers, expected) -> str:
+        """The one-line account of what holds (`readers`: `policy.CONSUMER` or
+        `policy.WORKERS`, who reads the training data's jobs)."""
         mode = self.options.processing_mode
         if mode == "parallel_epochs":
             n = "W" if self._local is None else str(self.options.workers)
             what = (f"every service worker reads all the data: each example is trained {n} "
                     "times per pass, in no fixed order")
-        elif parameter_servers:
+        elif readers == policy_lib.WORKERS:
             what = ("with steps_per_epoch=None an epoch is one pass: one job per pass, which "
                     "every ps worker reads to its end, so each example is trained once per "
                     "epoch; with steps_per_epoch set (or gradient accumulation), epochs count "

@@ -212,7 +212,7 @@ def _each(count, pipelines):
     return f"{low}" if low == high else f"{low} or {high}"
 
 
-def decide(shard, *, form, pipelines, source, parameter_servers, global_batch, replicas):
+def decide(shard, *, form, pipelines, source, in_turn, global_batch, replicas):
     """Decide the policy for one input; raise the clear error for an impossible request.
 
     Args:
@@ -220,13 +220,14 @@ def decide(shard, *, form, pipelines, source, parameter_servers, global_batch, r
         form: "context_fn", "global_fn", "dataset" or "numpy".
         pipelines: the number of input pipelines (workers reading data).
         source: the `FileSource` found in the pipeline, or None.
-        parameter_servers: whether workers pull batches asynchronously (PS).
+        in_turn: whether workers train whole batches in turn, as a coordinator schedules
+            them (`policy.InputPolicy.in_turn`: parameter servers).
         global_batch: the global batch size if known.
-        replicas: replicas per step across all workers (synchronous) or per worker (PS).
+        replicas: replicas per step across all workers, or per worker (`in_turn`).
     """
     workers = "workers" if pipelines != 1 else "worker"
     split = ""
-    if global_batch and replicas > 1 and not parameter_servers:
+    if global_batch and replicas > 1 and not in_turn:
         split = (f"; each global batch of {global_batch} is split into {replicas} per-replica "
                  f"batches of {_each(global_batch, replicas)}")
     if form == "context_fn":
@@ -265,7 +266,7 @@ def decide(shard, *, form, pipelines, source, parameter_servers, global_batch, r
         why = f" ({why})"
     else:
         why = ""
-    if parameter_servers:
+    if in_turn:
         how = f"worker i takes batches i, i+{pipelines}, i+{2 * pipelines}, ... of the data"
     else:
         how = "each worker keeps its replicas' share of every global batch"

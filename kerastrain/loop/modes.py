@@ -4,14 +4,19 @@ Keras keeps one trainer per backend; kerastrain keeps one mode per kind of strat
 Trainer wires the same pieces in the same order and never tests which strategy it runs:
 
 - `Synchronous`: one task's replicas (default, one device, mirrored, central storage). Loops
-  run here; their length may be measured; SIGTERM is this process's own.
+  run here; their length may be measured; SIGTERM is this process's own; its loops read
+  the data (through the tf.data service too).
 - `MultiWorker` (multi-worker mirrored): the same loops on every worker in step. Workers must
   agree where loops stop, so none stops on its own flag and none measures its own loop
   length; TensorFlow's `PreemptionCheckpointHandler` owns SIGTERM; a lost peer is one error.
+  NumPy orders share a seed; each task predicts alone; the tf.data service is refused.
 - `ParameterServers`: loops scheduled on workers by a `ClusterCoordinator`
   (`ps_driver.PSDriver`); a loop at most one worker's share of an epoch; results arrive after
   joins (running summaries are not timed); evaluation runs on the chief; a stall names the
-  worker that does not answer.
+  worker that does not answer. Workers build their input from graphs, take batches in turn
+  and may train the exact positions the coordinator hands out.
+
+Each mode's `input_policy()` is what the data layer follows (`data.policy.InputPolicy`).
 
 `for_strategy(built)` picks the mode of a `strategies.BuiltStrategy`.
 """
@@ -19,12 +24,15 @@ Trainer wires the same pieces in the same order and never tests which strategy i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 
 from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.data import inputs as data_lib
+from kerastrain.data import policy as policy_lib
 from kerastrain.data import service as service_lib
+from kerastrain.distribute.ps import inputs as ps_inputs
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import preemption
 from kerastrain.loop import recovery as recovery_lib
@@ -44,7 +52,7 @@ def check_options(built, config, service_options):
     serve): a clear error before the model is built."""
     tuning_lib.check_jit_compile(config.jit_compile, built)
     recovery_lib.check_strategy(config.on_nonfinite, built)
-    service_lib.check_strategy(service_options, built)
+    service_lib.check_strategy(service_options, built, for_strategy(built).input_policy())
 
 
 class Synchronous:
@@ -113,6 +121,19 @@ class Synchronous:
         """`() -> workers that answer no request`, or None where none can be named."""
         return None
 
+    # -- input ----------------------------------------------------------------------------
+
+    def input_policy(self):
+        """How the data is read (`data.policy.InputPolicy`): one pipeline per worker, read
+        by this task's loops; the default strategy reads the dataset as it is, None inputs
+        too. CentralStorageStrategy's distributed datasets drop a last batch its replicas
+        cannot split (measured, TF 2.21: 13 examples in batches of 6 lose the 13th), so its
+        predictions run here, on the variables' own device."""
+        name = self.built.name
+        return policy_lib.InputPolicy(pipelines=max(self.built.num_workers, 1),
+                                      predicts_here=name == "central_storage",
+                                      absent_inputs=name == "default")
+
 
 class MultiWorker(Synchronous):
     """Multi-worker mirrored: every worker runs the same loops (see the module docstring)."""
@@ -141,6 +162,13 @@ class MultiWorker(Synchronous):
     def auto_steps_per_loop(self, steps_per_epoch, *, sizer, measure):
         # Workers must agree on their loops, and a measurement each could differ.
         return AUTO_STEPS_PER_LOOP
+
+    def input_policy(self):
+        # Every worker shuffles NumPy data alike, or its shard would not be exact; each
+        # predicts all of it alone; a shared service job does not end on every worker at
+        # the same step, as their collectives need.
+        return dataclasses.replace(super().input_policy(), shared_order_seed=True,
+                                   predicts_here=True, service=None)
 
 
 class ParameterServers(Synchronous):
@@ -200,6 +228,15 @@ class ParameterServers(Synchronous):
 
     def evaluation(self, step, eval_input):
         return step.eval_loop_local(), iter(eval_input.local_dataset())
+
+    def input_policy(self):
+        # A coordinator schedules loops on workers, which build their datasets from graphs
+        # and take batches in turn; the coordinator evaluates and predicts from its own
+        # pipeline; a dataset object must have been made after connecting to the cluster.
+        return policy_lib.InputPolicy(
+            pipelines=max(self.built.num_workers, 1), built_on_workers=True, in_turn=True,
+            visits=True, evaluates_here=True, predicts_here=True, service=policy_lib.WORKERS,
+            check_dataset=ps_inputs.check_made_after_connecting)
 
     def stall_probe(self):
         workers = stalls.cluster_workers()

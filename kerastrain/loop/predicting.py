@@ -84,22 +84,20 @@ class Predictor:
     """Compiled predict steps of one model under one strategy (see the module docstring)."""
 
     @classmethod
-    def of(cls, previous, built, model, preprocess=None):
+    def of(cls, previous, built, model, preprocess=None, *, policy):
         """`previous` (a Predictor, or None) where it predicts with `model`, else a new one
         (a second compile made a new model)."""
         if previous is not None and previous.model is model:
             return previous
-        return cls(built, model, preprocess)
+        return cls(built, model, preprocess, policy=policy)
 
-    def __init__(self, built, model, preprocess=None):
+    def __init__(self, built, model, preprocess=None, *, policy):
         self.built = built
         self.model = model
         self.preprocess = preprocess  # a keras-hub task's `preprocess_samples`, or None
-        # CentralStorageStrategy's distributed datasets drop a last batch its replicas
-        # cannot split (measured, TF 2.21: 13 examples in batches of 6 lose the 13th), so
-        # its predictions run here, on the variables' own device, like the other two.
-        self.local = built.is_parameter_server or built.is_multi_worker or \
-            built.name == "central_storage"
+        self.policy = policy  # the kind's `data.policy.InputPolicy`
+        # Where this task predicts every batch itself, whole.
+        self.local = policy.predicts_here
         self._step = None
 
     def batches(self, x, *, batch_size, steps, argument="x"):
@@ -123,7 +121,7 @@ class Predictor:
                     lambda ctx: _checked(x(ctx), argument)), _known(probe, steps), \
                     probe.element_spec
         _check_finite(dataset, steps, argument)
-        data_lib.check_no_absent(dataset.element_spec, argument, self.built)
+        data_lib.check_no_absent(dataset.element_spec, argument, self.built, self.policy)
         if self.local:
             return dataset, _known(dataset, steps), dataset.element_spec
         # Every replica of this one task reads this one dataset: TensorFlow's default policy

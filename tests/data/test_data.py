@@ -11,6 +11,7 @@ import kerastrain as kt
 from kerastrain import examples
 from kerastrain.data import sharding
 from kerastrain.data.distributed import DistributedInput
+from kerastrain.loop import modes
 
 N_FILES_EXAMPLES = 84  # 8 files of 10 or 11 examples: the two workers get 40 and 44
 
@@ -23,6 +24,11 @@ def record_dirs(tmp_path_factory):
     examples.write_tfrecords(str(root / "eight"), x, y, num_files=8)
     examples.write_tfrecords(str(root / "one"), x, y, num_files=1)
     return {"eight": str(root / "eight"), "one": str(root / "one")}
+
+
+def _policy(built):
+    """The input policy of `built`'s kind of strategy, as the Trainer hands it down."""
+    return modes.for_strategy(built).input_policy()
 
 
 def _files(pattern):
@@ -44,7 +50,8 @@ def test_global_batches_are_split_into_per_replica_batches(two_cpus, caplog):
     }
     for name, data in forms.items():
         with caplog.at_level("INFO", logger="kerastrain"):
-            di = DistributedInput(built, data, batch_size=256 if name == "numpy" else None)
+            di = DistributedInput(built, data, batch_size=256 if name == "numpy" else None,
+                                  policy=_policy(built))
         sizes = [[int(t.shape[0]) for t in built.strategy.experimental_local_results(batch[0])]
                  for batch in di.distributed()]
         # 600 = 256 + 256 + 88: full batches split 128/128. TensorFlow splits the last,
@@ -158,7 +165,7 @@ def test_numpy_arrays_are_held_in_variables_not_graph_constants():
     built = kt.build_strategy("one_device")
     x = np.random.RandomState(0).randn(20000, 50).astype("float32")  # 4 MB
     y = np.zeros((20000, 1), "float32")
-    di = DistributedInput(built, (x, y), batch_size=100)
+    di = DistributedInput(built, (x, y), batch_size=100, policy=_policy(built))
     # The function a parameter-server worker runs to build its dataset: the arrays are
     # captured variables, not 4 MB of constants in the function sent to the worker.
     traced = tf.function(lambda: di._worker_dataset(0)).get_concrete_function()
@@ -171,19 +178,19 @@ def test_numpy_input_errors():
     built = kt.build_strategy("one_device")
     x, y = helpers.arrays(10)
     with pytest.raises(ValueError, match=r"same number of examples.*\(\[10, 6\], \[9, 1\]\)"):
-        DistributedInput(built, (x, y[:9]), batch_size=2)
+        DistributedInput(built, (x, y[:9]), batch_size=2, policy=_policy(built))
     with pytest.raises(ValueError, match=r"`batch_size` must be a positive int. Received: "
                                          r"batch_size=0"):
-        DistributedInput(built, (x, y), batch_size=0)
+        DistributedInput(built, (x, y), batch_size=0, policy=_policy(built))
     with pytest.raises(ValueError, match=r"`batch_size` applies to NumPy input only.*"
                                          r"Received: batch_size=4"):
-        DistributedInput(built, lambda: None, batch_size=4)
+        DistributedInput(built, lambda: None, batch_size=4, policy=_policy(built))
     with pytest.raises(TypeError, match=r"not a tuple `\(x, y\)`.*Received: dataset_fn of type "
                                         r"dict"):
-        DistributedInput(built, {"x": x, "y": y})
+        DistributedInput(built, {"x": x, "y": y}, policy=_policy(built))
     with pytest.raises(TypeError, match=r"not data kerastrain can read.*Received: "
                                         r"dataset_fn='data.csv'"):
-        DistributedInput(built, "data.csv")
+        DistributedInput(built, "data.csv", policy=_policy(built))
 
 
 # -- the policy, pure --------------------------------------------------------------
@@ -193,7 +200,7 @@ def test_policy_decision_table():
 
     def decide(shard, source, pipelines=2, form="global_fn", ps=False):
         return sharding.decide(shard, form=form, pipelines=pipelines, source=source,
-                               parameter_servers=ps, global_batch=256, replicas=2)
+                               in_turn=ps, global_batch=256, replicas=2)
     assert decide("auto", eight).policy == "file"
     assert decide("auto", eight).sentence.startswith(
         "sharding 8 TFRecord files across 2 workers by file: 4 files each")

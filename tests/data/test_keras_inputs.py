@@ -90,17 +90,22 @@ def test_a_py_dataset_is_read_every_epoch_and_a_generator_once(name, two_cpus, m
 
 def test_python_batches_are_refused_where_other_processes_would_read_them():
     import tensorflow as tf
+    from kerastrain.loop import modes
+
+    def policy(built):  # as the Trainer hands its kind's input policy down
+        return modes.for_strategy(built).input_policy()
     dataset = data_lib.python_dataset(b for b in _batches())
     for built in [types.SimpleNamespace(is_parameter_server=True, num_workers=2, name="ps"),
                   types.SimpleNamespace(is_parameter_server=False, num_workers=2,
-                                        name="multi_worker_mirrored")]:
+                                        name="multi_worker_mirrored", is_multi_worker=True)]:
         with pytest.raises(ValueError, match=rf"`x` is a generator.*under `{built.name}` with 2 "
                                              r"worker.*Build the input with tf.data"):
-            data_lib.check_python_readable(built, dataset, "x")
-    one = types.SimpleNamespace(is_parameter_server=False, num_workers=1, name="mirrored")
-    data_lib.check_python_readable(one, dataset, "x")
-    data_lib.check_python_readable(one.__class__(is_parameter_server=True, num_workers=2,
-                                                 name="ps"), tf.data.Dataset.range(2), "x")
+            data_lib.check_python_readable(built, dataset, "x", policy(built))
+    one = types.SimpleNamespace(is_parameter_server=False, num_workers=1, name="mirrored",
+                                is_multi_worker=False)
+    data_lib.check_python_readable(one, dataset, "x", policy(one))
+    ps = one.__class__(is_parameter_server=True, num_workers=2, name="ps")
+    data_lib.check_python_readable(ps, tf.data.Dataset.range(2), "x", policy(ps))
 
 
 @pytest.mark.parametrize("name", STRATEGIES)

@@ -76,10 +76,12 @@ def test_local_service_is_isolated_by_kerastrain_run_and_multi_worker_mirrored_i
     assert service.local_network({"network": "host"}) == "host"
     assert service.local_network("grpc://10.0.0.1:5050") is None
     assert service.local_network(None) is None
+    from kerastrain.loop import modes
     built = type("Built", (), {"is_multi_worker": True, "is_parameter_server": False,
-                               "name": "multi_worker_mirrored"})()
+                               "name": "multi_worker_mirrored", "num_workers": 2})()
     with pytest.raises(ValueError) as e:
-        service.check_strategy(service.ServiceOptions(), built)
+        service.check_strategy(service.ServiceOptions(), built,
+                               modes.for_strategy(built).input_policy())
     assert "Train with strategy 'ps', or without the service. Received: " \
         "strategy='multi_worker_mirrored'" in str(e.value)
 
