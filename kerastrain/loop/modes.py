@@ -13,6 +13,8 @@ Trainer wires the same pieces in the same order and never tests which strategy i
   joins (running summaries are not timed); evaluation runs on the chief; a stall names the
   worker that does not answer.
 
+Each builds its step (`step`: the parameter servers' is `kerastrain.step.ps.steps`) and says,
+in step terms, what the step side does differently (`step_policy`, a `policy.StepPolicy`).
 `for_strategy(built)` picks the mode of a `strategies.BuiltStrategy`.
 """
 
@@ -27,11 +29,14 @@ from kerastrain.data import inputs as data_lib
 from kerastrain.data import service as service_lib
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import preemption
-from kerastrain.loop import recovery as recovery_lib
 from kerastrain.loop import ps_driver
 from kerastrain.loop import stalls
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.step import loops as loops_lib
+from kerastrain.step import own_step
+from kerastrain.step import policy as policy_lib
+from kerastrain.step.ps import placement as ps_placement
+from kerastrain.step.ps import steps as ps_steps
 
 logger = logging.getLogger("kerastrain")
 
@@ -43,7 +48,7 @@ def check_options(built, config, service_options):
     placed, recovery under multi-worker mirrored, the tf.data service where it cannot
     serve): a clear error before the model is built."""
     tuning_lib.check_jit_compile(config.jit_compile, built)
-    recovery_lib.check_strategy(config.on_nonfinite, built)
+    for_strategy(built).check_options(config)
     service_lib.check_strategy(service_options, built)
 
 
@@ -52,6 +57,18 @@ class Synchronous:
 
     def __init__(self, built):
         self.built = built
+
+    def check_options(self, config):
+        """Options of the `TrainerConfig` this kind cannot honour (none here)."""
+
+    # -- the step -------------------------------------------------------------------------
+
+    step_policy = policy_lib.StepPolicy()
+
+    def step(self, model, global_step, **options):
+        """The compiled step of `model` (`own_step.step_for`, which says the `options`)."""
+        return own_step.step_for(self.built, model, global_step, policy=self.step_policy,
+                                 **options)
 
     # -- stopping -----------------------------------------------------------------------
 
@@ -118,6 +135,19 @@ class MultiWorker(Synchronous):
     owns_sigterm = False
     peers_can_stall = True
     background_checkpoints = False  # every worker takes part in a save
+    step_policy = policy_lib.StepPolicy(
+        logs_mean_spans_tasks=True,
+        eager_refused=("multi-worker mirrored runs every step on every worker in step, "
+                       "through collectives kerastrain runs compiled only"))
+
+    def check_options(self, config):
+        # A recovery must restore the same state on every task.
+        if config.on_nonfinite == "recover":
+            raise ValueError(
+                "`on_nonfinite='recover'` is not available under multi-worker mirrored yet: "
+                "every worker would have to restore the chief's checkpoint at the same step. "
+                "Use on_nonfinite='stop' and rerun from the last checkpoint. Received: "
+                "on_nonfinite='recover'")
 
     @contextlib.contextmanager
     def preemption_agreement(self, checkpointer, model_dir):
@@ -154,6 +184,15 @@ class ParameterServers(Synchronous):
     # read it, the path of a rare "Unable to parse request" (a device name corrupted in the
     # request, "String field 'tensorflow.eager.Operation.device' contains invalid UTF-8").
     stop_flag_in_scope = True
+    step_policy = policy_lib.StepPolicy(
+        eager_refused=("a parameter-server coordinator schedules each loop on a remote worker "
+                       "as a tf.function, which cannot run eagerly"),
+        stateful_refused="its workers train batches in no set order, all on one state",
+        placement=ps_placement.ServerPlacement())
+
+    def step(self, model, global_step, **options):
+        return ps_steps.step_for(self.built, model, global_step, policy=self.step_policy,
+                                 **options)
 
     def explain_lost(self, error, latest_checkpoint):
         return driver_lib.lost_cluster(error, latest_checkpoint)
