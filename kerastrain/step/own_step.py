@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from kerastrain.data import inputs as data_lib
-from kerastrain.distribute.ps import worker_steps
 from kerastrain.step.loops import Step, overrides
-from kerastrain.step.metrics import log_value
+from kerastrain.step.metrics import flat_logs, log_value
 from kerastrain.step.replica import batch_size
 
 
@@ -103,7 +102,7 @@ class ModelStep(Step):
         if not isinstance(logs, dict):
             raise TypeError(f"The model's `{kind}_step` must return a dict of scalar logs, as "
                             f"Keras requires. Received: {type(logs).__name__}")
-        logs = worker_steps.flat_logs(logs)
+        logs = flat_logs(logs)
         keys = self.keys.setdefault(kind, sorted(logs))
         for k in keys:
             shape = tf.convert_to_tensor(logs[k]).shape
