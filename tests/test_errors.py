@@ -130,18 +130,20 @@ def test_run_eagerly_is_refused_where_steps_cannot_run_eagerly(name, ps, multi_w
     remote workers, and multi-worker steps are compiled collectives: refused, saying so,
     not quietly compiled."""
     import types
+    from kerastrain.loop import modes
     from kerastrain.step import checks
     model = keras.Sequential([keras.Input((helpers.FEATURES,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
     built = types.SimpleNamespace(name=name, is_parameter_server=ps,
                                   is_multi_worker=multi_worker)
+    policy = modes.for_strategy(built).step_policy
     with pytest.raises(ValueError, match=(
             rf"`run_eagerly=True` .*which the '{name}' strategy cannot honour.*'one_device' or "
             rf"'mirrored'.*Received: run_eagerly=True for model 'sequential.*under "
             rf"strategy='{name}'")):
-        checks.check_eager(model, built)
+        checks.check_eager(model, built, policy)
     model.compile(optimizer="sgd", loss="mse")
-    checks.check_eager(model, built)  # compiled steps: nothing to refuse
+    checks.check_eager(model, built, policy)  # compiled steps: nothing to refuse
 
 
 def test_cpu_devices_after_tensorflow_initialised():

@@ -381,13 +381,13 @@ def test_the_models_own_train_and_test_step_run_as_under_fit(cls, strategy):
 def test_an_unbuilt_second_optimizer_under_parameter_servers_is_refused_with_what_to_do():
     """A GAN's own optimizers must exist before workers run its step (they cannot create
     variables); the model's own train_step itself runs under ps (test_own_step_ps.py)."""
-    from kerastrain.step import own_step
+    from kerastrain.loop import modes
     model = build_own_step(OwnStep)
     model.g_optimizer = keras.optimizers.Adam()
     built = type("Built", (), {"is_parameter_server": True, "strategy": None})()
     with pytest.raises(ValueError, match=r"optimizer `g_optimizer` \(Adam\) is not built.*"
                                          r"self.g_optimizer.build\(.*Received: strategy='ps'"):
-        own_step.step_for(built, model, None)
+        modes.ParameterServers(built).step(model, None)
 
 
 # -- model.fit's arguments -----------------------------------------------------------------

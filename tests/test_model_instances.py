@@ -114,8 +114,9 @@ def test_a_stateful_rnn_keeps_its_last_states_on_one_device_and_is_refused_under
         kt.Trainer(model(), strategy=MIRRORED, verbose=0, checkpoint=False)
     # Under parameter servers (the check alone: a cluster costs a process).
     import types
+    from kerastrain.loop import modes
     from kerastrain.step import checks
     ps = types.SimpleNamespace(name="ps", is_parameter_server=True,
                                strategy=types.SimpleNamespace(num_replicas_in_sync=1))
     with pytest.raises(ValueError, match=r"under 'ps' its workers train batches in no set order"):
-        checks.check_stateful(model(), ps)
+        checks.check_stateful(model(), ps, modes.for_strategy(ps).step_policy)

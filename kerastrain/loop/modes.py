@@ -18,6 +18,8 @@ Trainer wires the same pieces in the same order and never tests which strategy i
 
 Each mode's `input_policy()` is what the data layer follows (`data.policy.InputPolicy`).
 
+Each builds its step (`step`: the parameter servers' is `kerastrain.step.ps.steps`) and says,
+in step terms, what the step side does differently (`step_policy`, a `step.policy.StepPolicy`).
 `for_strategy(built)` picks the mode of a `strategies.BuiltStrategy`.
 """
 
@@ -30,16 +32,19 @@ import logging
 
 from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.data import inputs as data_lib
-from kerastrain.data import policy as policy_lib
+from kerastrain.data import policy as input_policies
 from kerastrain.data import service as service_lib
 from kerastrain.distribute.ps import inputs as ps_inputs
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import preemption
-from kerastrain.loop import recovery as recovery_lib
 from kerastrain.loop import ps_driver
 from kerastrain.loop import stalls
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.step import loops as loops_lib
+from kerastrain.step import own_step
+from kerastrain.step import policy as step_policies
+from kerastrain.step.ps import placement as ps_placement
+from kerastrain.step.ps import steps as ps_steps
 
 logger = logging.getLogger("kerastrain")
 
@@ -51,8 +56,9 @@ def check_options(built, config, service_options):
     placed, recovery under multi-worker mirrored, the tf.data service where it cannot
     serve): a clear error before the model is built."""
     tuning_lib.check_jit_compile(config.jit_compile, built)
-    recovery_lib.check_strategy(config.on_nonfinite, built)
-    service_lib.check_strategy(service_options, built, for_strategy(built).input_policy())
+    mode = for_strategy(built)
+    mode.check_options(config)
+    service_lib.check_strategy(service_options, built, mode.input_policy())
 
 
 class Synchronous:
@@ -60,6 +66,18 @@ class Synchronous:
 
     def __init__(self, built):
         self.built = built
+
+    def check_options(self, config):
+        """Options of the `TrainerConfig` this kind cannot honour (none here)."""
+
+    # -- the step -------------------------------------------------------------------------
+
+    step_policy = step_policies.StepPolicy()
+
+    def step(self, model, global_step, **options):
+        """The compiled step of `model` (`own_step.step_for`, which says the `options`)."""
+        return own_step.step_for(self.built, model, global_step, policy=self.step_policy,
+                                 **options)
 
     # -- stopping -----------------------------------------------------------------------
 
@@ -130,7 +148,7 @@ class Synchronous:
         cannot split (measured, TF 2.21: 13 examples in batches of 6 lose the 13th), so its
         predictions run here, on the variables' own device."""
         name = self.built.name
-        return policy_lib.InputPolicy(pipelines=max(self.built.num_workers, 1),
+        return input_policies.InputPolicy(pipelines=max(self.built.num_workers, 1),
                                       predicts_here=name == "central_storage",
                                       absent_inputs=name == "default")
 
@@ -143,6 +161,19 @@ class MultiWorker(Synchronous):
     peers_can_stall = True
     background_checkpoints = False  # every worker takes part in a save
     every_task_saves = True  # on-read variables are read collectively
+    step_policy = step_policies.StepPolicy(
+        logs_mean_spans_tasks=True,
+        eager_refused=("multi-worker mirrored runs every step on every worker in step, "
+                       "through collectives kerastrain runs compiled only"))
+
+    def check_options(self, config):
+        # A recovery must restore the same state on every task.
+        if config.on_nonfinite == "recover":
+            raise ValueError(
+                "`on_nonfinite='recover'` is not available under multi-worker mirrored yet: "
+                "every worker would have to restore the chief's checkpoint at the same step. "
+                "Use on_nonfinite='stop' and rerun from the last checkpoint. Received: "
+                "on_nonfinite='recover'")
 
     @contextlib.contextmanager
     def preemption_agreement(self, checkpointer, model_dir):
@@ -186,6 +217,15 @@ class ParameterServers(Synchronous):
     # read it, the path of a rare "Unable to parse request" (a device name corrupted in the
     # request, "String field 'tensorflow.eager.Operation.device' contains invalid UTF-8").
     stop_flag_in_scope = True
+    step_policy = step_policies.StepPolicy(
+        eager_refused=("a parameter-server coordinator schedules each loop on a remote worker "
+                       "as a tf.function, which cannot run eagerly"),
+        stateful_refused="its workers train batches in no set order, all on one state",
+        placement=ps_placement.ServerPlacement())
+
+    def step(self, model, global_step, **options):
+        return ps_steps.step_for(self.built, model, global_step, policy=self.step_policy,
+                                 **options)
 
     def explain_lost(self, error, latest_checkpoint):
         return driver_lib.lost_cluster(error, latest_checkpoint)
@@ -233,9 +273,9 @@ class ParameterServers(Synchronous):
         # A coordinator schedules loops on workers, which build their datasets from graphs
         # and take batches in turn; the coordinator evaluates and predicts from its own
         # pipeline; a dataset object must have been made after connecting to the cluster.
-        return policy_lib.InputPolicy(
+        return input_policies.InputPolicy(
             pipelines=max(self.built.num_workers, 1), built_on_workers=True, in_turn=True,
-            visits=True, evaluates_here=True, predicts_here=True, service=policy_lib.WORKERS,
+            visits=True, evaluates_here=True, predicts_here=True, service=input_policies.WORKERS,
             check_dataset=ps_inputs.check_made_after_connecting)
 
     def stall_probe(self):

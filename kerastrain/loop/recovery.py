@@ -45,16 +45,6 @@ class TooManyRecoveries(RuntimeError):
     """The loss went bad again after `max_recoveries` recoveries in one `fit`."""
 
 
-def check_strategy(on_nonfinite, built):
-    """Raise where a recovery cannot restore the same state on every task."""
-    if on_nonfinite == "recover" and built.is_multi_worker:
-        raise ValueError(
-            "`on_nonfinite='recover'` is not available under multi-worker mirrored yet: every "
-            "worker would have to restore the chief's checkpoint at the same step. Use "
-            "on_nonfinite='stop' and rerun from the last checkpoint. Received: "
-            "on_nonfinite='recover'")
-
-
 def action(driver, *, on_nonfinite, max_recoveries, spike_factor, model, step, global_step,
            checkpointer, writer):
     """The `Recovery` of one `fit` (None with on_nonfinite="stop").

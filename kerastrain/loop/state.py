@@ -3,8 +3,8 @@
 `TrainingState` makes, in the strategy's scope, the model (built from a function, or a copy
 of a model instance), the global step, the run's counters and checkpointer
 (`run_state.RunState`) and the stop flag a SIGTERM sets; on the first batches' spec it builds
-the variables and the compiled step (`own_step.step_for`). The `Trainer` wires one to the
-data, the work directory and each fit's `fitting.Epochs`.
+the variables and the compiled step (`modes`: the kind of strategy builds it). The `Trainer`
+wires one to the data, the work directory and each fit's `fitting.Epochs`.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class TrainingState:
         # the default strategy (no copy: a copy from its config may lose what the config
         # does not say, such as a weight two layers share).
         self.built = strategies.default_for_instance(built, model) or built
+        self.mode = modes.for_strategy(self.built)
         self.model = self._materialize(model, precision_policy, compile_overrides)
         # Its optimizer's state goes on in the copy (unless the Trainer replaces the optimizer).
         self._detached = detached if optimizer is None else None
@@ -78,7 +79,6 @@ class TrainingState:
         # gets the trained weights whenever fit ends, so code written for model.fit works.
         self.user_model = model if detached is not None and model is not self.model else None
         self._users_object = detached is not None and model is self.model  # trained in place
-        self.mode = modes.for_strategy(self.built)
         precision.ensure_loss_scaling(self.model, precision_policy)
         with self.strategy.scope():
             self.global_step = tf.Variable(
@@ -104,7 +104,8 @@ class TrainingState:
 
     def _materialize(self, model, policy, compile_overrides):
         with self.built.strategy.scope(), precision.policy(policy, model):
-            return models_lib.materialize(model, self.built, **compile_overrides)
+            return models_lib.materialize(model, self.built, policy=self.mode.step_policy,
+                                          **compile_overrides)
 
     @property
     def strategy(self):
@@ -126,9 +127,10 @@ class TrainingState:
             self.take_user_changes()
             return
         model, built = self.model, self.built
-        models_lib.check_resources_placed(model, built)
+        placement = self.mode.step_policy.placement
+        placement.check_placed(model)
         with self.strategy.scope():
-            partitioned = models_lib.build_state(model, built, element_spec,
+            partitioned = models_lib.build_state(model, built, element_spec, placement=placement,
                                                  users_object=self._users_object)
             instances.carry_optimizer(model, self._detached)
             self._detached = None  # its copies of the weights and slots are no longer needed
@@ -147,8 +149,8 @@ class TrainingState:
         # Where workers must agree on where to stop (collectives would hang otherwise),
         # no per-worker stop inside their loops.
         flag = self.stop_flag if self.mode.stops_on_own_flag else None
-        self.step = own_step.step_for(
-            built, model, self.global_step, jit_compile=jit is True, stop_flag=flag,
+        self.step = self.mode.step(
+            model, self.global_step, jit_compile=jit is True, stop_flag=flag,
             partitioned=partitioned,
             unroll=tuning_lib.UNROLL if self._tuning.unroll_steps else 1)
         if jit == tuning_lib.MEASURE:

@@ -103,11 +103,11 @@ class Accumulator:
         self.steps = steps
         self._present = None  # which variables get a gradient (known when traced)
         self._held = None  # `batch_loop`'s sums between calls: per-replica variables
-        counted = whole_groups(step.model.optimizer, steps)
-        # Under parameter servers a group's batch count comes from the global step, which
-        # starts at 0 in each Trainer (`ps_steps`): the batches the optimizer counted before
-        # (an earlier `model.fit`, carried by `instances.carry_optimizer`) come first.
-        self._batches_before = counted if step.built.is_parameter_server else 0
+        # The optimizer's batches before this Trainer (an earlier `model.fit`, carried by
+        # `instances.carry_optimizer`), whole groups. Under parameter servers a group's batch
+        # count comes from the global step, which starts at 0 in each Trainer: these come
+        # first (`kerastrain.step.ps.steps.PSStep`).
+        self.batches_counted = whole_groups(step.model.optimizer, steps)
         # XLA fuses one batch's forward pass and gradients; the update runs apart.
         self._run_micro = (tf.function(self._micro, jit_compile=True) if jit_compile
                            else self._micro)
@@ -166,7 +166,7 @@ class Accumulator:
         self.step.strategy.run(self._apply, args=(sums, examples, last))
         counter.assign(last + 1)
 
-    def _group_parts(self):
+    def group_parts(self):
         """`_first`, `_add` and `_update` as the compiled loops call them (`unconverted`)."""
         return unconverted(self._first), unconverted(self._add), unconverted(self._update)
 
@@ -176,7 +176,7 @@ class Accumulator:
         k = self.steps
         go_on, after, accumulate = unconverted(go_on), unconverted(after), unconverted(
             self.step.accumulate)
-        first, add, update = self._group_parts()
+        first, add, update = self.group_parts()
 
         def loop(iterator, num_steps):
             totals = tf.zeros([self.step.width], tf.float32)
@@ -265,24 +265,3 @@ class Accumulator:
             self.step.strategy.run(lambda: [h.assign(tf_zeros_like(h)) for h in self._held])
             self._held_examples.assign(0.0)
             self._held_batches.assign(0)
-
-    def ps_steps(self, step_counter, read, state, num_steps):
-        """Traced on a worker: `num_steps` updates, each of k batches read by
-        `read(state) -> (batch, state)` (the data repeats). Returns (totals, state)."""
-        import tensorflow as tf
-        k = self.steps
-        read, accumulate = unconverted(read), unconverted(self.step.accumulate)
-        first, add, update = self._group_parts()
-        totals = tf.zeros([self.step.width], tf.float32)
-        for _ in tf.range(num_steps):
-            batch, state = read(state)
-            sums, part, examples = first(batch)
-            totals = accumulate(totals, part)
-            for _ in tf.range(k - 1):
-                batch, state = read(state)
-                sums, totals, examples = add(sums, batch, totals, examples)
-            # Keras's counter loses increments under asynchronous training: the
-            # batches before this group come from the exact step.
-            update(sums, examples, before=step_counter.read_value() * k + self._batches_before)
-            step_counter.assign_add(1)
-        return totals, state

@@ -30,19 +30,19 @@ def check_compiled(model, *, training):
         f"{getattr(model, 'optimizer', None)!r}")
 
 
-def check_stateful(instance, built):
+def check_stateful(instance, built, policy):
     """A stateful RNN keeps one state per row of a fixed batch, carried from batch to batch.
     Split over replicas, each replica's share has other rows than the state (TensorFlow
-    fails deep in the step, as Keras's `fit` does under the same strategy); under parameter
+    fails deep in the step, as Keras's `fit` does under the same strategy); the kind of
+    strategy may refuse it on one replica too (`policy.stateful_refused`: under parameter
     servers workers train batches in no set order on one state, and the user's object could
-    not hold it afterwards (made before the cluster connected)."""
+    not hold it afterwards, made before the cluster connected)."""
     replicas = built.strategy.num_replicas_in_sync
     stateful = [layer.name for layer in _compat.all_layers(instance)
                 if getattr(layer, "stateful", False)]
-    if stateful and (replicas > 1 or built.is_parameter_server):
+    if stateful and (replicas > 1 or policy.stateful_refused):
         why = (f"each of the {replicas} replicas trains a share of the batch, which does not "
-               "match them") if replicas > 1 else (
-            "its workers train batches in no set order, all on one state")
+               "match them") if replicas > 1 else policy.stateful_refused
         raise ValueError(
             f"The model {instance.name!r} has stateful recurrent layers ({', '.join(stateful)}), "
             f"whose states hold one row per example of a fixed batch, carried from batch to "
@@ -51,18 +51,12 @@ def check_stateful(instance, built):
             f"layers under strategy={built.name!r}")
 
 
-def check_eager(instance, built):
+def check_eager(instance, built, policy):
     """`run_eagerly=True` (Keras's debugging mode) runs every step eagerly on this task's
-    replicas; where steps are functions TensorFlow runs elsewhere, it cannot."""
-    if not getattr(instance, "run_eagerly", False):
-        return
-    if built.is_parameter_server:
-        why = ("a parameter-server coordinator schedules each loop on a remote worker as a "
-               "tf.function, which cannot run eagerly")
-    elif built.is_multi_worker:
-        why = ("multi-worker mirrored runs every step on every worker in step, through "
-               "collectives kerastrain runs compiled only")
-    else:
+    replicas; where steps are functions TensorFlow runs elsewhere, it cannot (the kind of
+    strategy says why: `policy.eager_refused`)."""
+    why = policy.eager_refused
+    if not getattr(instance, "run_eagerly", False) or why is None:
         return
     raise ValueError(
         f"The model is compiled with `run_eagerly=True` (Keras's debugging mode), which the "

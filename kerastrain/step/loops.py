@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 
-from kerastrain import _compat
 from kerastrain.step import metrics as metrics_lib
 from kerastrain.step import replica as replica_lib
 from kerastrain._tracing import compiled, runs_eagerly, unconverted
@@ -39,7 +38,7 @@ def loop_condition(stop_flag):
     return go_on
 
 
-def _say_unrolled(step):
+def say_unrolled(step):
     """Once a Step: its training loop runs `step.unroll` steps per iteration."""
     if not getattr(step, "_said_unrolled", False):
         step._said_unrolled = True
@@ -68,9 +67,9 @@ def skip_loop():
 class Step:
     """The compiled functions for one model under one strategy, and nothing else.
 
-    `train_loop` and `eval_loop` (and `eval_loop_local`, `pass_loop`, `positions_loop`
-    under parameter servers) each run many steps per `tf.function` call; a driver
-    (`kerastrain.loop.driver`) decides how many and where.
+    `train_loop` and `eval_loop` each run many steps per `tf.function` call; a driver
+    (`kerastrain.loop.driver`) decides how many and where. Under parameter servers
+    `kerastrain.step.ps.steps.PSStep` runs them on workers and adds the loops only they need.
     """
 
     def __init__(self, built, model, global_step, jit_compile=False, stop_flag=None,
@@ -91,9 +90,7 @@ class Step:
         # What each replica computes in one step (its gradients, update and totals).
         self.replica = replica_lib.ReplicaStep(model, self.metrics, partitioned)
         self._train = {}  # XLA or not -> its compiled training loop
-        self._pass = None
         self._eval = None
-        self._eval_local = None
         # XLA fuses the forward pass, gradients and optimizer update of one step. The
         # other variant is made on demand (`train_loop(jit=...)`: `jit_compile="auto"`
         # measures both).
@@ -103,7 +100,7 @@ class Step:
         # Batches per update: more than one when the optimizer accumulates gradients.
         self.accumulation = accumulation
         # Training steps per loop iteration where that many are known to be left (`_until_end`
-        # on in-memory input, `worker_steps`).
+        # on in-memory input, `PSStep.worker_steps`).
         self.unroll = unroll
         self._accumulator = (accumulation_lib.Accumulator(self, accumulation, jit_compile)
                              if accumulation > 1 else None)
@@ -142,9 +139,7 @@ class Step:
         replica_fn = self._train_replica_for(self.jit_compile if jit is None else jit)
         return self.reduce(self.strategy.run(replica_fn, args=(data,)))
 
-    def _run_eval(self, data, local=False):
-        if local:  # coordinator-side evaluation under parameter servers
-            return self.replica.eval_step(data)
+    def _run_eval(self, data):
         return self.reduce(self.strategy.run(self.replica.eval_step, args=(data,)))
 
     # -- compiled loops ------------------------------------------------------
@@ -152,8 +147,8 @@ class Step:
     def train_loop(self, jit=None):
         """`fn(iterator, num_steps) -> (totals float32[width], steps int32)`.
 
-        Synchronous strategies stop early at the end of a finite dataset; under
-        parameter servers the per-worker data repeats and exactly `num_steps` run.
+        It stops early at the end of a finite dataset (under parameter servers the
+        per-worker data repeats and exactly `num_steps` run: `PSStep`).
         `jit`: the loop whose steps are compiled with XLA (True) or not (False), on one
         replica without gradient accumulation (`tuning.JitTrial`); None: the Step's own.
         """
@@ -164,28 +159,18 @@ class Step:
         return self._train[jit]
 
     def _build_variant_loop(self, jit):
-        if self.built.is_parameter_server or self._accumulator is not None:
+        if self._accumulator is not None:
             raise ValueError("A training loop of the other `jit_compile` is made on one "
                              "replica without gradient accumulation only.")
         return self._until_end(lambda data: self._run_train(data, jit), after=self._count_steps,
                                stop_flag=self.stop_flag, unroll=self.unroll)
 
     def _build_train_loop(self):
-        import tensorflow as tf
-
-        if self.built.is_parameter_server:
-            @tf.function
-            def loop(iterator, num_steps):
-                totals, _ = self.worker_steps(lambda state: (next(iterator), state),
-                                              tf.constant(0, tf.int32), num_steps)
-                return totals, num_steps
-        else:
-            if self._accumulator is not None:
-                return self._accumulator.sync_loop(loop_condition(self.stop_flag),
-                                                   after=self._count_steps)
-            loop = self._until_end(self._run_train, after=self._count_steps,
-                                   stop_flag=self.stop_flag, unroll=self.unroll)
-        return loop
+        if self._accumulator is not None:
+            return self._accumulator.sync_loop(loop_condition(self.stop_flag),
+                                               after=self._count_steps)
+        return self._until_end(self._run_train, after=self._count_steps,
+                               stop_flag=self.stop_flag, unroll=self.unroll)
 
     def _count_steps(self, steps):
         """Traced after a synchronous loop: the global step advances by the steps it ran."""
@@ -194,8 +179,8 @@ class Step:
 
     def batch_loop(self):
         """One batch per call with the update at each k-th (`Accumulator.batch_loop`), for
-        callbacks that watch every batch; None without accumulation or under ps."""
-        if self._accumulator is None or self.built.is_parameter_server:
+        callbacks that watch every batch; None without accumulation (or under ps: `PSStep`)."""
+        if self._accumulator is None:
             return None
         if self._batches is None:
             self._batches = self._accumulator.batch_loop(after=self._count_steps)
@@ -205,69 +190,6 @@ class Step:
     def reset_held(self):
         if self._accumulator is not None:
             self._accumulator.reset()
-
-    def worker_steps(self, read, state, num_steps, width=None):
-        """Traced on a parameter-server worker: `num_steps` steps (updates), each reading
-        `accumulation` batches by `read(state) -> (batch, state)`. Returns (totals, state)."""
-        import tensorflow as tf
-
-        if self._accumulator is not None:
-            return self._accumulator.ps_steps(self.global_step, read, state, num_steps)
-        totals = tf.zeros([width or self.width], tf.float32)
-        read, worker_step = unconverted(read), unconverted(self._worker_step)
-        if self.unroll > 1:  # exactly `num_steps` run: `unroll` per iteration, then the rest
-            _say_unrolled(self)
-            for _ in tf.range(num_steps // self.unroll):
-                for _ in range(self.unroll):
-                    batch, state = read(state)
-                    totals = worker_step(totals, batch)
-            num_steps = num_steps % self.unroll
-        for _ in tf.range(num_steps):
-            batch, state = read(state)
-            totals = worker_step(totals, batch)
-        return totals, state
-
-    def _worker_step(self, totals, batch):
-        """Traced on a parameter-server worker: one step on `batch`, added to `totals`."""
-        # Keras's own count of updates, a layer's counters and totals (`assign_add` in
-        # `call`) would lose increments with workers updating at once. (A model's own
-        # step may keep no optimizer: None.)
-        optimizer = self.model.optimizer
-        counter = [] if optimizer is None else [_compat.iteration_counter(optimizer)]
-        with _compat.atomic_adds(self.model.variables + self.model.metrics_variables + counter):
-            totals = self.accumulate(totals, self._run_train(batch))
-        self.global_step.assign_add(1)
-        return totals
-
-    def pass_loop(self):
-        """Under parameter servers, reading one shared job per pass (the tf.data service):
-        `fn(iterator, worker, num_steps) -> (totals, steps, worker index)`, up to
-        `num_steps` steps, fewer where this worker's reader of the job has ended;
-        `worker` yields the index of the worker it runs on."""
-        if self._pass is None:
-            self._pass = self._build_pass_loop()
-        return self._pass
-
-    def _build_pass_loop(self):
-        import tensorflow as tf
-        worker_step = unconverted(self._worker_step)
-
-        @tf.function
-        def loop(iterator, worker, num_steps):
-            totals = tf.zeros([self.width], tf.float32)
-            steps = tf.constant(0, tf.int32)
-            while steps < num_steps:
-                optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    break
-                totals = worker_step(totals, optional.get_value())
-                steps += 1
-            return totals, steps, next(worker)
-        return loop
-
-    def positions_loop(self, reader, fresh=False):
-        """Under parameter servers, the compiled loops of exact visits (`visits.loop`)."""
-        return reader.loop(self, fresh)
 
     def _until_end(self, run_one, after=None, stop_flag=None, unroll=1):
         """A compiled loop of up to `num_steps` batches that stops where the data ends.
@@ -291,7 +213,7 @@ class Step:
                 first, left = iterator.read_ahead()
                 ahead = tf.minimum(num_steps, left)
                 if unroll > 1:
-                    _say_unrolled(self)
+                    say_unrolled(self)
                     while go_on(steps + (unroll - 1), ahead):
                         for k in range(unroll):
                             totals = accumulate(totals, run_one(iterator.batch_at(
@@ -324,43 +246,6 @@ class Step:
 
     def _build_eval_loop(self):
         return self._until_end(self._run_eval)
-
-    def eval_loop_local(self):
-        """Coordinator-side evaluation under PS: a plain loop reading variables from the ps."""
-        if self._eval_local is None:
-            self._eval_local = self._build_eval_loop_local()
-        return self._eval_local
-
-    def _build_eval_loop_local(self):
-        return self._until_end_local(lambda data: self._run_eval(data, local=True))
-
-    def _until_end_local(self, run_one):
-        """`_until_end` for coordinator-side evaluation under parameter servers.
-
-        The step runs in the while body, not in a branch: a `cond` does not forward
-        call-time captures such as the handle of a `DistributedTable` (a lookup layer
-        made in the ps scope), a while loop does (while_v2's deferred captures). The
-        next batch is read only while `steps < num_steps`, so none is lost between calls.
-        """
-        import tensorflow as tf
-        run_one, accumulate = unconverted(run_one), unconverted(self.accumulate)
-
-        @unconverted
-        def next_or_empty(iterator, steps, num_steps):
-            return tf.cond(steps < num_steps, iterator.get_next_as_optional,
-                           lambda: tf.experimental.Optional.empty(iterator.element_spec))
-
-        @tf.function
-        def loop(iterator, num_steps):
-            totals = tf.zeros([self.width], tf.float32)
-            steps = tf.constant(0, tf.int32)
-            optional = next_or_empty(iterator, steps, num_steps)
-            while optional.has_value():
-                totals = accumulate(totals, run_one(optional.get_value()))
-                steps += 1
-                optional = next_or_empty(iterator, steps, num_steps)
-            return totals, steps
-        return loop
 
     def start_epoch(self):
         """Before each epoch and evaluation: from what `reset_state` leaves (`metrics`)."""

@@ -3,19 +3,21 @@
 A metric's update in a step is computed with Keras's stateless metric API from a zero state:
 the change of each of its variables (a delta) is packed after `[loss sum, examples]` in the
 totals vector a loop returns (`kerastrain.step.loops`), summed across replicas, steps, loops and
-workers, and turned back into the metric's result on the host.
+workers, and turned back into the metric's result on the host. Where layers (or a model's own
+step) update metrics in a pass, it runs in a `RecordingScope` in which those variables start
+at zero, so what it adds comes back the same way.
 """
 
 from __future__ import annotations
 
 import logging
 
+import keras
 import numpy as np
 
 from kerastrain import _compat
 from kerastrain._tracing import runs_eagerly
 from kerastrain.data import inputs as data_lib
-from kerastrain.distribute.ps import worker_steps
 from kerastrain.step import instances
 
 logger = logging.getLogger("kerastrain")
@@ -29,6 +31,55 @@ def log_value(value):
         return float(value)
     except TypeError:
         return value
+
+
+def flat_logs(logs):
+    """Nested dicts of logs merged into one, as `model.fit` reports them (a compiled
+    metrics container's result is a dict of its metrics)."""
+    flat = {}
+    for key, value in sorted(logs.items()):
+        if isinstance(value, dict):
+            flat.update(flat_logs(value))
+        else:
+            flat[key] = value
+    return flat
+
+
+class RecordingScope(keras.StatelessScope):
+    """A stateless scope that remembers which variables were updated in it.
+
+    A variable it does not map reads its live value, as outside the scope; that includes
+    Keras's weight regularizers, which ask the scope itself (a plain `StatelessScope`
+    gives them None: "'NoneType' object has no attribute 'dtype'").
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.updated = {}
+        self._reading = False
+
+    def get_current_value(self, variable):
+        value = super().get_current_value(variable)
+        if value is not None or self._reading or \
+                getattr(variable, "regularizer", None) is None:
+            return value
+        self._reading = True  # `.value` asks the scope again: None sends it to the variable
+        try:
+            return variable.value
+        finally:
+            self._reading = False
+
+    def add_update(self, update):
+        super().add_update(update)
+        self.updated[id(update[0])] = update[0]
+
+    def apply_updates_except(self, kept):
+        """After the scope: apply for real every update made in it but those to `kept`
+        (variables whose scope values the caller reads as deltas)."""
+        kept = {id(v) for v in kept}
+        for key, variable in self.updated.items():
+            if key not in kept:
+                variable.assign(self.get_current_value(variable))
 
 
 def _probe_batch(model, element_spec, rows=2):
@@ -203,7 +254,7 @@ class MetricState:
                 result = metric.result()
                 # A dict (a metric's own, or the compiled metrics' holding one) is flattened
                 # into the logs, as Keras's `fit` logs it.
-                result = worker_steps.flat_logs(
+                result = flat_logs(
                     result if isinstance(result, dict) else {metric.name: result})
                 # Converted here, in the scope: a variable returned would be read after it.
                 parts.append({k: tf.convert_to_tensor(r) for k, r in result.items()})

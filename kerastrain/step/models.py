@@ -43,11 +43,13 @@ def _fresh(obj):
     return obj
 
 
-def materialize(model, built, *, detached=None, optimizer=None, loss=None, metrics=None):
+def materialize(model, built, *, policy, detached=None, optimizer=None, loss=None,
+                metrics=None):
     """Return a compiled `keras.Model` built under `built.strategy`'s scope.
 
     Call inside `strategy.scope()`. `detached` is `instances.detach(model)`, read before the
     strategy was built; a model instance made outside the scope is rebuilt from it.
+    `policy`: the kind of strategy's `policy.StepPolicy` (its placement, what it refuses).
 
     Raises:
         TypeError: `model` is neither a keras.Model nor a function returning one.
@@ -61,13 +63,13 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
         needs_scope = built.name != "default"
         if needs_scope and instance.variables and not all(
                 _created_in_scope(strategy, v) for v in instance.variables):
-            with _explained(built):
+            with policy.placement.explained():
                 instance = _rebuild(instance, detached or instances.Detached(instance))
         elif needs_scope and getattr(instance, "optimizer", None) is not None and not all(
                 _created_in_scope(strategy, v) for v in instance.optimizer.variables):
             _recompile(instance, (detached or instances.Detached(instance)).compile_args or {}, fresh=True)
     elif callable(model):
-        with _explained(built):
+        with policy.placement.explained():
             instance = model()
         _check_built_by_function(instance, model, built)
     else:
@@ -93,8 +95,8 @@ def materialize(model, built, *, detached=None, optimizer=None, loss=None, metri
     # for a compiled one (`check_compiled`).
     from kerastrain.step import loops
     own_step = loops.overrides(instance, "train_step")
-    checks.check_eager(instance, built)
-    checks.check_stateful(instance, built)
+    checks.check_eager(instance, built, policy)
+    checks.check_stateful(instance, built, policy)
     if getattr(instance, "optimizer", None) is not None and own_step:
         _check_accumulation(instance.optimizer, built.name)
     return instance
@@ -129,12 +131,13 @@ def _own_step_with_parts_built(model) -> bool:
     return _compat.sublayers_built(model)
 
 
-def build_state(model, built, element_spec, *, users_object=False):
+def build_state(model, built, element_spec, *, placement, users_object=False):
     """Create the model's, metrics' and optimizer's variables from the data's shapes.
 
-    Call inside `strategy.scope()`. Under parameter servers, variables the strategy
-    partitioned are set up for training shard by shard (`kerastrain.distribute.ps.partitioning`).
-    `users_object`: `model` is the user's own object, trained in place (not a copy).
+    Call inside `strategy.scope()`. `placement`: the kind of strategy's `Placement` (under
+    parameter servers, variables the strategy partitioned are set up for training shard by
+    shard: `kerastrain.step.ps.placement`). `users_object`: `model` is the user's own object,
+    trained in place (not a copy).
 
     Returns:
         The `Partitioning` of the model, or None when no variable is partitioned.
@@ -150,26 +153,19 @@ def build_state(model, built, element_spec, *, users_object=False):
     # kerastrain's own step accumulates gradients itself: no Keras accumulators to build,
     # but on the user's own object, whose `model.fit` needs them afterwards (they stay empty).
     if optimizer is None or loops.overrides(model, "train_step") or (
-            users_object and not built.is_parameter_server):
-        return _build_state(model, built, element_spec)
+            users_object and placement.keras_accumulators_in_place):
+        return _build_state(model, built, element_spec, placement)
     with accumulation.keras_accumulation_off(optimizer):
-        return _build_state(model, built, element_spec)
+        return _build_state(model, built, element_spec, placement)
 
 
-def _build_state(model, built, element_spec):
+def _build_state(model, built, element_spec, placement):
     from kerastrain.data import inputs as data_lib
-    from kerastrain.distribute.ps import partitioning
 
     optimizer = model.optimizer
-    ps = built.is_parameter_server
-    # Keras builds the optimizer at the end of a symbolic build; under parameter
-    # servers kerastrain builds it (partitioned variables need partitioned slots),
-    # so Keras's build waits.
-    hold = (_compat.instance_override(optimizer, "build", lambda variables: None)
-            if ps and optimizer is not None and not optimizer.built else contextlib.nullcontext())
-    with _explained(built):  # outside the `try`: its advice is not about the data
+    with placement.explained():  # outside the `try`: its advice is not about the data
         try:
-            with hold:
+            with placement.holding_optimizer_build(optimizer):
                 _build_variables(model, element_spec)
         except (ValueError, TypeError) as e:
             raise ValueError(
@@ -180,22 +176,37 @@ def _build_state(model, built, element_spec):
             if not _own_step_with_parts_built(model):
                 raise
     build_step_optimizers(model, built, element_spec)
-    partitioned = partitioning.Partitioning(model) if ps else None
-    if partitioned:
-        partitioned.check()
-        partitioned.install()
-        logger.info(partitioned.summary())
-        partitioned.build_optimizers(optimizer, model.trainable_variables)
-    elif optimizer is not None and not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    if ps:
-        # Keras's first EMA step copies the weights (momentum 0 at step 0), but workers' first
-        # steps run at once: one reading the zero averages can write over another's copy,
-        # leaving averages at ~1% of the weights. Starting them at the weights, no read can.
-        for variable, average in _compat.moving_averages(optimizer):
-            average.assign(variable)
+    partitioned = placement.build_optimizer(model, optimizer)
     _read_rows_if_lazy(model, optimizer)
-    return partitioned or None
+    return partitioned
+
+
+class Placement:
+    """Where a model's variables are made and how they are built: here, where the strategy's
+    scope puts them on this task's devices (every kind of strategy but parameter servers,
+    whose `kerastrain.step.ps.placement.ServerPlacement` overrides each method)."""
+
+    # A user's object trained in place gets Keras's gradient accumulators (they stay empty),
+    # which its own `model.fit` needs afterwards.
+    keras_accumulators_in_place = True
+
+    def explained(self):
+        """Around building the model: failures turned into advice (none here)."""
+        return contextlib.nullcontext()
+
+    def check_placed(self, model):
+        """Before the model's state is built: what it holds can be reached (all of it here)."""
+
+    def holding_optimizer_build(self, optimizer):
+        """Around Keras's symbolic build, which builds the optimizer at its end (here too)."""
+        return contextlib.nullcontext()
+
+    def build_optimizer(self, model, optimizer):
+        """Build `optimizer` for the model's trainable variables (unless built). Returns the
+        model's `Partitioning`, or None when no variable is partitioned (none here)."""
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        return None
 
 
 def _build_variables(model, element_spec):
@@ -436,48 +447,3 @@ def _normalize_with_its_variables(model):
     for layer in _compat.all_layers(model):
         if isinstance(layer, keras.layers.Normalization):
             layer.finalize_state()
-
-
-def _explained(built):
-    """Under parameter servers, a layer failing on a partitioned variable gets advice."""
-    if not built.is_parameter_server:
-        return contextlib.nullcontext()
-    from kerastrain.distribute.ps import partitioning
-    return partitioning.explain_failures()
-
-
-def check_resources_placed(model, built):
-    """Under parameter servers, fail fast on a variable or lookup table made before this
-    process joined the cluster.
-
-    It lives on `/job:localhost`, which no worker knows: workers answer "unknown device",
-    which TensorFlow's ClusterCoordinator takes for a lost worker, so it would retry the
-    step for ever (`cluster_coordinator._is_worker_failure`). A hang is the worst answer.
-
-    Raises:
-        ValueError: naming the variable or layer, and how to create it in the model function.
-    """
-    if not built.is_parameter_server:
-        return
-    import tensorflow as tf
-    for v in model.variables:
-        for part in getattr(v.value, "variables", [v.value]):
-            if tf.DeviceSpec.from_string(part.device or "").job == "localhost":
-                raise ValueError(
-                    f"Variable {v.path!r} was created before kerastrain connected to the "
-                    "parameter-server cluster, so no worker can reach it (a layer built or "
-                    "adapted before the Trainer and used by the model function). Create every "
-                    "layer inside the model function you pass to the Trainer.")
-    for layer in _compat.lookup_layers(model):
-        job = _compat.table_job(layer.lookup_table)
-        if job == "localhost":
-            raise ValueError(
-                f"Layer {layer.name!r} ({type(layer).__name__}) holds a lookup table created "
-                "before kerastrain connected to the parameter-server cluster, so no worker can "
-                "reach it. Create the layer inside the model function, passing the vocabulary "
-                "(e.g. `StringLookup(vocabulary=adapted.get_vocabulary("
-                "include_special_tokens=False))`), or look tokens up in `dataset_fn`.")
-        if job is not None:
-            logger.warning("layer %r's lookup table was created outside the strategy's scope: "
-                           "it stays on the coordinator and every step on every worker reads "
-                           "it remotely. Create the layer inside the model function.", layer.name)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from kerastrain.data import inputs as data_lib
-from kerastrain.distribute.ps import worker_steps
 from kerastrain.step.loops import Step, overrides
-from kerastrain.step.metrics import MetricState, log_value
+from kerastrain.step.metrics import flat_logs, log_value
 from kerastrain.step.replica import batch_size
 
 
@@ -18,14 +17,20 @@ def has_own_step(model) -> bool:
     return overrides(model, "train_step") or overrides(model, "test_step")
 
 
-def step_for(built, model, global_step, **options):
-    """kerastrain's exact `Step`, or `ModelStep` for a model with its own train/test step."""
+def step_for(built, model, global_step, *, policy, classes=None, **options):
+    """kerastrain's exact `Step`, or `ModelStep` for a model with its own train/test step.
+
+    `policy`: the kind of strategy's `policy.StepPolicy`; `classes`: the pair to choose
+    from, `(Step, ModelStep)` unless given (the parameter servers' pair:
+    `kerastrain.step.ps.steps.step_for`).
+    """
     from kerastrain.step import accumulation
+    exact, own = classes or (Step, ModelStep)
     if has_own_step(model):
-        return ModelStep(built, model, global_step, stop_flag=options.get("stop_flag"),
-                         jit_compile=options.get("jit_compile", False))
-    return Step(built, model, global_step, accumulation=accumulation.steps_of(model.optimizer),
-                **options)
+        return own(built, model, global_step, policy, stop_flag=options.get("stop_flag"),
+                   jit_compile=options.get("jit_compile", False))
+    return exact(built, model, global_step, accumulation=accumulation.steps_of(model.optimizer),
+                 **options)
 
 
 class ModelStep(Step):
@@ -38,25 +43,18 @@ class ModelStep(Step):
 
     A loop returns `[loss, examples, value of each log key...]` (loss: the `loss`
     log, or 0), so the driver and the actions treat it like the exact step's.
-
-    Under parameter servers, workers run the training step concurrently: the
-    step's metric updates come back as deltas (`kerastrain.distribute.ps.worker_steps`), summed
-    exactly after `examples`, and a log named like one of `model.metrics`'
-    results is that metric's result over every step; any other log is the last
-    step's value.
+    (Under parameter servers, `kerastrain.step.ps.steps.PSModelStep` adds the metric
+    deltas of concurrent workers after `examples`.)
     """
 
-    def __init__(self, built, model, global_step, stop_flag=None, jit_compile=False):
+    def __init__(self, built, model, global_step, policy, stop_flag=None, jit_compile=False):
         super().__init__(built, model, global_step, stop_flag=stop_flag, jit_compile=jit_compile)
         self._jit_train_step = None  # the model's train_step compiled with XLA, made on use
         self.keys = {}   # "train" / "eval" -> the sorted keys of the step's logs
         self.shapes = {}  # log key -> its value's shape (a metric may give one per class)
         self._tracing = "train"  # which loop is being traced (sets `width`)
-        if built.is_parameter_server:
-            worker_steps.check_optimizers_built(model)
-        self.exact = (MetricState(model, metrics=model.metrics)
-                      if built.is_parameter_server else None)
-        self._deltas = sum(self.exact.sizes) if self.exact else 0
+        self._mean_spans_tasks = policy.logs_mean_spans_tasks  # see `_mean`
+        self._deltas = 0  # metric deltas a loop carries after `examples` (`PSModelStep`)
 
     @property
     def width(self):
@@ -86,13 +84,6 @@ class ModelStep(Step):
             # Arrays as the step made them (float32), not as the totals hold them.
             logs[k] = value.astype(np.float32) if isinstance(value, np.ndarray) else value
             offset += size
-        if self._deltas and kind == "train":
-            # A log named like a metric's result is that result over every step, if the
-            # step updated the metric at all; a metric it left alone (Keras's loss tracker
-            # beside a step returning its own loss tensor) does not replace the log.
-            exact = self.exact.metric_results(np.asarray(totals[:2 + self._deltas]),
-                                              updated_only=True)
-            logs.update({k: exact[k] for k in logs if k in exact})
         return logs
 
     def start_epoch(self):
@@ -101,7 +92,7 @@ class ModelStep(Step):
     def _mean(self, per_replica):
         """Keras's reduction of a step's logs: the mean over replicas."""
         import tensorflow as tf
-        if self.built.is_multi_worker:
+        if self._mean_spans_tasks:
             return self.strategy.reduce("MEAN", per_replica, axis=None)
         values = self.strategy.experimental_local_results(per_replica)
         return values[0] if len(values) == 1 else tf.reduce_mean(tf.stack(values), axis=0)
@@ -111,7 +102,7 @@ class ModelStep(Step):
         if not isinstance(logs, dict):
             raise TypeError(f"The model's `{kind}_step` must return a dict of scalar logs, as "
                             f"Keras requires. Received: {type(logs).__name__}")
-        logs = worker_steps.flat_logs(logs)
+        logs = flat_logs(logs)
         keys = self.keys.setdefault(kind, sorted(logs))
         for k in keys:
             shape = tf.convert_to_tensor(logs[k]).shape
@@ -124,18 +115,11 @@ class ModelStep(Step):
         values = [tf.reshape(tf.cast(logs[k], tf.float32), [-1]) for k in keys]
         loss = tf.reshape(logs["loss"], [-1])[0] if "loss" in keys else tf.constant(0.0)
         loss = tf.cast(loss, tf.float32)
-        deltas = self.exact.flatten(deltas if deltas is not None else self.exact.zeros()) \
-            if self._deltas else []
-        return tf.concat([tf.stack([loss, n])] + deltas + values, axis=0)
+        return tf.concat([tf.stack([loss, n])] + self._flat_deltas(deltas) + values, axis=0)
 
-    def _run_exact(self, step_fn, data):
-        """One training step on a parameter-server worker, its metric deltas returned."""
-        def replica(data):
-            x = data_lib.split_batch(data)[0]
-            logs, deltas = worker_steps.run_with_metric_deltas(
-                step_fn, data, self.exact.variables)
-            return self._pack_logs("train", logs, batch_size(x), deltas)
-        return self.reduce(self.strategy.run(replica, args=(data,)))
+    def _flat_deltas(self, deltas):
+        """The metric deltas a loop carries after `examples`: none (`PSModelStep`'s)."""
+        return []
 
     def _replica(self, step_fn):
         def run(data):
@@ -143,18 +127,13 @@ class ModelStep(Step):
             return step_fn(data), batch_size(x)
         return run
 
-    def _run(self, kind, step_fn, data, local=False):
-        if local:
-            logs, n = self._replica(step_fn)(data)
-            return self._pack_logs(kind, logs, n)
+    def _run(self, kind, step_fn, data):
         import tensorflow as tf
         logs, n = self.strategy.run(self._replica(step_fn), args=(data,))
         return self._pack_logs(kind, tf.nest.map_structure(self._mean, logs),
                                self.strategy.reduce("SUM", n, axis=None))
 
     def _run_train(self, data, jit=None):
-        if self.exact is not None:
-            return self._run_exact(self.model.train_step, data)
         step_fn = self.model.train_step
         if self.jit_compile if jit is None else jit:  # as fit's `jit_compile=True` compiles it
             if self._jit_train_step is None:
@@ -163,55 +142,41 @@ class ModelStep(Step):
             step_fn = self._jit_train_step
         return self._run("train", step_fn, data)
 
-    def _run_eval(self, data, local=False):
-        return self._run("eval", self.model.test_step, data, local=local)
+    def _run_eval(self, data):
+        return self._run("eval", self.model.test_step, data)
 
-    def _learn_keys(self, kind, element_spec, local=False):
+    def _learn_keys(self, kind, element_spec, run=None):
         """Trace one step (never run) to learn the logs' keys: the loop's width. Eagerly
         (`run_eagerly`) nothing is traced, as under Keras: the first step's logs tell
-        (`accumulate` takes a step's logs whatever the width of the totals before it)."""
+        (`accumulate` takes a step's logs whatever the width of the totals before it).
+        `run`: the step traced (default: the training or the evaluation step)."""
         import tensorflow as tf
         if kind in self.keys or self.eager:
             return
         self._tracing = kind
-        fn = self._run_train if kind == "train" else (
-            lambda data: self._run_eval(data, local=local))
+        fn = run or (self._run_train if kind == "train" else self._run_eval)
         tf.function(fn, autograph=False).get_concrete_function(element_spec)
 
-    def _keyed(self, kind, make, local=False):
+    def _keyed(self, kind, make, run=None):
         """A loop that first learns its width from the iterator's element spec."""
         compiled = {}
 
         def loop(iterator, *args):
             if "loop" not in compiled:
-                self._learn_keys(kind, iterator.element_spec, local=local)
+                self._learn_keys(kind, iterator.element_spec, run)
                 self._tracing = kind
                 compiled["loop"] = make()
             self._tracing = kind
             return compiled["loop"](iterator, *args)
-        if self.built.is_parameter_server and not local:
-            import tensorflow as tf
-            # The coordinator schedules only tf.functions.
-            return tf.function(loop, autograph=False)
         return loop
 
     def _build_train_loop(self):
         return self._keyed("train", super()._build_train_loop)
 
     def _build_variant_loop(self, jit):
-        return self._keyed("train", lambda: Step._build_variant_loop(self, jit))
-
-    def _build_pass_loop(self):
-        return self._keyed("train", super()._build_pass_loop)
-
-    def positions_loop(self, reader, fresh=False):
-        self._learn_keys("train", reader.element_spec)
-        self._tracing = "train"
-        return super().positions_loop(reader, fresh)
+        variant = super()._build_variant_loop
+        return self._keyed("train", lambda: variant(jit))
 
     def _build_eval_loop(self):
         return self._keyed("eval", super()._build_eval_loop)
-
-    def _build_eval_loop_local(self):
-        return self._keyed("eval", super()._build_eval_loop_local, local=True)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kerastrain import _compat
 from kerastrain.step import inexact
 from kerastrain.step import updates
-from kerastrain.distribute.ps import worker_steps
+from kerastrain.step import metrics as metrics_lib
 from kerastrain.data import inputs as data_lib
 
 
@@ -65,8 +65,8 @@ class ReplicaStep:
         if not variables:
             return self.model(x, training=training), None
         zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
-        with worker_steps.RecordingScope(list(zip(variables, zeros)),
-                                         collect_losses=True) as scope:
+        with metrics_lib.RecordingScope(list(zip(variables, zeros)),
+                                        collect_losses=True) as scope:
             y_pred = self.model(x, training=training)
             losses = list(self.model.losses)
             deltas = [scope.get_current_value(v) for v in variables]

@@ -1,1 +1,2 @@
-"""Parameter servers only: exact visits of scheduled loops, partitioned tables, a model's own step on workers."""
+"""Parameter servers only: exact visits of scheduled loops, partitioned tables (the step's side
+of parameter servers is `kerastrain.step.ps`)."""
