@@ -235,13 +235,13 @@ def tfrecord_data(directory: str, num_files: int = 8, num_examples: int = 65536,
     import os
     import time
 
-    from kerastrain.distribute import cluster
     from kerastrain.data import record_files as data
+    from kerastrain.distribute import cluster
+    from kerastrain.io import outputs
 
     marker = os.path.join(directory, "_COMPLETE")
     if not os.path.exists(marker):
-        config = cluster.read_tf_config()
-        if config is None or config.is_chief:
+        if outputs.Outputs(directory, cluster.this_task_is_chief()).enabled:  # the chief rule
             if glob.glob(os.path.join(directory, "*.tfrecord")):
                 raise FileExistsError(
                     f"{directory} holds TFRecord files but no _COMPLETE marker (an interrupted "

@@ -307,3 +307,36 @@ def test_optional_extras_are_imported_by_one_module_each_and_only_when_used():
     assert set(importers["ray"]) == {"cli/ray_cluster.py"}
     assert all(offset > 0 for found in importers.values() for offsets in found.values()
                for offset in offsets)   # never at module level
+
+
+def _branches_on(names, *, allowed):
+    """`file:line` of each condition (if, while, a conditional expression, and/or) that reads
+    one of `names`, outside the `allowed` modules and folders."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = path.relative_to(PACKAGE).as_posix()
+        if any(where == a or where.startswith(a + "/") for a in allowed):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            tests = [node.test] if isinstance(node, (ast.If, ast.While, ast.IfExp)) else \
+                node.values if isinstance(node, ast.BoolOp) else []
+            for test in tests:
+                read = {n.attr if isinstance(n, ast.Attribute) else n.id
+                        for n in ast.walk(test) if isinstance(n, (ast.Attribute, ast.Name))}
+                if read & names:
+                    found.append(f"{where}:{test.lineno}")
+    return sorted(set(found))
+
+
+def test_only_the_kind_objects_branch_on_the_kind_of_strategy():
+    """What differs between one host, multi-worker and parameter servers is asked of the kind
+    object (`loop/modes.py`: its input policy, its step, its driver), never tested elsewhere
+    (`distribute/` builds the strategies and may)."""
+    assert _branches_on({"is_parameter_server", "is_multi_worker"},
+                        allowed={"loop/modes.py", "distribute"}) == []
+
+
+def test_one_module_decides_what_the_chief_does_differently():
+    """The chief rule (`io/outputs.py`): every task asks `Outputs` where its outputs go, whether
+    it keeps files and whether it speaks; no other module branches on being the chief."""
+    assert _branches_on({"is_chief", "_is_chief"}, allowed={"io/outputs.py", "distribute"}) == []

@@ -44,6 +44,12 @@ class ClusterConfig:
         return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.cluster
 
 
+def this_task_is_chief(environ=None) -> bool:
+    """Whether this process is its job's chief: without `TF_CONFIG` it is alone, so it is."""
+    config = read_tf_config(environ)
+    return config is None or config.is_chief
+
+
 def read_tf_config(environ=None) -> ClusterConfig | None:
     """Parse `TF_CONFIG` from the environment, or return None when it is absent.
 
