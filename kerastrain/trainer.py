@@ -140,7 +140,8 @@ class Trainer(_LastFit):
             built = strategies.build_strategy(strategy, strategy_options)
         modes.check_options(built, self._config, service_options)
         self._service = service_options and service_lib.Service(service_options)
-        self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries, its stall watch)
+        self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries)
+        self._beats = stalls.Beats()  # progress, for the stall watch of the fit that runs
         self._dataset_fn = dataset_fn
         self._workdir = workdir_lib.WorkDir(
             model_dir, is_chief=built.is_chief,
@@ -155,8 +156,7 @@ class Trainer(_LastFit):
         self._feeds = feeds_lib.Feeds(self._built, shard=shard, seed=seed,
                                       tuning=self._tuning, service=self._service,
                                       model=self._state.user_model or self.model)
-        self._evaluation = evaluating.Evaluation(
-            self._state, self._feeds, lambda: self._epochs and self._epochs.beat)
+        self._evaluation = evaluating.Evaluation(self._state, self._feeds, self._beats)
         self._predictor = None
         self._workdir.claim(_settings(self, shard=shard))
 
@@ -298,7 +298,7 @@ class Trainer(_LastFit):
     def _new_epochs(self, callbacks=(), actions=None):
         """This fit's `fitting.Epochs` (the model and its step are built)."""
         return fitting.Epochs(self._state, self._config, loop_sizer=self._loop_sizer,
-                              tuning=self._tuning, user_actions=actions or (),
+                              tuning=self._tuning, beats=self._beats, user_actions=actions or (),
                               user_model=self._state.user_model if callbacks else None)
 
     # -- evaluation -----------------------------------------------------------

@@ -42,13 +42,16 @@ class Epochs:
             on_nonfinite, max_recoveries, spike_factor).
         loop_sizer: the Trainer's `tuning.LoopSizer` (what "auto" measured stays measured).
         tuning: the Trainer's `tuning.TuningOptions`.
+        beats: the Trainer's `stalls.Beats`: the epochs' stall watch takes its beats while
+            they run (an evaluation's loops beat it too).
         user_actions: the `actions.Action`s given to `fit(actions=...)`.
         user_model: the user's own model object when kerastrain trains a copy and the
             fit has callbacks: it takes the weights at each epoch end before they run, as
             under `model.fit` (a callback may close over that object); None: nothing.
     """
 
-    def __init__(self, state, config, *, loop_sizer, tuning, user_actions=(), user_model=None):
+    def __init__(self, state, config, *, loop_sizer, tuning, beats, user_actions=(),
+                 user_model=None):
         self.step, self.model, self.global_step = state.step, state.model, state.global_step
         self.run_state, self.mode = state.run, state.mode
         self.strategy_name, self.num_workers = state.built.name, state.built.num_workers
@@ -57,13 +60,12 @@ class Epochs:
                               max_recoveries=config.max_recoveries,
                               spike_factor=config.spike_factor)
         self.asked_steps_per_loop = config.steps_per_loop
-        self.loop_sizer, self.tuning = loop_sizer, tuning
+        self.loop_sizer, self.tuning, self.beats = loop_sizer, tuning, beats
         self.before_epoch_end = None if user_model is None else (
             lambda: instances.hand_back(self.model, user_model, keep_functions=True))
         self.user_actions = list(user_actions)
         self.steps_per_epoch = None  # as `epoch_length` decided
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
-        self.beat = None      # while the epochs run: progress, for their `stalls.StallWatch`
         self.ended = None     # a callback's stop (`train`), for `finish` to save and record
         self.stopped_at = None  # a stop at a batch: the position then (`_run`)
 
@@ -285,21 +287,17 @@ class Epochs:
 
     @contextlib.contextmanager
     def stall_watch(self):
-        """The epochs' `stalls.StallWatch`; each evaluation loop beats it too (`beat`). "auto"
-        watches only where a peer can stall this task (multi-worker mirrored, parameter
-        servers): a process alone that is slow is not stalled, and nothing of it would be
-        restarted."""
+        """The epochs' `stalls.StallWatch`, which takes the `beats` while it runs (each
+        evaluation loop beats it too). "auto" watches only where a peer can stall this task
+        (multi-worker mirrored, parameter servers): a process alone that is slow is not
+        stalled, and nothing of it would be restarted."""
         timeout = self.stall_timeout
         if timeout == "auto" and not self.mode.peers_can_stall:
             timeout = None
         # A stuck worker of a ps cluster can be named, and restarted.
         with stalls.StallWatch(timeout, what=f"training under {self.strategy_name}",
-                               probe=self.mode.stall_probe()) as watch:
-            self.beat = watch.beat
-            try:
-                yield watch
-            finally:
-                self.beat = None
+                               probe=self.mode.stall_probe()) as watch, self.beats.to(watch):
+            yield watch
 
     def _say_tuning(self, training, steps_per_loop):
         """The loop's own tuning notes, then the one line of this fit's (none when nothing
