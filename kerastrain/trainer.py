@@ -289,8 +289,8 @@ class Trainer(_LastFit):
                                      steps_per_epoch, train_input)
                 progress = run.train(driver, train_input, listed, range(initial_epoch, epochs),
                                      steps_per_epoch, resumed, cbs, callbacks)
-            if listed[0].preempted is not None:
-                raise listed[0].preempted  # after the handlers above have let go of SIGTERM
+            if watch.preempted is not None:
+                raise watch.preempted  # after the handlers above have let go of SIGTERM
             cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
         run.finish(progress, first_step, self._state.source, self._workdir)
         return callbacks_lib.history_of(cbs, self._state.user_model)
