@@ -276,7 +276,7 @@ class Trainer(_LastFit):
         cbs = callbacks_lib.callback_list(callbacks, model=self.model, verbose=verbose,
                                           epochs=epochs, steps=run.steps_known(train_input))
         watch, state = self._state.sigterm_watch(), self._state
-        driver = run.driver(lambda: watch.requested or self.model.stop_training, callbacks)
+        driver = run.driver(watch, callbacks)  # stops after a SIGTERM or a callback's stop
         resumed = state.run.restore(driver, train_input, lambda: self.global_step, epochs)
         initial_epoch = state.run.first_epoch(resumed, initial_epoch, epochs)
         first_step = self.global_step

@@ -61,8 +61,8 @@ class Epochs:
                               spike_factor=config.spike_factor)
         self.asked_steps_per_loop = config.steps_per_loop
         self.loop_sizer, self.tuning, self.beats = loop_sizer, tuning, beats
-        self.before_epoch_end = None if user_model is None else (
-            lambda: instances.hand_back(self.model, user_model, keep_functions=True))
+        self.before_epoch_end = None if user_model is None else functools.partial(
+            instances.hand_back, self.model, user_model, keep_functions=True)
         self.user_actions = list(user_actions)
         self.steps_per_epoch = None  # as `epoch_length` decided
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
@@ -131,12 +131,14 @@ class Epochs:
         return self.mode.auto_steps_per_loop(steps_per_epoch, sizer=self.loop_sizer,
                                              measure=self.tuning.measure_steps_per_loop)
 
-    def driver(self, stop_requested, callbacks):
+    def driver(self, sigterm, callbacks):
         """The driver of this strategy's epochs (`modes`): this task's replicas, or the ps
-        workers."""
-        run = self.run_state
+        workers. It stops scheduling loops once a SIGTERM came (`sigterm`, the fit's
+        `preemption.SigtermWatch`) or a callback set `model.stop_training`."""
+        run, model = self.run_state, self.model
         return self.mode.driver(
-            self.step, stop_requested=stop_requested, callbacks=callbacks,
+            self.step, stop_requested=lambda: sigterm.requested or model.stop_training,
+            callbacks=callbacks,
             steps_per_loop=self.asked_steps_per_loop, global_step=self.global_step,
             checkpointer=run.checkpointer, latest_checkpoint=run.latest_checkpoint)
 
@@ -148,19 +150,19 @@ class Epochs:
             batches_the_data_holds(train_input))
         steps_per_epoch = steps_per_epoch or steps_the_data_holds(train_input, self.step)
         results, run = self.step.results, self.run_state
-        self.recovery = recovery_lib.action(
+        recovery = self.recovery = recovery_lib.action(
             driver, **self.nonfinite, model=self.model, step=self.step,
             global_step=self.global_step, checkpointer=run.checkpointer,
             writer=monitor.writer if monitor.active else None)
 
         def save(p, epoch, batch, totals):
             path = run.save(driver, epoch, batch, totals, p.step)
-            if self.recovery is not None:
-                self.recovery.saved(path, p, epoch, batch, totals)
+            if recovery is not None:
+                recovery.saved(path, p, epoch, batch, totals)
             return path
 
         listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
-                  self.recovery or actions_lib.StopOnNonFinite(self.model)]
+                  recovery or actions_lib.StopOnNonFinite(self.model)]
         if validation is not None:
             listed.append(validation.with_callbacks(callback_list))
         # Listed on every task: only the chief's monitor has a writer, but every worker
