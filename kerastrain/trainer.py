@@ -277,7 +277,7 @@ class Trainer(_LastFit):
                                           epochs=epochs, steps=run.steps_known(train_input))
         watch, state = self._state.sigterm_watch(), self._state
         driver = run.driver(watch, callbacks)  # stops after a SIGTERM or a callback's stop
-        resumed = state.run.restore(driver, train_input, lambda: self.global_step, epochs)
+        resumed = state.run.restore(driver, train_input, state.global_step.numpy, epochs)
         initial_epoch = state.run.first_epoch(resumed, initial_epoch, epochs)
         first_step = self.global_step
         monitor = self._workdir.monitor(self.model, first_step, train_input.element_spec)
