@@ -176,8 +176,8 @@ def say_devices():
 
 
 def _devices_line(gpus, cuda_failed):
-    from kerastrain.data import pipelines
-    cores = pipelines.usable_cores()
+    from kerastrain import _host
+    cores = _host.usable_cores()
     if gpus:
         line = f"devices: {len(gpus)} GPU(s) ({', '.join(g.name for g in gpus)}) and the CPU"
     else:

@@ -205,11 +205,11 @@ def _stall_timeout(value):
 def _model_dir(value):
     value = strings(optional=True)(value)
     if value is not None:
-        from kerastrain.io import files  # pure Python: TensorFlow is not asked here
-        advice = files.scheme_advice(value, ask_tensorflow=False)
+        from kerastrain import _schemes  # pure Python: TensorFlow is not asked here
+        advice = _schemes.scheme_advice(value, ask_tensorflow=False)
         if advice:
             raise Bad("a local path or a URL whose file system TensorFlow implements "
-                      f"('{files.scheme(value)}://': {advice})")
+                      f"('{_schemes.scheme(value)}://': {advice})")
     return value
 
 

@@ -140,7 +140,8 @@ class Trainer(_LastFit):
             built = strategies.build_strategy(strategy, strategy_options)
         modes.check_options(built, self._config, service_options)
         self._service = service_options and service_lib.Service(service_options)
-        self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries, its stall watch)
+        self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries)
+        self._beats = stalls.Beats()  # progress, for the stall watch of the fit that runs
         self._dataset_fn = dataset_fn
         self._workdir = workdir_lib.WorkDir(
             model_dir, is_chief=built.is_chief,
@@ -156,8 +157,7 @@ class Trainer(_LastFit):
                                       shard=shard, seed=seed, tuning=self._tuning,
                                       service=self._service,
                                       model=self._state.user_model or self.model)
-        self._evaluation = evaluating.Evaluation(
-            self._state, self._feeds, lambda: self._epochs and self._epochs.beat)
+        self._evaluation = evaluating.Evaluation(self._state, self._feeds, self._beats)
         self._predictor = None
         self._workdir.claim(_settings(self, shard=shard))
 
@@ -277,8 +277,8 @@ class Trainer(_LastFit):
         cbs = callbacks_lib.callback_list(callbacks, model=self.model, verbose=verbose,
                                           epochs=epochs, steps=run.steps_known(train_input))
         watch, state = self._state.sigterm_watch(), self._state
-        driver = run.driver(lambda: watch.requested or self.model.stop_training, callbacks)
-        resumed = state.run.restore(driver, train_input, lambda: self.global_step, epochs)
+        driver = run.driver(watch, callbacks)  # stops after a SIGTERM or a callback's stop
+        resumed = state.run.restore(driver, train_input, state.global_step.numpy, epochs)
         initial_epoch = state.run.first_epoch(resumed, initial_epoch, epochs)
         first_step = self.global_step
         monitor = self._workdir.monitor(self.model, first_step, train_input.element_spec)
@@ -290,8 +290,8 @@ class Trainer(_LastFit):
                                      steps_per_epoch, train_input)
                 progress = run.train(driver, train_input, listed, range(initial_epoch, epochs),
                                      steps_per_epoch, resumed, cbs, callbacks)
-            if listed[0].preempted is not None:
-                raise listed[0].preempted  # after the handlers above have let go of SIGTERM
+            if watch.preempted is not None:
+                raise watch.preempted  # after the handlers above have let go of SIGTERM
             cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
         run.finish(progress, first_step, self._state.source, self._workdir)
         return callbacks_lib.history_of(cbs, self._state.user_model)
@@ -299,7 +299,7 @@ class Trainer(_LastFit):
     def _new_epochs(self, callbacks=(), actions=None):
         """This fit's `fitting.Epochs` (the model and its step are built)."""
         return fitting.Epochs(self._state, self._config, loop_sizer=self._loop_sizer,
-                              tuning=self._tuning, user_actions=actions or (),
+                              tuning=self._tuning, beats=self._beats, user_actions=actions or (),
                               user_model=self._state.user_model if callbacks else None)
 
     # -- evaluation -----------------------------------------------------------

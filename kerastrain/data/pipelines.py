@@ -6,16 +6,8 @@ from __future__ import annotations
 
 import os
 
+from kerastrain._host import usable_cores  # `pipelines.usable_cores` too
 from kerastrain._options import is_int
-
-
-def usable_cores() -> int:
-    """The CPUs this process may run on: its affinity mask (`taskset`, cgroup cpusets), as
-    TensorFlow sizes its own pools, where `os.cpu_count()` counts the whole machine."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # no affinity on this platform (macOS)
-        return os.cpu_count() or 1
 
 
 def input_threads(cores=None) -> int:

@@ -124,7 +124,8 @@ def run(actions, progress: Progress) -> Progress:
 
 
 class Preemption(Action):
-    """SIGTERM: once the variables hold the step reached, save exactly it and stop.
+    """SIGTERM: once the variables hold the step reached, save exactly it and stop; the
+    `Preempted` that `fit` raises is left in the watch (`watch.preempted`).
 
     Under parameter servers the results of a join arrive loop by loop and only
     the last one is `in_sync`; saving before it would record a step the variables
@@ -132,9 +133,8 @@ class Preemption(Action):
     """
 
     def __init__(self, watch, save):
-        self.watch = watch
+        self.watch = watch  # the fit's `preemption.SigtermWatch`
         self.save = save  # (progress) -> checkpoint path or None
-        self.preempted = None
 
     def __call__(self, p):
         if p.epoch_end or not self.watch.requested or not p.last.in_sync:
@@ -143,7 +143,7 @@ class Preemption(Action):
         logger.warning("SIGTERM: stopped after step %d%s; exiting with code %d so the job can be "
                        "restarted", p.step, f", checkpoint {path}" if path else
                        " (no model_dir: nothing saved)", preemption.EXIT_CODE)
-        self.preempted = preemption.Preempted(p.step, path)
+        self.watch.preempted = preemption.Preempted(p.step, path)
         p.stop = PREEMPTED
 
 

@@ -22,11 +22,12 @@ class Evaluation:
     Args:
         state: the Trainer's `state.TrainingState`.
         feeds: the Trainer's `feeds.Feeds`.
-        beat: `() -> ` the running fit's stall-watch beat, or None (between fits).
+        beats: the Trainer's `stalls.Beats`: each evaluation loop is progress for the
+            stall watch of the fit that runs, if any.
     """
 
-    def __init__(self, state, feeds, beat):
-        self._state, self._feeds, self._beat = state, feeds, beat
+    def __init__(self, state, feeds, beats):
+        self._state, self._feeds, self._beats = state, feeds, beats
         self.last_validation = None  # the validation data last given to `fit`
 
     def validation(self, data, steps, batch_size, every):
@@ -59,4 +60,4 @@ class Evaluation:
         return logs if return_dict else _compat.flatten_metrics_in_order(model, logs)
 
     def _run(self, eval_input, steps, hooks=None):
-        return self._state.evaluate(eval_input, steps, beat=self._beat(), hooks=hooks)
+        return self._state.evaluate(eval_input, steps, beat=self._beats.beat, hooks=hooks)

@@ -42,13 +42,16 @@ class Epochs:
             on_nonfinite, max_recoveries, spike_factor).
         loop_sizer: the Trainer's `tuning.LoopSizer` (what "auto" measured stays measured).
         tuning: the Trainer's `tuning.TuningOptions`.
+        beats: the Trainer's `stalls.Beats`: the epochs' stall watch takes its beats while
+            they run (an evaluation's loops beat it too).
         user_actions: the `actions.Action`s given to `fit(actions=...)`.
         user_model: the user's own model object when kerastrain trains a copy and the
             fit has callbacks: it takes the weights at each epoch end before they run, as
             under `model.fit` (a callback may close over that object); None: nothing.
     """
 
-    def __init__(self, state, config, *, loop_sizer, tuning, user_actions=(), user_model=None):
+    def __init__(self, state, config, *, loop_sizer, tuning, beats, user_actions=(),
+                 user_model=None):
         self.step, self.model, self.global_step = state.step, state.model, state.global_step
         self.run_state, self.mode = state.run, state.mode
         self.strategy_name, self.num_workers = state.built.name, state.built.num_workers
@@ -57,13 +60,12 @@ class Epochs:
                               max_recoveries=config.max_recoveries,
                               spike_factor=config.spike_factor)
         self.asked_steps_per_loop = config.steps_per_loop
-        self.loop_sizer, self.tuning = loop_sizer, tuning
-        self.before_epoch_end = None if user_model is None else (
-            lambda: instances.hand_back(self.model, user_model, keep_functions=True))
+        self.loop_sizer, self.tuning, self.beats = loop_sizer, tuning, beats
+        self.before_epoch_end = None if user_model is None else functools.partial(
+            instances.hand_back, self.model, user_model, keep_functions=True)
         self.user_actions = list(user_actions)
         self.steps_per_epoch = None  # as `epoch_length` decided
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
-        self.beat = None      # while the epochs run: progress, for their `stalls.StallWatch`
         self.ended = None     # a callback's stop (`train`), for `finish` to save and record
         self.stopped_at = None  # a stop at a batch: the position then (`_run`)
 
@@ -129,12 +131,14 @@ class Epochs:
         return self.mode.auto_steps_per_loop(steps_per_epoch, sizer=self.loop_sizer,
                                              measure=self.tuning.measure_steps_per_loop)
 
-    def driver(self, stop_requested, callbacks):
+    def driver(self, sigterm, callbacks):
         """The driver of this strategy's epochs (`modes`): this task's replicas, or the ps
-        workers."""
-        run = self.run_state
+        workers. It stops scheduling loops once a SIGTERM came (`sigterm`, the fit's
+        `preemption.SigtermWatch`) or a callback set `model.stop_training`."""
+        run, model = self.run_state, self.model
         return self.mode.driver(
-            self.step, stop_requested=stop_requested, callbacks=callbacks,
+            self.step, stop_requested=lambda: sigterm.requested or model.stop_training,
+            callbacks=callbacks,
             steps_per_loop=self.asked_steps_per_loop, global_step=self.global_step,
             checkpointer=run.checkpointer, latest_checkpoint=run.latest_checkpoint)
 
@@ -146,19 +150,19 @@ class Epochs:
             batches_the_data_holds(train_input))
         steps_per_epoch = steps_per_epoch or steps_the_data_holds(train_input, self.step)
         results, run = self.step.results, self.run_state
-        self.recovery = recovery_lib.action(
+        recovery = self.recovery = recovery_lib.action(
             driver, **self.nonfinite, model=self.model, step=self.step,
             global_step=self.global_step, checkpointer=run.checkpointer,
             writer=monitor.writer if monitor.active else None)
 
         def save(p, epoch, batch, totals):
             path = run.save(driver, epoch, batch, totals, p.step)
-            if self.recovery is not None:
-                self.recovery.saved(path, p, epoch, batch, totals)
+            if recovery is not None:
+                recovery.saved(path, p, epoch, batch, totals)
             return path
 
         listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
-                  self.recovery or actions_lib.StopOnNonFinite(self.model)]
+                  recovery or actions_lib.StopOnNonFinite(self.model)]
         if validation is not None:
             listed.append(validation.with_callbacks(callback_list))
         # Listed on every task: only the chief's monitor has a writer, but every worker
@@ -285,21 +289,17 @@ class Epochs:
 
     @contextlib.contextmanager
     def stall_watch(self):
-        """The epochs' `stalls.StallWatch`; each evaluation loop beats it too (`beat`). "auto"
-        watches only where a peer can stall this task (multi-worker mirrored, parameter
-        servers): a process alone that is slow is not stalled, and nothing of it would be
-        restarted."""
+        """The epochs' `stalls.StallWatch`, which takes the `beats` while it runs (each
+        evaluation loop beats it too). "auto" watches only where a peer can stall this task
+        (multi-worker mirrored, parameter servers): a process alone that is slow is not
+        stalled, and nothing of it would be restarted."""
         timeout = self.stall_timeout
         if timeout == "auto" and not self.mode.peers_can_stall:
             timeout = None
         # A stuck worker of a ps cluster can be named, and restarted.
         with stalls.StallWatch(timeout, what=f"training under {self.strategy_name}",
-                               probe=self.mode.stall_probe()) as watch:
-            self.beat = watch.beat
-            try:
-                yield watch
-            finally:
-                self.beat = None
+                               probe=self.mode.stall_probe()) as watch, self.beats.to(watch):
+            yield watch
 
     def _say_tuning(self, training, steps_per_loop):
         """The loop's own tuning notes, then the one line of this fit's (none when nothing

@@ -32,7 +32,9 @@ class Preempted(SystemExit):
 
 
 class SigtermWatch:
-    """While active, a SIGTERM sets `requested` and flips `stop_variable` at once.
+    """While active, a SIGTERM sets `requested` and flips `stop_variable` at once. Once the
+    step reached is saved, `preempted` holds the `Preempted` that `fit` raises
+    (`actions.Preemption` sets it; under multi-worker mirrored TensorFlow's handler raises).
 
     Python runs signal handlers only when the main thread returns to the
     interpreter, which a compiled loop of many steps delays. The C-level handler
@@ -45,6 +47,7 @@ class SigtermWatch:
         self.stop_variable = stop_variable
         self.install = install
         self.requested = False
+        self.preempted = None  # a `Preempted`, once the step reached is saved
         self._previous = None
         self._previous_fd = None
         self._thread = None

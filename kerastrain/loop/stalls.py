@@ -24,6 +24,7 @@ that waits for every task to start).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -197,6 +198,31 @@ class StallWatch:
         except (OSError, ValueError):
             pass
         self._exit(STALLED)
+
+
+class Beats:
+    """Where a Trainer's loops say they made progress: the `StallWatch` of the fit that runs.
+
+    One per Trainer, handed when they are made to what runs loops: a fit's epochs, whose
+    watch takes the beats while they run (`to`), and the evaluation, whose loops beat
+    (validation inside a fit; `evaluate` called from a callback). None of them reaches into
+    another for the watch that runs.
+
+    Attributes:
+        beat: the running watch's `beat`, or None (no fit runs: nobody to tell).
+    """
+
+    def __init__(self):
+        self.beat = None
+
+    @contextlib.contextmanager
+    def to(self, watch):
+        """While the block runs, beats go to `watch`."""
+        before, self.beat = self.beat, watch.beat
+        try:
+            yield watch
+        finally:
+            self.beat = before
 
 
 def connecting(stall_timeout, in_cluster: bool):

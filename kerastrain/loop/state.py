@@ -10,6 +10,7 @@ wires one to the data, the work directory and each fit's `fitting.Epochs`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 from kerastrain import _compat
@@ -222,7 +223,7 @@ class TrainingState:
         self.step.start_epoch()
         if hooks is not None:
             hooks = callbacks_lib.PassHooks(
-                hooks, lambda totals: self.step.results(totals, kind="eval"), self.model,
+                hooks, functools.partial(self.step.results, kind="eval"), self.model,
                 callbacks_lib.known_batches(eval_input.cardinality, steps))
         totals = driver_lib.run_to_end(loop, iterator, steps, self.step.width,
                                        accumulate=self.step.accumulate, after=beat, hooks=hooks)

@@ -100,12 +100,13 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
     trainer.build(trainer._dataset_fn)
     epochs = trainer._new_epochs()
     monitor = trainer._workdir.monitor(trainer.model, step=0, element_spec=None)
-    listed = epochs.actions(NoLoops(), watch=Requested(), agree=None, monitor=monitor,
+    watch = Requested()
+    listed = epochs.actions(NoLoops(), watch=watch, agree=None, monitor=monitor,
                             callback_list=None, validation=None, steps_per_epoch=2,
                             train_input=None)
     progress = epochs.train(NoLoops(), None, listed, range(0, 3), 2, None,
                             type("C", (), {"on_epoch_begin": lambda *a: None})())
-    assert progress.stop == "preempted" and listed[0].preempted.step == 0
+    assert progress.stop == "preempted" and watch.preempted.step == 0
     assert np.all(progress.totals == 0)
 
 

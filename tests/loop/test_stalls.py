@@ -99,8 +99,8 @@ def test_auto_watches_only_where_a_peer_can_stall_a_task_and_seconds_apply_anywh
     epochs = auto._new_epochs()
     with epochs.stall_watch() as watch:
         assert watch.timeout is None and watch._thread is None
-        assert epochs.beat == watch.beat
-    assert epochs.beat is None
+        assert epochs.beats.beat == watch.beat
+    assert epochs.beats.beat is None
     fixed = make_trainer(strategy="one_device", stall_timeout=900)
     with fixed._new_epochs().stall_watch() as watch:
         assert watch.timeout == 900 and watch._thread.is_alive()
