@@ -146,8 +146,7 @@ class Trainer(_LastFit):
         self._workdir = workdir_lib.WorkDir(
             model_dir, is_chief=built.is_chief,
             checkpoint=checkpoints.CheckpointOptions.coerce(checkpoint),
-            tensorboard=monitor_lib.TensorBoardOptions.coerce(tensorboard), writers=writers,
-            moved=lambda *args: self._state.move(*args))
+            tensorboard=monitor_lib.TensorBoardOptions.coerce(tensorboard), writers=writers)
         self._state = state_lib.TrainingState(
             built, model, detached=detached, seed=seed, precision_policy=mixed_precision,
             workdir=self._workdir, jit_compile=jit_compile, tuning=self._tuning,
@@ -266,7 +265,7 @@ class Trainer(_LastFit):
         data = fit_args.of_fit_call(dataset_fn, y, validation_dataset_fn, keras_args,
                                     default=self._dataset_fn)
         actions = actions_lib.check_user_actions(actions)  # refused before anything is used
-        callbacks = self._workdir.use_backup(callbacks_lib.check_callbacks(callbacks))
+        callbacks = self._state.use_backup(callbacks_lib.check_callbacks(callbacks))
         train_input = self._feeds.get(data.train, "dataset_fn", "training", batch_size,
                                       shuffle=data.shuffle)
         validation = self._evaluation.validation(data, validation_steps, batch_size, validation_freq)
@@ -293,7 +292,7 @@ class Trainer(_LastFit):
             if watch.preempted is not None:
                 raise watch.preempted  # after the handlers above have let go of SIGTERM
             cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
-        run.finish(progress, first_step, self._state.source, self._workdir)
+        state.finish(run, progress, first_step)   # a stop saved, the export, a backup gone
         return callbacks_lib.history_of(cbs, self._state.user_model)
 
     def _new_epochs(self, callbacks=(), actions=None):

@@ -64,6 +64,7 @@ class TrainingState:
         self.built, self.source = built, model  # a function can build the model again (export)
         self._jit_compile = jit_compile
         self._tuning = tuning
+        self._workdir = workdir  # where the run's state is kept: it follows a BackupAndRestore
         # A model instance is copied from what `detach` read of it.
         compile_overrides = dict(detached=detached, optimizer=optimizer, loss=loss,
                                  metrics=metrics)
@@ -253,7 +254,23 @@ class TrainingState:
                 raise
             raise explained from None
 
-    def move(self, model_dir, outputs, options):
-        """The run's state goes to another place from the next fit on (`WorkDir`)."""
-        with self.strategy.scope():
-            self.run.move(model_dir=model_dir, outputs=outputs, options=options)
+    def use_backup(self, callbacks):
+        """The callbacks but a `BackupAndRestore`, whose backup_dir becomes the place of the
+        run (`WorkDir.use_backup`): the run's state follows it there."""
+        callbacks = self._workdir.use_backup(callbacks)
+        self._follow_workdir()
+        return callbacks
+
+    def finish(self, epochs, progress, first_step):
+        """After `on_train_end`: the fit's `epochs` save a stop and export
+        (`fitting.Epochs.finish`); a finished backup goes, and the run's state returns to
+        the Trainer's model_dir."""
+        epochs.finish(progress, first_step, self.source, self._workdir)
+        self._follow_workdir()
+
+    def _follow_workdir(self):
+        moved = self._workdir.take_move()
+        if moved is not None:
+            model_dir, outputs, options = moved
+            with self.strategy.scope():
+                self.run.move(model_dir=model_dir, outputs=outputs, options=options)

@@ -29,18 +29,18 @@ class WorkDir:
         checkpoint: a `checkpoints.CheckpointOptions`, or None.
         tensorboard: a `monitor.TensorBoardOptions`, or None.
         writers: the user's more `summaries.MetricWriter`s.
-        moved: called as `moved(model_dir, outputs, options)` when the run's state goes to
-            another place (a backup_dir, and back).
     """
 
-    def __init__(self, model_dir, *, is_chief, checkpoint, tensorboard, writers, moved):
+    def __init__(self, model_dir, *, is_chief, checkpoint, tensorboard, writers):
         self.model_dir = model_dir
         self.checkpoint, self.tensorboard = checkpoint, tensorboard
         self.settings = {}           # what the run resolved to (config.yaml), set by the Trainer
         self._settings_text = None
         self._extra_writers = list(writers or [])
         self._writer = self._tb_writer = None
-        self._moved = moved
+        # Where the run's state goes from the next fit on, once a BackupAndRestore moved it
+        # (`(model_dir, outputs, options)`): taken by its keeper (`take_move`).
+        self._moved_to = None
         self._backup = None          # a BackupAndRestore's `callbacks.Backup` in use
         self._before_backup = None   # the checkpoint options it replaced
         self.outputs = outputs_lib.Outputs(model_dir, is_chief)
@@ -109,7 +109,7 @@ class WorkDir:
                 # The backup of an earlier fit of this Trainer: as Keras's callback restores
                 # it at every fit's start, the state it holds (left by a fit an error ended)
                 # is where this fit begins.
-                self._moved(self.model_dir, self.outputs, self.checkpoint)
+                self._moved_to = (self.model_dir, self.outputs, self.checkpoint)
             return callbacks
         if self.model_dir is not None and self._backup is None:
             raise ValueError(
@@ -154,4 +154,10 @@ class WorkDir:
         self._settings_text = None
         self.outputs = self.outputs.at(model_dir)
         self._lock = self.outputs.claim(tidy=checkpoints.tidy)
-        self._moved(model_dir, self.outputs, options)
+        self._moved_to = (model_dir, self.outputs, options)
+
+    def take_move(self):
+        """Where the run's state goes since `use_backup` or `backup_done` moved it, once:
+        `(model_dir, outputs, options)`, or None when it stays."""
+        moved, self._moved_to = self._moved_to, None
+        return moved
