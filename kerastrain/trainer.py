@@ -19,8 +19,8 @@ from kerastrain.io import outputs as outputs_lib
 from kerastrain.io import summaries
 from kerastrain.loop import actions as actions_lib
 from kerastrain.loop import callbacks as callbacks_lib
+from kerastrain.loop import controller as controller_lib
 from kerastrain.loop import evaluating
-from kerastrain.loop import fitting
 from kerastrain.loop import modes
 from kerastrain.loop import predicting
 from kerastrain.loop import stalls
@@ -41,7 +41,7 @@ class _LastFit:
     @property
     def recoveries(self) -> int:
         """Recoveries from a bad loss in the last `fit` (`on_nonfinite="recover"`)."""
-        return getattr(self._epochs and self._epochs.recovery, "count", 0)
+        return getattr(self._controller and self._controller.recovery, "count", 0)
 
     @property
     def ended(self):
@@ -140,7 +140,7 @@ class Trainer(_LastFit):
             built = strategies.build_strategy(strategy, strategy_options)
         modes.check_options(built, self._config, service_options)
         self._service = service_options and service_lib.Service(service_options)
-        self._epochs = None  # the last fit's `fitting.Epochs` (its recoveries)
+        self._controller = None  # the last fit's `controller.Controller` (its recoveries)
         self._beats = stalls.Beats()  # progress, for the stall watch of the fit that runs
         self._dataset_fn = dataset_fn
         self._workdir = workdir_lib.WorkDir(
@@ -270,34 +270,15 @@ class Trainer(_LastFit):
                                       shuffle=data.shuffle)
         validation = self._evaluation.validation(data, validation_steps, batch_size, validation_freq)
         self._state.ensure_built(train_input.element_spec)
-        run = self._epochs = self._new_epochs(callbacks, actions)
-        steps_per_epoch = run.epoch_length(train_input, steps_per_epoch)
-        verbose = self._resolve_verbose(verbose)
-        cbs = callbacks_lib.callback_list(callbacks, model=self.model, verbose=verbose,
-                                          epochs=epochs, steps=run.steps_known(train_input))
-        watch, state = self._state.sigterm_watch(), self._state
-        driver = run.driver(watch, callbacks)  # stops after a SIGTERM or a callback's stop
-        resumed = state.run.restore(driver, train_input, state.global_step.numpy, epochs)
-        initial_epoch = state.run.first_epoch(resumed, initial_epoch, epochs)
-        first_step = self.global_step
-        monitor = self._workdir.monitor(self.model, first_step, train_input.element_spec)
-        cbs.on_train_begin()
-        with instances.handing_back(self.model, self._state.user_model):  # after on_train_end
-            with state.cluster_errors_explained(), state.preemption_agreement() as agree, \
-                    watch, monitor, state.run.writes_settled():
-                listed = run.actions(driver, watch, agree, monitor, cbs, validation,
-                                     steps_per_epoch, train_input)
-                progress = run.train(driver, train_input, listed, range(initial_epoch, epochs),
-                                     steps_per_epoch, resumed, cbs, callbacks)
-            if watch.preempted is not None:
-                raise watch.preempted  # after the handlers above have let go of SIGTERM
-            cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
-        state.finish(run, progress, first_step)   # a stop saved, the export, a backup gone
-        return callbacks_lib.history_of(cbs, self._state.user_model)
+        self._controller = self._new_controller(callbacks, actions)  # the rest is its
+        return self._controller.fit(
+            train_input, validation, self._workdir, epochs=epochs,
+            steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch, callbacks=callbacks,
+            verbose=self._resolve_verbose(verbose))
 
-    def _new_epochs(self, callbacks=(), actions=None):
-        """This fit's `fitting.Epochs` (the model and its step are built)."""
-        return fitting.Epochs(self._state, self._config, loop_sizer=self._loop_sizer,
+    def _new_controller(self, callbacks=(), actions=None):
+        """This fit's `controller.Controller` (the model and its step are built)."""
+        return controller_lib.Controller(self._state, self._config, loop_sizer=self._loop_sizer,
                               tuning=self._tuning, beats=self._beats, user_actions=actions or (),
                               user_model=self._state.user_model if callbacks else None)
 

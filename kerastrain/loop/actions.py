@@ -1,7 +1,8 @@
 """Actions: what happens after each compiled loop and at each epoch end, each with its own cadence.
 
-Each `fit` builds one list of actions (`fitting.Epochs.actions`: where "only the chief
-writes" is decided) and calls them in order with the same `Progress`: after
+Each `fit`'s controller builds one list of actions (`controller.Controller.actions`; every
+task runs them, and `io/outputs.py` decides what the chief keeps) and calls them in order with
+the same `Progress`: after
 every loop, and once more at the end of each epoch (`progress.logs` set). An
 action may end training by setting `progress.stop`; the actions after it are not
 called for that loop. Each action also says how many steps ahead it next needs

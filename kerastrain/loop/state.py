@@ -4,7 +4,7 @@
 of a model instance), the global step, the run's counters and checkpointer
 (`run_state.RunState`) and the stop flag a SIGTERM sets; on the first batches' spec it builds
 the variables and the compiled step (`modes`: the kind of strategy builds it). The `Trainer`
-wires one to the data, the work directory and each fit's `fitting.Epochs`.
+wires one to the data, the work directory and each fit's `controller.Controller`.
 """
 
 from __future__ import annotations
@@ -258,17 +258,12 @@ class TrainingState:
         """The callbacks but a `BackupAndRestore`, whose backup_dir becomes the place of the
         run (`WorkDir.use_backup`): the run's state follows it there."""
         callbacks = self._workdir.use_backup(callbacks)
-        self._follow_workdir()
+        self.follow_workdir()
         return callbacks
 
-    def finish(self, epochs, progress, first_step):
-        """After `on_train_end`: the fit's `epochs` save a stop and export
-        (`fitting.Epochs.finish`); a finished backup goes, and the run's state returns to
-        the Trainer's model_dir."""
-        epochs.finish(progress, first_step, self.source, self._workdir)
-        self._follow_workdir()
-
-    def _follow_workdir(self):
+    def follow_workdir(self):
+        """Keep the run's state where the WorkDir now keeps it, once a `BackupAndRestore`
+        moved it (its backup_dir; back to the Trainer's model_dir after the backup goes)."""
         moved = self._workdir.take_move()
         if moved is not None:
             model_dir, outputs, options = moved

@@ -1,10 +1,14 @@
-"""One `fit`'s epochs: the actions after each compiled loop, in order, and the loop that feeds them.
+"""The controller of one `fit`: the epochs from the restored step to the last, and what
+happens after each compiled loop.
 
-`Trainer.fit` resolves the data, builds the step and restores; then an `Epochs` runs: for
-each compiled loop the driver (`loop/driver.py`) yields a `driver.LoopResult`, added to an
-`actions.Progress`; the actions (`loop/actions.py`) run in order after it, and once more at
-each epoch end with the epoch's logs. Reading this module, `driver.py` and `step/loops.py`
-is following one epoch from `fit` to the compiled step and back.
+In the manner of Orbit's `Controller`: `Trainer.fit` resolves the data and builds the step,
+then hands over to `Controller.fit`, which owns the rest of the epoch: the callbacks and their
+History, the SIGTERM watch and preemption, the restore, the list of actions (validation,
+summaries, checkpoints, callbacks; `loop/actions.py`) run in order after each loop and epoch,
+and the final save and export. It meets the inner loop at one small contract: the driver
+(`loop/driver.py`, made by the kind of strategy, `loop/modes.py`) runs the compiled loops of an
+epoch (`step/loops.py`) and yields one `driver.LoopResult` per loop. How long an epoch and a
+loop are is `loop/lengths.py`'s.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import logging
 import numpy as np
 
 from kerastrain import _logging
-from kerastrain.data import inputs as data_lib
 from kerastrain.loop import actions as actions_lib
 from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.loop import driver as driver_lib
+from kerastrain.loop import lengths as lengths_lib
 from kerastrain.loop import recovery as recovery_lib
 from kerastrain.loop import stalls
 from kerastrain.loop import tuning as tuning_lib
@@ -32,8 +36,8 @@ logger = logging.getLogger("kerastrain")
 Position = collections.namedtuple("Position", ["passes", "saved_offset"])
 
 
-class Epochs:
-    """The epochs of one `fit`: its actions, its stall watch, its loop over epochs.
+class Controller:
+    """One `fit`, from the restored step to the last epoch (see the module docstring).
 
     Args:
         state: the Trainer's `state.TrainingState` (its model, compiled step, global step,
@@ -60,76 +64,53 @@ class Epochs:
                               max_recoveries=config.max_recoveries,
                               spike_factor=config.spike_factor)
         self.asked_steps_per_loop = config.steps_per_loop
-        self.loop_sizer, self.tuning, self.beats = loop_sizer, tuning, beats
+        self.tuning, self.beats = tuning, beats
+        self.lengths = lengths_lib.Lengths(
+            self.step, self.model, self.mode, steps_per_loop=config.steps_per_loop,
+            loop_sizer=loop_sizer, tuning=tuning, num_workers=self.num_workers)
+        self.state = state
         self.before_epoch_end = None if user_model is None else functools.partial(
             instances.hand_back, self.model, user_model, keep_functions=True)
         self.user_actions = list(user_actions)
-        self.steps_per_epoch = None  # as `epoch_length` decided
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
         self.ended = None     # a callback's stop (`train`), for `finish` to save and record
         self.stopped_at = None  # a stop at a batch: the position then (`_run`)
 
-    def epoch_length(self, train_input, steps_per_epoch):
-        """Steps in an epoch: as asked, else one pass of finite data (None: a pass of a
-        shared tf.data service job, whose end the workers find).
+    def fit(self, train_input, validation, workdir, *, epochs, steps_per_epoch, initial_epoch,
+            callbacks, verbose):
+        """Train `train_input` from where the run stands to `epochs` and return the History.
 
-        Raises:
-            ValueError: infinite data without `steps_per_epoch`.
+        Args:
+            train_input: the training data (`data.distributed.DistributedInput`).
+            validation: the fit's `actions.Validation`, or None.
+            workdir: the Trainer's `workdir.WorkDir` (TensorBoard, the export's record).
+            epochs, steps_per_epoch, initial_epoch, callbacks, verbose: as `model.fit`
+                takes them, checked.
         """
-        self.steps_per_epoch = self._epoch_length(train_input, steps_per_epoch)
-        return self.steps_per_epoch
-
-    def _epoch_length(self, train_input, steps_per_epoch):
-        if steps_per_epoch is not None:
-            every = callbacks_lib.steps_per_execution(self.model)
-            if steps_per_epoch % every:
-                # Keras 3.15's fit runs whole executions of `steps_per_execution` batches,
-                # so an epoch runs to the next multiple (its own tests count so).
-                whole = -(-steps_per_epoch // every) * every
-                logger.info("steps_per_epoch=%d is not a multiple of the model's "
-                            "steps_per_execution=%d: an epoch runs %d steps (whole "
-                            "executions), as model.fit does", steps_per_epoch, every, whole)
-                return whole
-            return steps_per_epoch
-        n = train_input.cardinality
-        if n == data_lib.INFINITE:
-            raise ValueError(
-                "The training data is infinite (it repeats), so an epoch has no end: pass "
-                "`steps_per_epoch`. Received: steps_per_epoch=None")
-        if train_input.drains and self.step.accumulation == 1:
-            logger.info("steps_per_epoch=None through the tf.data service under parameter "
-                        "servers: one epoch is one pass of a job the %d workers read to its "
-                        "end, each example of the pass once", self.num_workers)
-            return None
-        return self.mode.epoch_length(n, self.step.accumulation)
-
-    def steps_known(self, train_input):
-        """Steps in an epoch where known (after `epoch_length`): as asked, else one pass of
-        data of known size (None: unknown). What Keras gives callbacks as `params["steps"]`."""
-        return self.steps_per_epoch or steps_the_data_holds(train_input, self.step)
-
-    def steps_per_loop(self, callbacks, steps_per_epoch, train_input):
-        """Steps per compiled call: as asked, or what "auto" comes to for this fit: one of
-        the model's executions (`steps_per_execution` batches) when a callback needs the
-        batch hooks of each, as `model.fit` calls them (an asked size is cut there by the
-        `actions.Callbacks` boundaries)."""
-        acting = sorted({type(cb).__name__ for cb in callbacks
-                         if callbacks_lib.needs_every_execution(cb)})
-        every = callbacks_lib.steps_per_execution(self.model)
-        if acting:
-            logger.info("callbacks acting at batches (%s): loops end after every %d batch(es), "
-                        "where model.fit calls their batch hooks (compile(steps_per_execution"
-                        "=N) calls them every N batches)", ", ".join(acting), every)
-        if self.asked_steps_per_loop != "auto":
-            return self.asked_steps_per_loop
-        if self.step.eager:
-            return 1  # run_eagerly: debugging, one step per loop (nothing to amortise)
-        if acting:
-            return -(-every // self.step.accumulation)
-        if steps_per_epoch is None and train_input.drains and train_input.cardinality > 0:
-            steps_per_epoch = train_input.cardinality  # a pass's batches, about
-        return self.mode.auto_steps_per_loop(steps_per_epoch, sizer=self.loop_sizer,
-                                             measure=self.tuning.measure_steps_per_loop)
+        state, model = self.state, self.model
+        steps_per_epoch = self.lengths.epoch_length(train_input, steps_per_epoch)
+        cbs = callbacks_lib.callback_list(callbacks, model=model, verbose=verbose,
+                                          epochs=epochs, steps=self.lengths.steps_known(train_input))
+        watch = state.sigterm_watch()
+        driver = self.driver(watch, callbacks)  # stops after a SIGTERM or a callback's stop
+        resumed = self.run_state.restore(driver, train_input, self.global_step.numpy, epochs)
+        initial_epoch = self.run_state.first_epoch(resumed, initial_epoch, epochs)
+        first_step = state.steps_taken
+        monitor = workdir.monitor(model, first_step, train_input.element_spec)
+        cbs.on_train_begin()
+        with instances.handing_back(model, state.user_model):  # after on_train_end
+            with state.cluster_errors_explained(), state.preemption_agreement() as agree, \
+                    watch, monitor, self.run_state.writes_settled():
+                listed = self.actions(driver, watch, agree, monitor, cbs, validation,
+                                      steps_per_epoch, train_input)
+                progress = self.train(driver, train_input, listed, range(initial_epoch, epochs),
+                                      steps_per_epoch, resumed, cbs, callbacks)
+            if watch.preempted is not None:
+                raise watch.preempted  # after the handlers above have let go of SIGTERM
+            cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
+        self.finish(progress, first_step, state.source, workdir)
+        state.follow_workdir()  # a finished backup's run returns to the Trainer's model_dir
+        return callbacks_lib.history_of(cbs, state.user_model)
 
     def driver(self, sigterm, callbacks):
         """The driver of this strategy's epochs (`modes`): this task's replicas, or the ps
@@ -144,11 +125,12 @@ class Epochs:
 
     def actions(self, driver, watch, agree, monitor, callback_list, validation,
                 steps_per_epoch, train_input):
-        """What happens after each loop and epoch, in order; the chief-only rule is here."""
+        """What happens after each loop and epoch, in order (every task runs each; what the
+        chief keeps is `io/outputs.py`'s)."""
         # Batches in an epoch where known: `model.fit` begins no batch past them.
         batches_known = steps_per_epoch * self.step.accumulation if steps_per_epoch else (
-            batches_the_data_holds(train_input))
-        steps_per_epoch = steps_per_epoch or steps_the_data_holds(train_input, self.step)
+            lengths_lib.batches_the_data_holds(train_input))
+        steps_per_epoch = steps_per_epoch or lengths_lib.steps_the_data_holds(train_input, self.step)
         results, run = self.step.results, self.run_state
         recovery = self.recovery = recovery_lib.action(
             driver, **self.nonfinite, model=self.model, step=self.step,
@@ -187,14 +169,14 @@ class Epochs:
         on elsewhere): an EMA optimizer's averages become the weights. A stop a callback
         asked for is kept for `finish` (`self.ended`)."""
         progress = self._run(driver, train_input, listed, epochs, steps_per_epoch,
-                             self.steps_per_loop(callbacks, steps_per_epoch, train_input),
+                             self.lengths.steps_per_loop(callbacks, steps_per_epoch, train_input),
                              resumed, callback_list)
         if progress.stop != actions_lib.PREEMPTED:
             updates.finalize(self.model, epochs.stop)
         if progress.stop == actions_lib.REQUESTED:  # saved again once on_train_end has run
             # Within its epoch where a batch's stop left some of it (unknown: as a mid-epoch
             # save); else (an epoch end, ps with loops in flight) saved as after that epoch.
-            at, known = self.stopped_at, self.steps_known(train_input)
+            at, known = self.stopped_at, self.lengths.steps_known(train_input)
             self.ended = dict(driver=driver, progress=progress, epochs=epochs.stop,
                               within=at if at and (known is None or at["batch"] < known) else None,
                               reason=callbacks_lib.why_stopped(callbacks, self.model))
@@ -316,18 +298,3 @@ class Epochs:
                             "training loop: up to %d steps per iteration (said when used)",
                             tuning_lib.UNROLL)
         _logging.tuning_summary(say=training)
-
-
-def batches_the_data_holds(train_input):
-    """Batches in one pass of data of known size (None: unknown or infinite)."""
-    n = train_input.cardinality
-    return n if n >= 0 else None
-
-
-def steps_the_data_holds(train_input, step):
-    """Steps in one pass of data of known size (None: unknown or infinite). An epoch
-    that ends where the data does still knows its last loop: a mid-epoch checkpoint
-    there would stand in for the epoch end's, and a finished run would resume
-    "16 steps into epoch 2 of 2" instead of "after epoch 2 of 2"."""
-    n = train_input.cardinality
-    return -(-n // step.accumulation) if n >= 0 else None
