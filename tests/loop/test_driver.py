@@ -98,7 +98,7 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
         requested = True
 
     trainer.build(trainer._dataset_fn)
-    epochs = trainer._new_epochs()
+    epochs = trainer._new_controller()
     monitor = trainer._workdir.monitor(trainer.model, step=0, element_spec=None)
     watch = Requested()
     listed = epochs.actions(NoLoops(), watch=watch, agree=None, monitor=monitor,

@@ -96,13 +96,13 @@ def test_auto_watches_only_where_a_peer_can_stall_a_task_and_seconds_apply_anywh
     import helpers
     import kerastrain as kt
     auto = make_trainer(strategy="one_device")
-    epochs = auto._new_epochs()
+    epochs = auto._new_controller()
     with epochs.stall_watch() as watch:
         assert watch.timeout is None and watch._thread is None
         assert epochs.beats.beat == watch.beat
     assert epochs.beats.beat is None
     fixed = make_trainer(strategy="one_device", stall_timeout=900)
-    with fixed._new_epochs().stall_watch() as watch:
+    with fixed._new_controller().stall_watch() as watch:
         assert watch.timeout == 900 and watch._thread.is_alive()
     with pytest.raises(ValueError, match=r"Received: stall_timeout='soon'"):
         kt.Trainer(helpers.build_model, strategy="one_device", stall_timeout="soon")
