@@ -181,7 +181,7 @@ class RayHosts:
     """One actor per task name; `popen` starts a task's command in its actor.
 
     Args:
-        names: the tasks' host names (`launch.Task.host`).
+        names: the tasks' host names (`tasks.Task.host`).
         address: a running Ray cluster's address, or None to start one here.
     """
 
