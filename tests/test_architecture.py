@@ -194,7 +194,7 @@ def test_ints_and_numbers_are_checked_in_one_place():
 TENSORFLOW_FREE = ("kerastrain.cli.command", "kerastrain.cli.config", "kerastrain.cli.recipes",
                    "kerastrain.cli.arguments", "kerastrain.cli.training",
                    "kerastrain.cli.launch", "kerastrain.cli.tasks", "kerastrain.cli.isolation",
-                   "kerastrain.cli.interrupts", "kerastrain.cli.faults",
+                   "kerastrain.cli.frozen", "kerastrain.cli.interrupts", "kerastrain.cli.faults",
                    "kerastrain.cli.manifests",
                    "kerastrain.loop.stalls", "kerastrain.io.files", "kerastrain._options",
                    "kerastrain.distribute.cluster", "kerastrain.distribute.network",

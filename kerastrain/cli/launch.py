@@ -21,6 +21,7 @@ import time
 
 from kerastrain._lifetime import LAUNCHER_PID
 from kerastrain.cli import faults as faults_lib
+from kerastrain.cli import frozen
 from kerastrain.cli.interrupts import Interrupts
 from kerastrain.cli.tasks import chief_of
 from kerastrain.loop import stalls
@@ -136,8 +137,8 @@ class Launcher:
         for task in live:
             # A stopped (frozen) task cannot act on SIGTERM until it runs again, and then it
             # would save with peers that are gone: it gets SIGKILL at once.
-            frozen = _process_state(task.process) in ("T", "t")
-            faults_lib.signal_group(task.process, signal.SIGKILL if frozen else signal.SIGTERM)
+            signum = signal.SIGKILL if frozen.stopped(task.process) else signal.SIGTERM
+            faults_lib.signal_group(task.process, signum)
         deadline = time.monotonic() + KILL_AFTER_SECS
         for task in live:
             try:
@@ -164,17 +165,17 @@ class Launcher:
             code = self._attempt(chief)
             if code and chief.pump is not None:
                 chief.pump.join(timeout=2)  # its last lines read (faulthandler's among them)
-            frozen = _frozen_note(self.tasks) if code else ""  # before the others are stopped
+            frozen_note = frozen.note(self.tasks) if code else ""  # before the others stop
             if code == stalls.STALLED:
                 self.say(f"a task stalled (exit {code}): no training progress within its "
-                         "stall_timeout" + frozen)
+                         "stall_timeout" + frozen_note)
             elif any(t.backstop for t in self.tasks):
                 names = ", ".join(t.name for t in self.tasks if t.backstop)
                 self.say(f"a task stalled (exit {code}, from faulthandler's backstop in {names}: "
                          "a call blocked while holding Python's GIL, so the stall watch could "
-                         "not act; its stacks are above)" + frozen)
-            elif frozen:
-                self.say(f"the job failed (exit {code})" + frozen)
+                         "not act; its stacks are above)" + frozen_note)
+            elif frozen_note:
+                self.say(f"the job failed (exit {code})" + frozen_note)
             return code
         finally:
             self.stop_all()
@@ -284,34 +285,6 @@ class Launcher:
             if own:
                 self.interrupts.__exit__(None, None, None)
                 self.interrupts = None
-
-
-def _state(pid):
-    """The kernel's one-letter state of a process (R, S, D, T...), or None (gone, not Linux)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def _process_state(process):
-    """`_state` of a task's process, here or (a Ray task) on its node."""
-    return process.state() if hasattr(process, "state") else _state(process.pid)
-
-
-def _frozen_note(tasks):
-    """Which tasks the kernel says are stopped (SIGSTOP, a paused VM) or in an uninterruptible
-    wait, read before they are stopped: on a cluster a peer the launcher cannot see."""
-    found = []
-    for task in tasks:
-        if task.process is None:
-            continue
-        state = _process_state(task.process)
-        if state in ("T", "t", "D"):
-            how = "stopped" if state in ("T", "t") else "in an uninterruptible wait"
-            found.append(f"{task.name} ({how}, pid {task.process.pid})")
-    return "; frozen here: " + ", ".join(found) if found else ""
 
 
 def _tf_log_level_set_by_user():

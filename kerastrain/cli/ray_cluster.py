@@ -118,8 +118,8 @@ class _TaskActor:
             pass
 
     def state(self):
-        from kerastrain.cli import launch
-        return launch._state(self.process.pid)
+        from kerastrain.cli import frozen
+        return frozen.state(self.process.pid)
 
 
 class RayProcess:
