@@ -258,7 +258,8 @@ class Launcher:
         own = self.interrupts is None
         self.interrupts = (self.interrupts or Interrupts().__enter__()).watch()
         attempt = 0
-        faults = faults_lib.Faults(self, self.faults, self.model_dir)
+        faults = faults_lib.Faults(self.faults, tasks=self.tasks, say=self.say, hosts=self.hosts,
+                                   model_dir=self.model_dir)
         try:
             while True:
                 # The fault plan's clock starts once the first attempt's tasks have.

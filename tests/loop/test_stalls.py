@@ -181,7 +181,8 @@ def test_a_faults_line_comes_before_any_tasks_answer_to_it(monkeypatch):
         pump.join(timeout=0.5)   # without the lock held across the kill, it is written now
 
     monkeypatch.setattr(faults_lib, "signal_group", kill_and_the_chief_answers)
-    faults = faults_lib.Faults(launcher, [faults_lib.parse_fault("kill ps:0 at 0s", tasks, False)])
+    faults = faults_lib.Faults([faults_lib.parse_fault("kill ps:0 at 0s", tasks, False)],
+                               tasks=tasks, say=launcher.say)
     faults._apply(faults.pending[0])
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
@@ -213,8 +214,8 @@ def test_a_fault_on_a_ray_task_signals_it_without_holding_the_launchers_output()
             held.append(launcher._lock.locked())
 
     tasks[1].process = RayTask()
-    faults = faults_lib.Faults(launcher, [faults_lib.parse_fault("kill worker:0 at 0s", tasks,
-                                                                 False)])
+    faults = faults_lib.Faults([faults_lib.parse_fault("kill worker:0 at 0s", tasks, False)],
+                               tasks=tasks, say=launcher.say)
     faults._apply(faults.pending[0])
     assert held == [False]
     assert launcher.out.getvalue() == "[launch] fault: killed worker:0 (kill worker:0 at 0s)\n"
