@@ -15,6 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kerastrain.cli import hosts, launch  # noqa: E402
+from kerastrain.cli.tasks import Task  # noqa: E402
 from kerastrain.distribute import network  # noqa: E402  (standard library only)
 
 TASK = r'''
@@ -59,8 +60,8 @@ def main(shared):
         print(f"multihost refused: {why}", flush=True)
         return 3
     command = [sys.executable, "-c", TASK, shared]
-    tasks = [launch.Task("chief", 0, "", command), launch.Task("worker", 0, "", command),
-             launch.Task("worker", 1, "", command)]
+    tasks = [Task("chief", 0, "", command), Task("worker", 0, "", command),
+             Task("worker", 1, "", command)]
     rehearsal = hosts.Hosts([t.host for t in tasks], shared=[shared])
     rehearsal.build()
     try:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 from kerastrain.cli import launch
+from kerastrain.cli.tasks import Task
 
 mode, marker_dir = sys.argv[1], sys.argv[2]
 TASK = """
@@ -32,7 +33,7 @@ time.sleep(120)
 
 def task(job, index, behaviour="run"):
     marker = os.path.join(marker_dir, f"{job}{index}")
-    return launch.Task(job, index, "{}", [sys.executable, "-c", TASK, behaviour, marker])
+    return Task(job, index, "{}", [sys.executable, "-c", TASK, behaviour, marker])
 
 
 tasks = [task("worker", 0), task("worker", 1, "fail-once" if mode == "restart" else "run"),

@@ -193,7 +193,8 @@ def test_ints_and_numbers_are_checked_in_one_place():
 # TensorFlow or Keras (seconds of start-up, and none of it needed to check a recipe).
 TENSORFLOW_FREE = ("kerastrain.cli.command", "kerastrain.cli.config", "kerastrain.cli.recipes",
                    "kerastrain.cli.arguments", "kerastrain.cli.training",
-                   "kerastrain.cli.launch", "kerastrain.cli.interrupts", "kerastrain.cli.faults",
+                   "kerastrain.cli.launch", "kerastrain.cli.tasks", "kerastrain.cli.isolation",
+                   "kerastrain.cli.frozen", "kerastrain.cli.interrupts", "kerastrain.cli.faults",
                    "kerastrain.cli.manifests",
                    "kerastrain.loop.stalls", "kerastrain.io.files", "kerastrain._options",
                    "kerastrain.distribute.cluster", "kerastrain.distribute.network",

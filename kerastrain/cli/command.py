@@ -215,17 +215,19 @@ def _launch(args):
 
 def _launch_job(args, launch, interrupts):
     from kerastrain.cli import hosts as hosts_lib
+    from kerastrain.cli import isolation
     from kerastrain.cli import recipes
+    from kerastrain.cli import tasks as tasks_lib
 
-    script = launch.is_script(args.recipe)
+    script = tasks_lib.is_script(args.recipe)
     if script:
         _check_script(args)
     tree = {} if script else _checked_tree(args)[0]
-    network = args.network or launch.recipe_network(tree)
+    network = args.network or isolation.recipe_network(tree)
     multihost = network == hosts_lib.MULTIHOST
     _check_ray(args, network)
     if not args.dry_run:  # first: the tasks inherit it, and Linux moves one thread only
-        launch.isolate(network, tree)
+        isolation.isolate(network, tree)
     interrupts.watch()  # then threads: this watcher's, those of the recipe's modules
     # Every task would fail the same way: say it once. (Each imports the recipe's modules
     # as `kerastrain run` does, started in this working directory.)
@@ -238,30 +240,30 @@ def _launch_job(args, launch, interrupts):
         manifests.check_ps_for(recipe.strategy["name"], args.ps, command="launch")
     # Under --ray the addresses come from the actors (below): host names stand in until then,
     # reserving no port here.
-    spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
-                               multihost=multihost or bool(args.ray))
-    service_tasks, sets = launch.service_tasks(args.service_workers, args.set, multihost)
-    tasks = service_tasks + launch.tasks_for(spec, args.recipe, sets)
+    spec = tasks_lib.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
+                                  multihost=multihost or bool(args.ray))
+    service_tasks, sets = tasks_lib.service_tasks(args.service_workers, args.set, multihost)
+    tasks = service_tasks + tasks_lib.tasks_for(spec, args.recipe, sets)
     from kerastrain.cli.faults import parse_fault
     faults = [parse_fault(text, tasks, multihost) for text in args.fault]
     if args.dry_run:
-        launch.dry_run(tasks)
+        tasks_lib.dry_run(tasks)
         return 0
     hosts = None
     if args.ray:   # the same tasks, each at a free port of the node its actor runs on
         from kerastrain.cli import ray_cluster
         hosts = ray_cluster.RayHosts([t.host for t in tasks],
                                      address=None if args.ray == "local" else args.ray)
-        spec = launch.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
-                                   hosts=hosts)
-        tasks = launch.tasks_for(spec, args.recipe, sets)
+        spec = tasks_lib.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
+                                      hosts=hosts)
+        tasks = tasks_lib.tasks_for(spec, args.recipe, sets)
     elif multihost:  # only model_dir is shared storage, as on a cluster
         if model_dir:
             os.makedirs(model_dir, exist_ok=True)
         hosts = hosts_lib.Hosts([t.host for t in tasks], shared=[model_dir] if model_dir else [])
         hosts.build()
     else:
-        launch.warn_if_exposed(spec, network)
+        isolation.warn_if_exposed(spec, network)
     try:
         return launch.Launcher(tasks, max_restarts=args.max_restarts, interrupts=interrupts,
                                hosts=hosts, faults=faults, model_dir=model_dir).run()

@@ -78,10 +78,21 @@ def latest_step(model_dir) -> int | None:
 
 
 class Faults:
-    """Applies a fault plan while the job runs, from a thread of the launcher."""
+    """Applies a fault plan while the job runs, from a thread of the launcher.
 
-    def __init__(self, launcher, plan, model_dir=None, poll_secs=0.2):
-        self.launcher = launcher
+    Args:
+        plan: the `Fault`s, in any order.
+        tasks: the job's tasks (`tasks.Task`), whose `process` is the running one.
+        say: the launcher's `say(text, act=None)`: `act()` and the line `text` with no task's
+            line between them.
+        hosts: what a `partition` cuts (`hosts.Hosts`), or None.
+        model_dir: where a fault `at step N` looks for the chief's checkpoints.
+    """
+
+    def __init__(self, plan, *, tasks, say, hosts=None, model_dir=None, poll_secs=0.2):
+        self.tasks = tasks
+        self.say = say
+        self.hosts = hosts
         self.pending = list(plan)
         self.model_dir = model_dir
         self.poll_secs = poll_secs
@@ -107,6 +118,9 @@ class Faults:
         self._ends = []
         return False
 
+    def _task(self, name):
+        return next((t for t in self.tasks if t.name == name), None)
+
     def _due(self, fault) -> bool:
         if fault.at is not None:
             return time.monotonic() - self._started >= fault.at
@@ -126,16 +140,16 @@ class Faults:
                 return
 
     def _apply(self, fault):
-        task = self.launcher.task(fault.task)
+        task = self._task(fault.task)
         process = task.process
         if fault.action != "partition" and (process is None or process.poll() is not None):
-            self.launcher.say(f"fault: {fault.text}: {fault.task} is not running; skipped")
+            self.say(f"fault: {fault.text}: {fault.task} is not running; skipped")
             return
         what = {"freeze": "froze", "partition": "cut off the network:", "kill": "killed"}
         text = f"fault: {what[fault.action]} {fault.task}" + (
             f" for {fault.duration:g} s" if fault.duration else "") + f" ({fault.text})"
         if fault.action == "partition":
-            self._say(text, lambda: self.launcher.hosts.partition(task.host, True))
+            self._say(text, lambda: self.hosts.partition(task.host, True))
         else:
             self._say(text, lambda: signal_group(
                 process, signal.SIGSTOP if fault.action == "freeze" else signal.SIGKILL), process)
@@ -144,9 +158,9 @@ class Faults:
 
     def _undo(self, fault, process):
         if fault.action == "partition":
-            host = self.launcher.task(fault.task).host
+            host = self._task(fault.task).host
             self._say(f"fault: {fault.task} is on the network again",
-                      lambda: self.launcher.hosts.partition(host, False))
+                      lambda: self.hosts.partition(host, False))
         elif process.poll() is None:
             self._say(f"fault: {fault.task} runs again",
                       lambda: signal_group(process, signal.SIGCONT), process)
@@ -158,9 +172,9 @@ class Faults:
         the actor, in no order to keep with the launcher's."""
         if hasattr(process, "signal_group"):
             act()
-            self.launcher.say(text)
+            self.say(text)
         else:
-            self.launcher.say(text, act=act)
+            self.say(text, act=act)
 
 
 def signal_group(process, signum):

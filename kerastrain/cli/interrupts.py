@@ -61,7 +61,7 @@ class Interrupts:
         return self
 
     def watch(self) -> Interrupts:
-        """Start the watcher thread (once): after `launch.isolate`, which Linux allows only to
+        """Start the watcher thread (once): after `isolation.isolate`, which Linux allows only to
         a process of one thread. A signal that came before waits in the pipe for it."""
         if self._watcher is None:
             self._watcher = threading.Thread(

@@ -1,23 +1,16 @@
-"""`kerastrain launch`: a real local cluster of processes on 127.0.0.1, one per task.
+"""`kerastrain launch`'s supervision: a job's tasks run as child processes until it is over.
 
-TensorFlow's servers listen on every interface and accept anyone, so the launcher first moves
-itself into a private network namespace with loopback only (where Linux allows it; `--network
-host` keeps this machine's network); the tasks inherit it and all share its one loopback.
-
-Every task runs the same command (`kerastrain run RECIPE --set ...`) with its own
-`TF_CONFIG`; the recipe decides the strategy and each task's role follows from
-`TF_CONFIG`. The launcher prefixes each task's output (`[worker:1] ...`), restarts
-a parameter-server worker that dies (the coordinator retries its steps and the
-worker rejoins), restarts the whole job after any other failure while
-`--max-restarts` allows (training resumes from the last checkpoint), and stops
-every process it started when the job ends, fails, or is interrupted.
+The launcher starts every task (`kerastrain.cli.tasks`), prefixes each one's output
+(`[worker:1] ...`), restarts a parameter-server worker that dies (the coordinator retries its
+steps and the worker rejoins), restarts the whole job after any other failure while
+`--max-restarts` allows (training resumes from the last checkpoint), names the tasks that
+stalled or that the kernel says are frozen, and stops every process it started when the job
+ends, fails, or is interrupted.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
 import re
 import signal
@@ -28,185 +21,22 @@ import time
 
 from kerastrain._lifetime import LAUNCHER_PID
 from kerastrain.cli import faults as faults_lib
-from kerastrain.cli import hosts as hosts_lib
+from kerastrain.cli import frozen
 from kerastrain.cli.interrupts import Interrupts
+from kerastrain.cli.tasks import chief_of
 from kerastrain.loop import stalls
 from kerastrain.distribute import network as network_lib
-from kerastrain.distribute.cluster import free_port, ports
-from kerastrain._options import is_int
 
 WORKER_RESTARTS = 3        # per parameter-server worker and job attempt
 GRACE_SECS = 20.0          # for the other tasks to stop by themselves once the chief is done
 KILL_AFTER_SECS = 5.0      # SIGTERM, then SIGKILL
 CHIEF_NOTICE_SECS = 90.0   # for the chief to report a lost parameter server itself
 
-
-@dataclasses.dataclass
-class Task:
-    type: str
-    index: int
-    tf_config: str
-    command: list
-    process: subprocess.Popen | None = None
-    restarts: int = 0
-    backstop: bool = False  # its output had faulthandler's "Timeout (...)!": a blocked stall
-    pump: threading.Thread | None = None  # copies its output
-
-    @property
-    def name(self) -> str:
-        return f"{self.type}:{self.index}"
-
-    @property
-    def host(self) -> str:
-        """Its host name in a multihost rehearsal."""
-        return hosts_lib.host_name(self.type, self.index)
-
-
-def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
-                 host: str = "127.0.0.1", multihost: bool = False, hosts=None) -> dict:
-    """A cluster of free loopback ports, or with `multihost` of host names, each with the
-    same port of its own address, or with `hosts` (Ray's) a free port on each task's node.
-    Parameter-server clusters always get a chief."""
-    if not is_int(workers, 1):
-        raise ValueError(f"`--workers` must be an int >= 1. Received: {workers!r}")
-    if not is_int(ps, 0):
-        raise ValueError(f"`--ps` must be an int >= 0. Received: {ps!r}")
-    def address(job, index):
-        if multihost:
-            return f"{hosts_lib.host_name(job, index)}:{hosts_lib.PORT}"
-        if hosts is not None:
-            return hosts.free_address(hosts_lib.host_name(job, index))
-        return f"{host}:{free_port(host)}"
-
-    counts = {"chief": int(bool(chief or ps)), "worker": workers, "ps": ps,
-              "evaluator": int(bool(evaluator))}
-    return {job: [address(job, i) for i in range(count)]
-            for job, count in counts.items() if count}
-
-
-def is_script(recipe: str) -> bool:
-    """`kerastrain launch train.py`: a Python script of the user's instead of a recipe."""
-    return recipe.endswith(".py")
-
-
-def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
-    """Every task runs the recipe (`kerastrain run` finds its role in TF_CONFIG), or the
-    script, whose `Trainer` reads TF_CONFIG; under ps a script's workers and ps tasks serve."""
-    if is_script(recipe):
-        command = [sys.executable, "-m", "kerastrain.cli.script", os.path.abspath(recipe)]
-        server = [sys.executable, "-m", "kerastrain.cli.script", "--serve"]
-    else:
-        command = [sys.executable, "-m", "kerastrain.cli", "run", recipe]
-        for item in sets:
-            command += ["--set", item]
-        server = command
-    training = {k: v for k, v in spec.items() if k != "evaluator"}
-    tasks = []
-    for job in ("chief", "worker", "ps", "evaluator"):
-        for index in range(len(spec.get(job, ()))):
-            # The evaluator is not part of the training cluster: a coordinator that sees
-            # it in the cluster spec waits for it forever (tensorflow#46169).
-            config = {"cluster": spec if job == "evaluator" else training,
-                      "task": {"type": job, "index": index}}
-            serves = "ps" in spec and job in ("worker", "ps")
-            tasks.append(Task(job, index, json.dumps(config), server if serves else command))
-    return tasks
-
-
-def service_tasks(workers: int, sets=(), multihost: bool = False) -> tuple[list[Task], list]:
-    """A tf.data service dispatcher and `workers` workers on loopback ports (none for 0), or
-    with `multihost` on hosts of their own, and the `--set` items that point the recipe's
-    training data at it."""
-    if not is_int(workers, 0):
-        raise ValueError(f"`--service-workers` must be an int >= 0. Received: {workers!r}")
-    if not workers:
-        return [], list(sets)
-    command = [sys.executable, "-m", "kerastrain.data.service"]
-    if multihost:
-        dispatcher = f"{hosts_lib.host_name('data_dispatcher', 0)}:{hosts_lib.SERVICE_PORT}"
-        port = hosts_lib.SERVICE_PORT
-        workers_at = [(hosts_lib.host_name("data_worker", i), hosts_lib.SERVICE_PORT)
-                      for i in range(workers)]
-    else:
-        port = free_port()
-        dispatcher = f"127.0.0.1:{port}"
-        workers_at = [("127.0.0.1", free_port()) for _ in range(workers)]
-    tasks = [Task("data_dispatcher", 0, "", command + ["dispatcher", "--port", str(port)])]
-    # Fixed ports: a worker restarted at its address lets the dispatcher's jobs end. Its
-    # host is how the dispatcher tells consumers to reach it.
-    tasks += [Task("data_worker", i, "", command + [
-        "worker", "--dispatcher", dispatcher, "--port", str(worker_port), "--host", host])
-        for i, (host, worker_port) in enumerate(workers_at)]
-    return tasks, list(sets) + [f"data.service=grpc://{dispatcher}"]
-
-
-def recipe_network(tree: dict) -> str:
-    """The recipe's `strategy.network` when it sets one, else "private" (`--network` wins)."""
-    strategy = tree.get("strategy")
-    value = strategy.get("network") if isinstance(strategy, dict) else None
-    return value if value in network_lib.NETWORKS else network_lib.PRIVATE
-
-
-def isolate(network: str, tree: dict, out=None) -> None:
-    """Move this launcher, and so every task it starts, into a private network namespace.
-
-    Raises:
-        ValueError: the recipe (`tree`) names URLs that the namespace cannot reach.
-    """
-    if network not in (network_lib.PRIVATE, hosts_lib.MULTIHOST):
-        return
-    network_lib.check_no_urls(tree, "--network host")
-    multihost = network == hosts_lib.MULTIHOST
-    if not network_lib.exposed_interfaces() and not multihost:
-        return
-    try:
-        why = network_lib.try_isolate(root=multihost)
-    except network_lib.TooLate as e:
-        why = str(e)
-    if why is not None and multihost:
-        raise hosts_lib.Refused(
-            f"--network multihost needs a user and network namespace of its own, and Linux "
-            f"refused one here ({why}); allow unprivileged user namespaces, or rehearse with "
-            "--network private (one loopback)")
-    if multihost:
-        line = (f"network: a multihost rehearsal: every task a host of its own on a private "
-                f"bridge ({hosts_lib.GATEWAY}/24), with its own /tmp and working directory; "
-                f"only model_dir is shared; {network_lib.INSIDE}")
-    elif why is not None:
-        line = network_lib.fallback_line(why, "the tasks run")
-    else:
-        line = (f"network: every task runs in one private network namespace with loopback only "
-                f"(TensorFlow's servers accept anyone who can reach them); {network_lib.INSIDE}; "
-                "--network host turns this off")
-    print(f"[launch] {line}", file=out or sys.stdout, flush=True)
-
-
-def warn_if_exposed(spec: dict, network: str, out=None) -> None:
-    """One line when the tasks' servers will be reachable from the network."""
-    how = ("--network host asked for this; without it, the tasks run in a private namespace"
-           if network == network_lib.HOST else network_lib.REFUSED_ADVICE)
-    line = network_lib.exposure_line(ports(spec), how, who="the tasks' servers")
-    if line:
-        print(f"[launch] {line}", file=out or sys.stdout, flush=True)
-
-
 # What faulthandler.dump_traceback_later writes first (the stall watch's backstop).
 _BACKSTOP = re.compile(r"^Timeout \(\d+:\d\d:\d\d\)!$")
 # The line `stalls.StallWatch` writes on a coordinator that found stuck workers.
 _STUCK = re.compile(r"kerastrain: stalled: .* waits on ((?:worker:\d+)(?:, worker:\d+)*), "
                     r"which answer")
-
-
-def chief_of(tasks: list[Task]) -> Task:
-    return next((t for t in tasks if t.type == "chief"), None) or next(
-        t for t in tasks if t.type == "worker" and t.index == 0)
-
-
-def dry_run(tasks: list[Task], out=None) -> None:
-    out = out or sys.stdout  # the current one: a default bound at import would outlive it
-    for task in tasks:
-        print(f"[{task.name}] TF_CONFIG='{task.tf_config}'", file=out)
-        print(f"[{task.name}] {' '.join(task.command)}", file=out)
 
 
 class Launcher:
@@ -307,8 +137,8 @@ class Launcher:
         for task in live:
             # A stopped (frozen) task cannot act on SIGTERM until it runs again, and then it
             # would save with peers that are gone: it gets SIGKILL at once.
-            frozen = _process_state(task.process) in ("T", "t")
-            faults_lib.signal_group(task.process, signal.SIGKILL if frozen else signal.SIGTERM)
+            signum = signal.SIGKILL if frozen.stopped(task.process) else signal.SIGTERM
+            faults_lib.signal_group(task.process, signum)
         deadline = time.monotonic() + KILL_AFTER_SECS
         for task in live:
             try:
@@ -335,17 +165,17 @@ class Launcher:
             code = self._attempt(chief)
             if code and chief.pump is not None:
                 chief.pump.join(timeout=2)  # its last lines read (faulthandler's among them)
-            frozen = _frozen_note(self.tasks) if code else ""  # before the others are stopped
+            frozen_note = frozen.note(self.tasks) if code else ""  # before the others stop
             if code == stalls.STALLED:
                 self.say(f"a task stalled (exit {code}): no training progress within its "
-                         "stall_timeout" + frozen)
+                         "stall_timeout" + frozen_note)
             elif any(t.backstop for t in self.tasks):
                 names = ", ".join(t.name for t in self.tasks if t.backstop)
                 self.say(f"a task stalled (exit {code}, from faulthandler's backstop in {names}: "
                          "a call blocked while holding Python's GIL, so the stall watch could "
-                         "not act; its stacks are above)" + frozen)
-            elif frozen:
-                self.say(f"the job failed (exit {code})" + frozen)
+                         "not act; its stacks are above)" + frozen_note)
+            elif frozen_note:
+                self.say(f"the job failed (exit {code})" + frozen_note)
             return code
         finally:
             self.stop_all()
@@ -428,7 +258,8 @@ class Launcher:
         own = self.interrupts is None
         self.interrupts = (self.interrupts or Interrupts().__enter__()).watch()
         attempt = 0
-        faults = faults_lib.Faults(self, self.faults, self.model_dir)
+        faults = faults_lib.Faults(self.faults, tasks=self.tasks, say=self.say, hosts=self.hosts,
+                                   model_dir=self.model_dir)
         try:
             while True:
                 # The fault plan's clock starts once the first attempt's tasks have.
@@ -455,34 +286,6 @@ class Launcher:
             if own:
                 self.interrupts.__exit__(None, None, None)
                 self.interrupts = None
-
-
-def _state(pid):
-    """The kernel's one-letter state of a process (R, S, D, T...), or None (gone, not Linux)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def _process_state(process):
-    """`_state` of a task's process, here or (a Ray task) on its node."""
-    return process.state() if hasattr(process, "state") else _state(process.pid)
-
-
-def _frozen_note(tasks):
-    """Which tasks the kernel says are stopped (SIGSTOP, a paused VM) or in an uninterruptible
-    wait, read before they are stopped: on a cluster a peer the launcher cannot see."""
-    found = []
-    for task in tasks:
-        if task.process is None:
-            continue
-        state = _process_state(task.process)
-        if state in ("T", "t", "D"):
-            how = "stopped" if state in ("T", "t") else "in an uninterruptible wait"
-            found.append(f"{task.name} ({how}, pid {task.process.pid})")
-    return "; frozen here: " + ", ".join(found) if found else ""
 
 
 def _tf_log_level_set_by_user():

@@ -118,8 +118,8 @@ class _TaskActor:
             pass
 
     def state(self):
-        from kerastrain.cli import launch
-        return launch._state(self.process.pid)
+        from kerastrain.cli import frozen
+        return frozen.state(self.process.pid)
 
 
 class RayProcess:
@@ -181,7 +181,7 @@ class RayHosts:
     """One actor per task name; `popen` starts a task's command in its actor.
 
     Args:
-        names: the tasks' host names (`launch.Task.host`).
+        names: the tasks' host names (`tasks.Task.host`).
         address: a running Ray cluster's address, or None to start one here.
     """
 

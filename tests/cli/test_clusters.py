@@ -541,13 +541,13 @@ def test_a_frozen_then_a_killed_multi_worker_task_each_restart_the_job_which_res
 def test_a_launched_script_runs_on_the_training_tasks_and_ps_workers_serve(tmp_path):
     """`kerastrain launch train.py`: the script on every multi-worker task; under ps on the
     chief, the coordinator, while workers and ps tasks serve (their TF_CONFIG says which)."""
-    from kerastrain.cli import launch
+    from kerastrain.cli import tasks as tasks_lib
     script = str(tmp_path / "train.py")
     runs = [sys.executable, "-m", "kerastrain.cli.script", script]
     serves = [sys.executable, "-m", "kerastrain.cli.script", "--serve"]
-    mw = launch.tasks_for(launch.cluster_spec(2), script)
+    mw = tasks_lib.tasks_for(tasks_lib.cluster_spec(2), script)
     assert [(t.name, t.command) for t in mw] == [("worker:0", runs), ("worker:1", runs)]
-    ps = launch.tasks_for(launch.cluster_spec(2, ps=1), script)
+    ps = tasks_lib.tasks_for(tasks_lib.cluster_spec(2, ps=1), script)
     assert [(t.name, t.command) for t in ps] == [
         ("chief:0", runs), ("worker:0", serves), ("worker:1", serves), ("ps:0", serves)]
     assert [json.loads(t.tf_config)["task"] for t in ps][1] == {"type": "worker", "index": 0}

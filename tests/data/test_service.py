@@ -222,8 +222,8 @@ def test_a_service_worker_killed_mid_epoch_training_finishes_and_reports_the_los
 
 
 def test_launch_starts_a_dispatcher_and_workers_and_points_the_recipe_at_them():
-    from kerastrain.cli import launch
-    tasks, sets = launch.service_tasks(2, ["trainer.epochs=1"])
+    from kerastrain.cli import tasks as tasks_lib
+    tasks, sets = tasks_lib.service_tasks(2, ["trainer.epochs=1"])
     assert [t.name for t in tasks] == ["data_dispatcher:0", "data_worker:0", "data_worker:1"]
     port = tasks[0].command[-1]
     assert sets == ["trainer.epochs=1", f"data.service=grpc://127.0.0.1:{port}"]
@@ -231,16 +231,16 @@ def test_launch_starts_a_dispatcher_and_workers_and_points_the_recipe_at_them():
                t.command[-2:] == ["--host", "127.0.0.1"] for t in tasks[1:])
     # On multihost every server is a host of its own, on the same port of its own address,
     # and each worker tells the dispatcher its host name, by which consumers reach it.
-    tasks, sets = launch.service_tasks(2, [], multihost=True)
+    tasks, sets = tasks_lib.service_tasks(2, [], multihost=True)
     assert sets == ["data.service=grpc://data-dispatcher-0:5050"]
     assert tasks[0].command[-2:] == ["--port", "5050"]
     assert [t.command[-6:] for t in tasks[1:]] == [
         ["--dispatcher", "data-dispatcher-0:5050", "--port", "5050", "--host", f"data-worker-{i}"]
         for i in range(2)]
-    assert launch.service_tasks(0, ["a=1"]) == ([], ["a=1"])
+    assert tasks_lib.service_tasks(0, ["a=1"]) == ([], ["a=1"])
     with pytest.raises(ValueError, match=r"`--service-workers` must be an int >= 0. "
                                          r"Received: -1"):
-        launch.service_tasks(-1)
+        tasks_lib.service_tasks(-1)
 
 
 def test_validation_and_evaluation_data_stay_off_the_service(caplog):

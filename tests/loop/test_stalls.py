@@ -116,9 +116,10 @@ def test_the_launcher_names_a_stall_that_faulthandlers_backstop_ended():
     import sys
 
     from kerastrain.cli import launch
+    from kerastrain.cli.tasks import Task
     blocked = "print('Timeout (0:00:50)!'); print('Thread 0x1 (most recent call first):'); exit(1)"
-    tasks = [launch.Task("worker", 0, "{}", [sys.executable, "-c", blocked]),
-             launch.Task("worker", 1, "{}", [sys.executable, "-c", "import time; time.sleep(30)"])]
+    tasks = [Task("worker", 0, "{}", [sys.executable, "-c", blocked]),
+             Task("worker", 1, "{}", [sys.executable, "-c", "import time; time.sleep(30)"])]
     out = io.StringIO()
     assert launch.Launcher(tasks, out=out, env={}).run() == 1
     assert ("[launch] a task stalled (exit 1, from faulthandler's backstop in worker:0: a call "
@@ -156,8 +157,9 @@ def test_a_faults_line_comes_before_any_tasks_answer_to_it(monkeypatch):
 
     from kerastrain.cli import faults as faults_lib
     from kerastrain.cli import launch
-    tasks = [launch.Task("chief", 0, "{}", [sys.executable, "-c", "pass"]),
-             launch.Task("ps", 0, "{}", [sys.executable, "-c", "pass"])]
+    from kerastrain.cli.tasks import Task
+    tasks = [Task("chief", 0, "{}", [sys.executable, "-c", "pass"]),
+             Task("ps", 0, "{}", [sys.executable, "-c", "pass"])]
     out = io.StringIO()
     launcher = launch.Launcher(tasks, out=out, env={})
 
@@ -179,7 +181,8 @@ def test_a_faults_line_comes_before_any_tasks_answer_to_it(monkeypatch):
         pump.join(timeout=0.5)   # without the lock held across the kill, it is written now
 
     monkeypatch.setattr(faults_lib, "signal_group", kill_and_the_chief_answers)
-    faults = faults_lib.Faults(launcher, [faults_lib.parse_fault("kill ps:0 at 0s", tasks, False)])
+    faults = faults_lib.Faults([faults_lib.parse_fault("kill ps:0 at 0s", tasks, False)],
+                               tasks=tasks, say=launcher.say)
     faults._apply(faults.pending[0])
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
@@ -197,8 +200,9 @@ def test_a_fault_on_a_ray_task_signals_it_without_holding_the_launchers_output()
 
     from kerastrain.cli import faults as faults_lib
     from kerastrain.cli import launch
-    tasks = [launch.Task("chief", 0, "{}", [sys.executable, "-c", "pass"]),
-             launch.Task("worker", 0, "{}", [sys.executable, "-c", "pass"])]
+    from kerastrain.cli.tasks import Task
+    tasks = [Task("chief", 0, "{}", [sys.executable, "-c", "pass"]),
+             Task("worker", 0, "{}", [sys.executable, "-c", "pass"])]
     launcher = launch.Launcher(tasks, out=io.StringIO(), env={})
     held = []
 
@@ -210,8 +214,8 @@ def test_a_fault_on_a_ray_task_signals_it_without_holding_the_launchers_output()
             held.append(launcher._lock.locked())
 
     tasks[1].process = RayTask()
-    faults = faults_lib.Faults(launcher, [faults_lib.parse_fault("kill worker:0 at 0s", tasks,
-                                                                 False)])
+    faults = faults_lib.Faults([faults_lib.parse_fault("kill worker:0 at 0s", tasks, False)],
+                               tasks=tasks, say=launcher.say)
     faults._apply(faults.pending[0])
     assert held == [False]
     assert launcher.out.getvalue() == "[launch] fault: killed worker:0 (kill worker:0 at 0s)\n"
