@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import keras
+
 from kerastrain import _logging
 from kerastrain._options import TrainerConfig, check_arguments, check_int
 from kerastrain.data import feeds as feeds_lib
@@ -346,7 +348,6 @@ def _debugging_caps(epochs, steps_per_epoch):
     debugging runs) bound `fit` as they bound `model.fit`, with its warnings."""
     import warnings
 
-    import keras
     most_epochs = getattr(keras.config, "max_epochs", lambda: None)()
     if most_epochs and most_epochs < epochs:
         warnings.warn(f"Limiting epochs to {most_epochs}")

@@ -215,6 +215,62 @@ def test_the_command_lines_modules_import_without_tensorflow():
     assert json.loads(out.strip().splitlines()[-1]) == []
 
 
+def _top_level_imports(tree):
+    """The import statements that run when the module loads (those under TYPE_CHECKING do not)."""
+    found, body = [], list(tree.body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.ClassDef)):
+            body += node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+            body += [s for handler in getattr(node, "handlers", []) for s in handler.body]
+    return found
+
+
+def modules_loading_tensorflow():
+    """The modules that import TensorFlow or Keras when they load: themselves, or through the
+    kerastrain modules (and packages) they import at the top."""
+    trees = {module_name(p): t for p, t in modules()}
+    loading, needs = set(), {}
+    for name, tree in trees.items():
+        top = _top_level_imports(tree)
+        imported = imported_kerastrain_modules(ast.Module(body=top, type_ignores=[]))
+        imported |= {name}
+        needs[name] = {".".join(m.split(".")[:i]) for m in imported
+                       for i in range(2, m.count(".") + 2)} & set(trees) - {name}
+        if any(root in ("tensorflow", "keras") for node in top for root in
+               ([a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import)
+                else [(node.module or "").split(".")[0]])):
+            loading.add(name)
+    while grown := {n for n, deps in needs.items() if deps & loading} - loading:
+        loading |= grown
+    return loading
+
+
+# A module that loads TensorFlow anyway imports tensorflow, keras and numpy at its top. Inside
+# functions they are for modules that must load without TensorFlow (docs/architecture.md's rules).
+def test_a_module_that_loads_tensorflow_anyway_imports_it_at_the_top():
+    loading = modules_loading_tensorflow()
+    assert {"kerastrain.trainer", "kerastrain._compat.data"} <= loading
+    assert not loading & set(TENSORFLOW_FREE), loading & set(TENSORFLOW_FREE)
+    local = []
+    for path, tree in modules():
+        if module_name(path) not in loading:
+            continue
+        top = set(map(id, _top_level_imports(tree)))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if id(node) not in top and any(
+                    n.split(".")[0] in ("tensorflow", "keras", "numpy")
+                    and not any(re.search(p, n) for p in _PRIVATE) for n in names):
+                local.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert not local, local
+
+
 def test_a_recipe_option_and_its_python_argument_have_one_default():
     """`trainer:` keys of a recipe are Trainer/fit arguments: each default is written once,
     in TrainerConfig; the signatures read it from there (`=_DEFAULT.<name>`, fit's

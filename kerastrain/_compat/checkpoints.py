@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+import tensorflow as tf
+
 from kerastrain._compat.overrides import instance_override
 
 
@@ -14,7 +16,6 @@ def not_copied_by_async_save(checkpoint) -> list[str]:
     no `_copy_trackable_to_cpu`, and objects of the checkpoint's graph whose saving is
     overridden on the instance (the copy would be of the class's kind). The rule is
     TensorFlow's own (`async_checkpoint_helper._get_all_trackables`)."""
-    import tensorflow as tf
     from tensorflow.python.trackable import base
 
     saves = ("_serialize_to_tensors", "_gather_saveables_for_checkpoint")
@@ -84,7 +85,6 @@ class TracedCheckpointWrite:
         self._fn = None
 
     def _write(self, file_prefix, options=None):
-        import tensorflow as tf
         from tensorflow.python.checkpoint import checkpoint as checkpoint_lib
 
         options = options or tf.train.CheckpointOptions()
@@ -125,7 +125,6 @@ def checkpoint_whole(sharded):
     TensorFlow's restore path for Keras variables hands back one slice only.)
     The whole value is assembled on the first shard's parameter server.
     """
-    import tensorflow as tf
     from tensorflow.python.checkpoint import tensor_callable
 
     key = "VARIABLE_VALUE"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 
 def class_weight_to_sample_weights(y, class_weight):
     """Keras's own conversion of NumPy targets to per-example class weights (as `fit`)."""
@@ -41,7 +43,6 @@ def _with_task_refresh(name, task_refresh_ms, *args, **kwargs):
     """
     import inspect
 
-    import tensorflow as tf
     from tensorflow.python.data.experimental.ops import data_service_ops
     private = getattr(data_service_ops, "_" + name, None)
     if private is None or "task_refresh_interval_hint_ms" not in inspect.signature(
@@ -73,7 +74,6 @@ def serialize_dataset(dataset, external_state="warn"):
     "warn" to rebuild it on another task (state such as a shuffle's seed
     generator is re-created there); "ignore" to read its structure only.
     """
-    import tensorflow as tf
     return tf.raw_ops.DatasetToGraphV2(
         input_dataset=tf.data.experimental.to_variant(dataset),
         external_state_policy={"warn": 0, "ignore": 1}[external_state],
@@ -81,7 +81,6 @@ def serialize_dataset(dataset, external_state="warn"):
 
 
 def deserialize_dataset(graph, element_spec):
-    import tensorflow as tf
     return tf.data.experimental.from_variant(
         tf.raw_ops.DatasetFromGraph(graph_def=graph), element_spec)
 
@@ -96,7 +95,6 @@ def slices_then_batch(dataset):
     `_PrefetchDataset._buffer_size`, `_OptionsDataset._input_dataset`) are those of
     TensorFlow 2.16-2.21. Anything else (a shuffle, a map, a parallel batch) gives None.
     """
-    import tensorflow as tf
     options = dataset.options()
     while type(dataset).__name__ == "_OptionsDataset":
         dataset = dataset._input_dataset
@@ -179,6 +177,5 @@ def arrays_dataset(arrays, *, batch_size, shuffle):
 def is_sparse_or_ragged(value) -> bool:
     """A `tf.RaggedTensor`, `tf.SparseTensor` or SciPy sparse matrix (Keras's own tests)."""
     from keras.src.trainers.data_adapters import data_adapter_utils
-    import tensorflow as tf
     return isinstance(value, (tf.RaggedTensor, tf.SparseTensor)) or \
         data_adapter_utils.is_scipy_sparse(value)

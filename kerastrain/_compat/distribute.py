@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+import tensorflow as tf
+
 from kerastrain._compat.overrides import instance_override
 
 
@@ -84,7 +86,6 @@ def per_worker_iterator(coordinator, strategy, make):
     `Worker.create_resource`, `PerWorkerDistributedIterator`, and the iterator
     type-spec patch that `PerWorkerDatasetFromDatasetFunction.__iter__` does).
     """
-    import tensorflow as tf
     from tensorflow.python.distribute import input_lib
     from tensorflow.python.distribute.coordinator import values as values_lib
 
@@ -106,8 +107,6 @@ def partitioned_like(parts):
     strategy does not partition a variable created with `colocate_with`), so a slot
     and its variable's shard share a parameter server.
     """
-    import tensorflow as tf
-
     def creator(next_creator, **kwargs):
         initial = kwargs.get("initial_value")
         if callable(initial):
@@ -140,7 +139,6 @@ def set_variable_partitioner(strategy, partitioner):
 
 def sharded_variable_class():
     """TensorFlow's ShardedVariable class (what a partitioned variable is under ps)."""
-    import tensorflow as tf
     return tf.__internal__.distribute.ShardedVariable
 
 
@@ -170,7 +168,6 @@ def atomic_adds(variables):
     on the variable's `.value` is one op on the parameter server. Plain `assign` stays what
     it is (last writer wins). Partitioned variables keep Keras's way.
     """
-    import tensorflow as tf
     with contextlib.ExitStack() as stack:
         for variable in variables:
             value = getattr(variable, "value", None)
@@ -183,7 +180,6 @@ def atomic_adds(variables):
 
 
 def _atomic_add(variable, value, name, sign):
-    import tensorflow as tf
     from keras.src.backend.common.stateless_scope import in_stateless_scope
     keras_way = getattr(type(variable), name)
 

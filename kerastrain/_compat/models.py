@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 
 import keras
+import numpy as np
+import tensorflow as tf
 
 
 def compile_metrics(model):
@@ -44,8 +46,6 @@ def zeros_batch(element_spec):
     """A batch of one example of zeros shaped like `element_spec`: dense, sparse (no
     values) and ragged (one value per ragged row) tensors; None where the spec is of an
     optional input given none (`NoneTensorSpec`, `OptionalSpec`)."""
-    import tensorflow as tf
-
     def to_zeros(spec):
         if type(spec).__name__ == "NoneTensorSpec" or isinstance(spec, tf.OptionalSpec):
             return None
@@ -210,7 +210,6 @@ def lookup_contents(layer):
     vocabulary (special tokens included, so indices stay) and, under `output_mode="tf_idf"`,
     its IDF weights (`idf_weights_const`, private; cut to the vocabulary's length, as
     `set_vocabulary` pads them again to `max_tokens`)."""
-    import numpy as np
     vocabulary = layer.get_vocabulary(include_special_tokens=True)
     if layer.output_mode != "tf_idf":
         return vocabulary, None
@@ -230,7 +229,6 @@ def renew_adapt_state(layer):
     `token_document_counts`, `num_documents`: made in `IndexLookup.__init__` when no
     vocabulary was given, Keras 3.3-3.15) again, empty, on this process's device: the next
     `adapt` empties it first anyway. Nothing for a layer given its vocabulary."""
-    import tensorflow as tf
     if layer._has_input_vocabulary:
         return
 
@@ -245,7 +243,6 @@ def renew_adapt_state(layer):
 
 def table_job(table):
     """The job of a lookup table's resource (None for a per-worker `DistributedTable`)."""
-    import tensorflow as tf
     if getattr(table, "is_distributed_table", False):
         return None
     handle = getattr(table, "_resource_handle", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import keras
+import tensorflow as tf
 
 from kerastrain._compat.overrides import instance_override
 
@@ -37,7 +38,6 @@ def optimizer_strategy_scope(optimizer):
     """The scope of the strategy a Keras optimizer was made under (its private
     `_distribution_strategy`, Keras 3.10-3.15), where its variables must be made; a null
     context for the default strategy or when already inside it."""
-    import tensorflow as tf
     strategy = getattr(optimizer, "_distribution_strategy", None)
     if strategy is None or strategy is tf.distribute.get_strategy() or \
             type(strategy).__name__ == "_DefaultDistributionStrategy":
@@ -154,7 +154,6 @@ class RowSparseWeightDecay:
     """
 
     def _backend_apply_gradients(self, grads, trainable_variables):
-        import tensorflow as tf
         sparse = frozenset()
         if not self.gradient_accumulation_steps:
             sparse = frozenset(self._var_key(v) for g, v in zip(grads, trainable_variables)
@@ -174,7 +173,6 @@ class RowSparseWeightDecay:
         # Keras's `clip_by_global_norm` makes row gradients dense; this is the same
         # formula on the rows' values (duplicates summed first, so their norm is the
         # dense gradient's), and rows stay rows. Other clipping keeps rows already.
-        import tensorflow as tf
         from keras.src.optimizers.base_optimizer import clip_by_global_norm
         if (self.clipnorm and self.clipnorm > 0) or not (
                 self.global_clipnorm and self.global_clipnorm > 0) or not any(
@@ -189,7 +187,6 @@ class RowSparseWeightDecay:
 
 def unique_rows(gradient, dtype=None):
     """A `tf.IndexedSlices` with each row once, its gradients summed (cast to `dtype`)."""
-    import tensorflow as tf
     rows, position = tf.unique(gradient.indices)
     values = gradient.values if dtype is None else tf.cast(gradient.values, dtype)
     values = tf.math.unsorted_segment_sum(values, position, tf.shape(rows)[0])

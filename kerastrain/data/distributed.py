@@ -6,6 +6,8 @@ import dataclasses
 import logging
 import warnings
 
+import tensorflow as tf
+
 from kerastrain import _compat, _logging
 from kerastrain.data import inputs as data_lib
 from kerastrain.data import instep
@@ -25,7 +27,6 @@ def _with_policy(dataset, policy):
     on its own across the replicas: `OFF` made TensorFlow regroup examples across batch
     boundaries (a short batch before the end merged with the next: other steps than one
     device's, silently)."""
-    import tensorflow as tf
     if policy == "none":
         return dataset
     options = tf.data.Options()
@@ -130,7 +131,6 @@ class DistributedInput:
 
     def _service_source(self, ctx=None, first_pass=0, passes=1):
         """The whole data as one pipeline, for the service to split (NumPy: by batch)."""
-        import tensorflow as tf
         if self.form == "context_fn":
             return self._checked(self._fn(ctx or tf.distribute.InputContext(
                 1, 0, self._built.strategy.num_replicas_in_sync)))
@@ -212,8 +212,6 @@ class DistributedInput:
 
     def _worker_dataset(self, index, repeat=True):
         """Worker `index`'s (repeated) shard, built eagerly here or traced for that worker."""
-        import tensorflow as tf
-
         if self.form == "context_fn":
             ctx = tf.distribute.InputContext(self._pipelines, index,
                                              self._built.strategy.num_replicas_in_sync)
@@ -295,7 +293,6 @@ class DistributedInput:
             if self.form == "numpy":
                 make, finish = self._numpy.indices, self._numpy.gather
             elif self.form == "context_fn":
-                import tensorflow as tf
                 replicas = self._built.strategy.num_replicas_in_sync
 
                 def make(j):
@@ -325,7 +322,6 @@ class DistributedInput:
         with every worker while holding the GIL, so with a frozen worker a new one each
         epoch would block every thread of the process (the stall watch's too).
         """
-        import tensorflow as tf
         if self._local is None:
             if self.form == "context_fn":
                 self._local = self._checked(self._fn(tf.distribute.InputContext(1, 0, 1)))

@@ -15,6 +15,8 @@ import logging
 import math
 import warnings
 
+import numpy as np
+
 from kerastrain import _compat
 from kerastrain.data import inputs as data_lib
 from kerastrain._options import is_int, is_number
@@ -211,7 +213,6 @@ def _check_split(value):
 
 def _split(arrays, fraction):
     """Keras's split: the last `fraction` of the examples, before any shuffling."""
-    import numpy as np
     leaves = data_lib.array_leaves(arrays)
     n = int(np.shape(leaves[0])[0])
     at = int(math.floor(n * (1.0 - fraction)))

@@ -32,7 +32,9 @@ import dataclasses
 import inspect
 import random
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from kerastrain.data import numpy_data
 from kerastrain.data import sharding
@@ -83,7 +85,6 @@ def python_dataset(data, *, shuffle=False, argument="x"):
         dataset = _compat.python_batches_dataset(data, shuffle=bool(shuffle))
     except ValueError as e:  # Keras's own words: an empty generator, a batch not a tuple
         raise ValueError(f"{e} Received: {argument} of type {type(data).__name__}") from None
-    import tensorflow as tf
     specs = tf.nest.flatten(dataset.element_spec)
     if any(isinstance(s, (tf.OptionalSpec, tf.SparseTensorSpec)) for s in specs):
         # Keras's generator adapter yields an empty Optional for a `None` (an optional
@@ -153,7 +154,6 @@ def array_leaves(data):
     """The arrays of `data` (a nested structure), or None if any leaf is not an array.
     A `None` leaf (an optional input given no value, as Keras takes it) is no array but
     leaves the structure arrays; it is not in the list."""
-    import tensorflow as tf
     leaves = tf.nest.flatten(data)
     arrays = [v for v in leaves if v is not None]
     return arrays if arrays and all(_is_array(v) for v in arrays) else None
@@ -162,7 +162,6 @@ def array_leaves(data):
 def dense_arrays(data) -> bool:
     """Whether arrays `data` are all dense, as `numpy_data.NumpyData` holds them: no
     `None`, ragged or sparse leaf (those Keras's own array adapter slices)."""
-    import tensorflow as tf
     from kerastrain import _compat
     return not any(v is None or _compat.is_sparse_or_ragged(v) for v in tf.nest.flatten(data))
 
@@ -177,8 +176,6 @@ def shuffle_seed(seed, policy):
 def input_form(data, argument="dataset_fn") -> str:
     """"context_fn", "global_fn", "dataset", "numpy" or "python"; a clear error for anything
     else."""
-    import tensorflow as tf
-
     if isinstance(data, tf.data.Dataset):
         return "dataset"
     if is_python_batches(data):
@@ -209,8 +206,6 @@ def input_form(data, argument="dataset_fn") -> str:
 
 
 def describe(spec):
-    import tensorflow as tf
-
     def one(s):
         if isinstance(s, tf.TensorSpec):
             return f"Tensor(shape={s.shape.as_list()}, dtype={s.dtype.name})"
@@ -237,8 +232,6 @@ def split_batch(batch):
 def check_element_spec(dataset, argument="dataset_fn"):
     """The dataset must yield `(x, y)`, `(x, y, sample_weight)` or x-only batches, as `model.fit`
     takes them (x-only: the model's losses are its own, e.g. `add_loss` or `train_step`)."""
-    import tensorflow as tf
-
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(
             f"`{argument}` must return a tf.data.Dataset. "
@@ -258,7 +251,6 @@ def check_element_spec(dataset, argument="dataset_fn"):
 
 
 def _batched():
-    import tensorflow as tf
     return (tf.TensorSpec, tf.SparseTensorSpec, tf.RaggedTensorSpec)
 
 
@@ -276,7 +268,6 @@ def is_absent(spec_or_value) -> bool:
     """An optional input given no value: `None` (Keras's array adapter keeps it; tf.data
     carries it as a `NoneTensorSpec`) or an empty `tf.experimental.Optional` (Keras's
     generator adapter yields one for `None`)."""
-    import tensorflow as tf
     return spec_or_value is None or type(spec_or_value).__name__ == "NoneTensorSpec" or \
         isinstance(spec_or_value, (tf.OptionalSpec, tf.experimental.Optional))
 
@@ -290,7 +281,6 @@ def check_no_absent(element_spec, argument, built, policy):
         ValueError: a None among the inputs (x) under a strategy that distributes the data,
             naming the cause and what to do.
     """
-    import tensorflow as tf
     if not policy.absent_inputs and any(
             is_absent(s) for s in tf.nest.flatten(split_batch(element_spec)[0])):
         raise ValueError(
@@ -305,7 +295,6 @@ def check_no_absent(element_spec, argument, built, policy):
 
 
 def cardinality(dataset) -> int:
-    import tensorflow as tf
     n = tf.get_static_value(dataset.cardinality())
     if n is None:  # traced on a PS worker: the size is known only at run time
         return UNKNOWN
@@ -340,8 +329,6 @@ def resolve(built, data, form, *, policy, argument, shard, batch_size, seed, for
     NumPy arrays are held in host variables (`numpy_data.NumpyData`, shuffled when
     `for_training`); a dataset object must be usable here (`policy.check_dataset`).
     """
-    import tensorflow as tf
-
     pipelines = policy.pipelines
     replicas = built.strategy.num_replicas_in_sync
     numpy = global_batch = None
@@ -402,8 +389,6 @@ def resolve(built, data, form, *, policy, argument, shard, batch_size, seed, for
 def check_against_model(element_spec, model, steps=("train_step", "compute_loss")):
     """Catch the commonest mismatches (unbatched data, no targets) before Keras fails deep
     inside; a model overriding one of `steps` decides itself what its batches need."""
-    import tensorflow as tf
-
     inputs = getattr(model, "inputs", None)
     try:
         shapes = [tuple(t.shape) for t in tf.nest.flatten(inputs)] if inputs else None
@@ -426,7 +411,6 @@ def check_against_model(element_spec, model, steps=("train_step", "compute_loss"
 
 def _check_targets(element_spec, model, steps):
     """x-only batches train (or evaluate) a model whose losses are its own, not a compiled one."""
-    import keras
     x_only = split_batch(element_spec)[1] is None
     if not x_only or getattr(model, "loss", None) is None:
         return

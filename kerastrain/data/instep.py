@@ -24,6 +24,9 @@ import contextlib
 import functools
 import logging
 
+import numpy as np
+import tensorflow as tf
+
 from kerastrain import _logging
 
 logger = logging.getLogger("kerastrain")
@@ -62,9 +65,6 @@ def source(numpy, probe, element_spec, devices, role):
     must be exactly `from_tensor_slices(arrays).batch(b)[.prefetch(p)]` of eager
     tensors. `devices`: the worker's replica devices (one replica only).
     """
-    import numpy as np
-    import tensorflow as tf
-
     from kerastrain import _compat
     if numpy is not None:
         tensors, size, drop = numpy.variables, numpy.batch_size, False
@@ -122,8 +122,6 @@ class InStepBatches:
 
     def __init__(self, tensors, element_spec, batch_size, *, drop_remainder=False,
                  orders=None, device=None):
-        import tensorflow as tf
-
         n = int(tensors[0].shape[0])
         self._size, self._drop = int(batch_size), bool(drop_remainder)
         rows = self._size if self._drop or n % self._size == 0 else None
@@ -143,7 +141,6 @@ class InStepBatches:
         self._drawing = None  # the next pass's order, being drawn
 
     def _draw(self):
-        import tensorflow as tf
         with tf.init_scope():
             return self._orders()
 
@@ -155,7 +152,6 @@ class InStepBatches:
         every example) took 4-14 ms, on one core, between two passes that use both
         (about 1.3 ms of CPU since the permutation is a compiled function).
         """
-        import tensorflow as tf
         with tf.init_scope():
             order = self._in_order
             if self._orders is not None:
@@ -175,7 +171,6 @@ _STRUCTURES = {}  # repr(element_spec) -> element_spec: what an iterator packs i
 
 def _batch_at(iterator, position):
     """The batch at `position` (batches of `size`) of an `InStepIterator`'s pass."""
-    import tensorflow as tf
     n, size = iterator.tensors[0].shape[0], iterator.size
     start = position * size
     end = tf.minimum(start + size, n)
@@ -213,8 +208,6 @@ def _next_type():
 def _iterator_type():
     """The iterator's class, made on first use (defining it needs TensorFlow)."""
     import typing
-
-    import tensorflow as tf
 
     from kerastrain._tracing import unconverted
     Next = _next_type()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from kerastrain._options import is_int
 from kerastrain._tracing import unconverted
@@ -16,9 +18,6 @@ def keras_arrays(structure):
     3.15): lists become tuples (tf.data would stack a list `y = [y_a, y_b]`, a model's
     two targets, into one tensor) and floats other than Keras's floatx (NumPy's
     default float64) become floatx, so a step, a loss or a metric sees float32."""
-    import keras
-    import tensorflow as tf
-
     def one(leaf):
         array = np.asarray(leaf)
         if array.dtype.kind == "f" and array.dtype != np.dtype(keras.backend.floatx()):
@@ -46,8 +45,6 @@ class NumpyData:
     """
 
     def __init__(self, arrays, batch_size, *, shuffle, seed, argument="dataset_fn"):
-        import tensorflow as tf
-
         if not is_int(batch_size, 1):
             raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
         structure = keras_arrays(tuple(arrays))
@@ -69,7 +66,6 @@ class NumpyData:
 
     def constants(self):
         """The arrays as constants (for a pipeline that runs in another process)."""
-        import tensorflow as tf
         return tf.nest.map_structure(lambda v: tf.constant(v.numpy()), self._variables)
 
     def indices(self, pipeline=0):
@@ -82,8 +78,6 @@ class NumpyData:
         The passes' orders are a function of `seed` alone, so every worker and every fresh
         copy of the pipeline (resume, a retried ps loop) reads them alike.
         """
-        import tensorflow as tf
-
         n, size = self.num_examples, self.batch_size
         batches = -(-n // size)
         if not self.shuffle:
@@ -106,36 +100,30 @@ class NumpyData:
         """`() -> the next pass's permutation`: the orders `orders()` yields, pass after
         pass, with the permutation computed by a compiled function instead of inside a
         tf.data iterator made per pass (1.3 against 4.5 ms of CPU per pass of 65,536)."""
-        import tensorflow as tf
         keys, n = self._pass_keys(), tf.constant(self.num_examples, tf.int64)
         return lambda: _permute()(next(iter(keys)), n)
 
     def _pass_keys(self):
         """Every iteration: one key, drawn anew from `seed` (the next pass's)."""
-        import tensorflow as tf
         return tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True).take(1)
 
     def _permutation(self, key):
-        import tensorflow as tf
         return _permutation_of(key, tf.constant(self.num_examples, tf.int64))
 
     def pack(self, parts):
         """A batch from its flat parts. `(x,)`, the inputs alone, yields x itself: what
         `model.fit(x)` hands a model's `train_step` (Keras packs a tuple or list of
         inputs as `((a, b),)`, kept so)."""
-        import tensorflow as tf
         batch = tf.nest.pack_sequence_as(self._variables, list(parts))
         return batch[0] if len(batch) == 1 and not isinstance(batch[0], tuple) else batch
 
     @property
     def variables(self):
         """The host variables holding the arrays, flat."""
-        import tensorflow as tf
         return tf.nest.flatten(self._variables)
 
     def gather(self, idx, arrays=None):
         """The batch of examples `idx` (of `arrays`, default the host variables)."""
-        import tensorflow as tf
         return self.pack([tf.gather(v, idx) for v in
                           tf.nest.flatten(self._variables if arrays is None else arrays)])
 
@@ -156,7 +144,6 @@ class NumpyData:
 
 def _permutation_of(key, n):
     """The permutation of `n` examples a pass with `key` reads them in."""
-    import tensorflow as tf
     return tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64),
                                                     seed=tf.stack([key, n]))
 
@@ -165,6 +152,5 @@ def _permutation_of(key, n):
 def _permute():
     """`_permutation_of`, compiled once a process for every NumPy input (a function made
     per input was traced per input, and after five TensorFlow warned of retracing)."""
-    import tensorflow as tf
     scalar = tf.TensorSpec([], tf.int64)
     return tf.function(_permutation_of, autograph=False, input_signature=[scalar, scalar])

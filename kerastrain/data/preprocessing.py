@@ -10,6 +10,9 @@ the data's pipeline, so the model sees what its own `fit` would give it. As kera
 
 from __future__ import annotations
 
+import keras
+import tensorflow as tf
+
 from kerastrain.data import inputs as data_lib
 
 
@@ -31,7 +34,6 @@ def mapped(data, preprocess, *, argument, batch_size=None):
     """
     if data is None:
         return None
-    import tensorflow as tf
     # Arrays alone are `x` (predict's, or inputs without targets).
     form = "numpy" if not callable(data) and data_lib.array_leaves(data) is not None \
         else data_lib.input_form(data, argument)
@@ -41,7 +43,6 @@ def mapped(data, preprocess, *, argument, batch_size=None):
                            num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     if form == "numpy":
-        import keras
         arrays = data if isinstance(data, tuple) else (data,)
 
         def batches():

@@ -16,6 +16,7 @@ import time
 from typing import Callable, Iterator
 
 import numpy as np
+import tensorflow as tf
 
 logger = logging.getLogger("kerastrain")
 
@@ -101,8 +102,6 @@ class SyncDriver:
     def fast_forward(self, train_input, passes, offset, *, batches=False):
         """Stand where a run that began `passes` passes and trained `offset` steps of the
         last (`batches=True`: read `offset` batches, as a checkpoint keeps it) stood."""
-        import tensorflow as tf
-
         dataset = train_input.distributed()
         for _ in range(passes - (1 if offset else 0)):
             iter(dataset)
@@ -149,7 +148,6 @@ class SyncDriver:
 
     def _skip_poisoned(self):
         """Read and drop the batches at this position that a recovery marked."""
-        import tensorflow as tf
         while (self.passes, self.offset) in self.skips:
             if not int(self._skip(self._iterator, tf.constant(self._batches, tf.int32))):
                 return
@@ -188,8 +186,6 @@ class SyncDriver:
         pass to the next epoch; one that reaches the pass's end stops there (said once),
         and the next epoch begins a new pass. The caller may stop consuming at any result.
         """
-        import tensorflow as tf
-
         self._begin_epoch(train_input, steps_per_epoch)
         before = before or (lambda *args, **kwargs: None)
         if self._batch_loop is not None:
@@ -255,7 +251,6 @@ class SyncDriver:
         """jit_compile="auto": the step compiled with XLA failed on its first batch, before
         any update. Off for good, and the data is read again from where that loop began
         (it may have taken a batch from a tf.data iterator)."""
-        import tensorflow as tf
         self._trial.failed(error)
         self._loop, self._trial = self._trial.step.train_loop(), None
         passes, offset = self.passes, self.offset
@@ -349,8 +344,6 @@ def run_to_end(loop, iterator, steps, width, chunk=1000, accumulate=np.add, afte
     `hooks.begin(done)` before it, `hooks.end(done, ran, totals, n)` after a loop of n
     steps (True: stop).
     """
-    import tensorflow as tf
-
     totals = np.zeros(width, np.float64)
     remaining, done = steps, 0
     size = chunk if hooks is None else hooks.loop_size(chunk)
@@ -374,7 +367,6 @@ def run_to_end(loop, iterator, steps, width, chunk=1000, accumulate=np.add, afte
 
 
 def cluster_errors():
-    import tensorflow as tf
     return (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
             tf.errors.InternalError)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import tensorflow as tf
 
 from kerastrain._tracing import compiled, runs_eagerly
 from kerastrain.data import numpy_data
@@ -43,8 +44,6 @@ def _pack(x):
 def global_dataset(x, *, batch_size, argument="x"):
     """A `tf.data.Dataset` of global batches of `x` (arrays, a dataset or a function of one);
     None for a `dataset_fn(ctx)`."""
-    import tensorflow as tf
-
     if data_lib.array_leaves(x) is not None and not callable(x):
         batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
         if not data_lib.dense_arrays(x):  # ragged, sparse or None: Keras's own slicing
@@ -67,7 +66,6 @@ def global_dataset(x, *, batch_size, argument="x"):
 
 
 def _checked(dataset, argument):
-    import tensorflow as tf
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"`{argument}` must return a tf.data.Dataset. Received: an object of "
                         f"type {type(dataset).__name__}")
@@ -103,8 +101,6 @@ class Predictor:
     def batches(self, x, *, batch_size, steps, argument="x"):
         """An iterable of what one compiled step takes, the number of batches if known, and
         the element spec of a (global or per-replica) batch."""
-        import tensorflow as tf
-
         strategy = self.built.strategy
         if self.preprocess is not None:  # as the task's own predict maps it over the batches
             x, batch_size = preprocessing.mapped(x, self.preprocess, argument=argument,
@@ -133,8 +129,6 @@ class Predictor:
     def step(self):
         """`fn(batch) -> outputs`, the replicas' outputs concatenated in replica order."""
         if self._step is None:
-            import tensorflow as tf
-
             model, strategy = self.model, self.built.strategy
             if self.local:
                 def one(batch):
@@ -187,7 +181,6 @@ class Predictor:
     def ensure_built(self, element_spec):
         """Build a model whose variables do not exist yet, from zeros shaped like a batch,
         in the strategy's scope (a compiled step under mirrored may not create them)."""
-        import tensorflow as tf
         if self.model.built:
             return
         from kerastrain import _compat
@@ -205,7 +198,6 @@ def _known(dataset, steps):
 
 def concatenate(batches):
     """The batches' outputs (nested like the model's outputs) joined along the batch axis."""
-    import tensorflow as tf
     if not batches:
         raise ValueError("`predict` got no batches: the data is empty. Received: 0 batches")
 
@@ -217,6 +209,5 @@ def concatenate(batches):
 
 
 def to_numpy(outputs):
-    import tensorflow as tf
     return tf.nest.map_structure(
         lambda t: t if isinstance(t, tf.RaggedTensor) else np.asarray(t), outputs)

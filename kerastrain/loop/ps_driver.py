@@ -13,6 +13,7 @@ import logging
 from typing import Callable, Iterator
 
 import numpy as np
+import tensorflow as tf
 
 from kerastrain.loop.driver import LoopResult, _tasks, cluster_errors, loop_size
 from kerastrain.loop.ps_position import DataPosition
@@ -208,7 +209,6 @@ class PSDriver:
 
     def _next_loop(self, train_input, reader, n):
         """Schedule the next loop of n steps: `(remote, n, args of its fresh variant)`."""
-        import tensorflow as tf
         if reader is None:
             return self._schedule(self._loop, (train_input.per_worker_iterator(),
                                                tf.constant(n, tf.int32))), n, None
@@ -259,7 +259,6 @@ class PSDriver:
         round, until each has ended (a worker reports its index), so no batch of this
         pass waits for the next epoch.
         """
-        import tensorflow as tf
         iterator, worker = train_input.pass_iterators()
         self._position.drained = train_input.passes_read
         self._ended = set()

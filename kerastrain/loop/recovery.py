@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import logging
 
+import keras
 import numpy as np
 
 from kerastrain import _compat
@@ -85,7 +86,6 @@ class Snapshot:
     """
 
     def __init__(self, variables):
-        import keras
         sharded = _compat.sharded_variable_class()
         self._parts, seen = [], set()
         for v in variables:

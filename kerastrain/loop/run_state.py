@@ -23,6 +23,7 @@ import logging
 import os
 
 import numpy as np
+import tensorflow as tf
 
 from kerastrain.io import checkpoints
 from kerastrain.io import files
@@ -57,7 +58,6 @@ class RunState:
 
     def __init__(self, *, options, model_dir, outputs, every_task_saves, background=True,
                  traced=False):
-        import tensorflow as tf
         self.options = options  # a `checkpoints.CheckpointOptions`, or None: no checkpoints
         self.model_dir = model_dir
         self.outputs = outputs  # `outputs.Outputs`: what this task keeps (the chief rule)
@@ -76,7 +76,6 @@ class RunState:
     def attach(self, *, width, model, global_step):
         """Create the epoch totals (`width` values; any length later: a model's own
         train_step says how many logs it has on first use) and the checkpointer."""
-        import tensorflow as tf
         self.epoch_totals = tf.Variable(np.zeros(width), dtype=tf.float64,
                                         shape=tf.TensorShape([None]), trainable=False,
                                         name="epoch_totals")

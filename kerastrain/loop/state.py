@@ -13,6 +13,9 @@ import contextlib
 import functools
 import logging
 
+import keras
+import tensorflow as tf
+
 from kerastrain import _compat
 from kerastrain import _logging
 from kerastrain.data import inputs as data_lib
@@ -57,9 +60,7 @@ class TrainingState:
 
     def __init__(self, built, model, *, detached, precision_policy, workdir, jit_compile,
                  tuning, seed=None, optimizer=None, loss=None, metrics=None):
-        import tensorflow as tf
         if seed is not None:
-            import keras
             keras.utils.set_random_seed(seed)
         self.built, self.source = built, model  # a function can build the model again (export)
         self._jit_compile = jit_compile
@@ -176,7 +177,6 @@ class TrainingState:
         the object holds, as `model.fit` would; the compiled step is made again. The
         optimizer's state goes on where the new compile keeps the optimizer object, and
         starts afresh with a new one, as in Keras."""
-        import tensorflow as tf
         user_scope.check_outside("a Trainer call (fit, evaluate, predict)")
         watched = self._watched
         token = _compat.compile_token(watched) if watched is not None else None
@@ -204,7 +204,6 @@ class TrainingState:
     def load_checkpoint(self, path: str) -> int:
         """The model's weights and the global step from the checkpoint `path` (see
         `Trainer.load_checkpoint`)."""
-        import tensorflow as tf
         if self.step is None:
             raise RuntimeError("`load_checkpoint` needs the model's variables: call "
                                "`trainer.build(data)` (or `fit`/`evaluate`) first. "

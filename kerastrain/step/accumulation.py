@@ -20,21 +20,13 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import tensorflow as tf
+
 from kerastrain import _compat
 from kerastrain.step import updates
 from kerastrain._tracing import compiled, unconverted
 
 logger = logging.getLogger("kerastrain")
-
-
-def tf_cast(value, dtype):
-    import tensorflow as tf
-    return tf.cast(value, dtype)
-
-
-def tf_zeros_like(value):
-    import tensorflow as tf
-    return tf.zeros_like(value)
 
 
 def _accumulating(optimizer):
@@ -83,7 +75,7 @@ def whole_groups(optimizer, steps) -> int:
             "a second model.fit", held, steps)
         counter.assign(count - held)
         for accumulator in _compat.gradient_accumulators(optimizer):
-            accumulator.assign(tf_zeros_like(accumulator))
+            accumulator.assign(tf.zeros_like(accumulator))
     return count - held
 
 
@@ -98,7 +90,6 @@ class Accumulator:
     """
 
     def __init__(self, step, steps, jit_compile=False):
-        import tensorflow as tf
         self.step = step
         self.steps = steps
         self._present = None  # which variables get a gradient (known when traced)
@@ -160,7 +151,7 @@ class Accumulator:
         before this group, when the counter cannot be trusted (parameter servers).
         """
         counter = _compat.iteration_counter(self.step.model.optimizer)
-        before = counter.value if before is None else tf_cast(before, counter.dtype)
+        before = counter.value if before is None else tf.cast(before, counter.dtype)
         last = before + self.steps - 1
         counter.assign(last // self.steps)
         self.step.strategy.run(self._apply, args=(sums, examples, last))
@@ -172,7 +163,6 @@ class Accumulator:
 
     def sync_loop(self, go_on, after):
         """`fn(iterator, num_steps) -> (totals, steps)` that stops where the data ends."""
-        import tensorflow as tf
         k = self.steps
         go_on, after, accumulate = unconverted(go_on), unconverted(after), unconverted(
             self.step.accumulate)
@@ -210,7 +200,6 @@ class Accumulator:
         (`ON_READ`), which `reset()` empties (a rewind, a resume: the group's batches are
         read again). `batches`: the batches of the group read so far (0 at a flush).
         """
-        import tensorflow as tf
         strategy, k = self.step.strategy, self.steps
         if self._held is None:
             variables, _ = self.step.replica.update_target()
@@ -262,6 +251,6 @@ class Accumulator:
     def reset(self):
         """Drop the sums a `batch_loop` holds (the data goes back to a group's start)."""
         if self._held is not None:  # each replica empties its own (ON_READ) sums
-            self.step.strategy.run(lambda: [h.assign(tf_zeros_like(h)) for h in self._held])
+            self.step.strategy.run(lambda: [h.assign(tf.zeros_like(h)) for h in self._held])
             self._held_examples.assign(0.0)
             self._held_batches.assign(0)

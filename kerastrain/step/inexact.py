@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+import tensorflow as tf
+
 from kerastrain import _compat
 
 logger = logging.getLogger("kerastrain")
@@ -23,7 +25,6 @@ def say_losses(model, y_pred, replicas, weighted=False):
     and its weight is its share of the batch's examples, not of the unmasked entries,
     so the step differs slightly from one device's (Keras fit weights replicas alike). The
     same for a loss divided by the batch's sample weights (`weighted`: the batch has them)."""
-    import tensorflow as tf
     masked = [i for i, t in enumerate(tf.nest.flatten(y_pred))
               if _compat.keras_mask(t) is not None]
     ignoring = [loss for loss in tf.nest.flatten(getattr(model, "loss", None))

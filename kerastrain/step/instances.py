@@ -13,6 +13,8 @@ import contextlib
 import logging
 
 import keras
+import numpy as np
+import tensorflow as tf
 
 from kerastrain import _compat
 
@@ -170,7 +172,6 @@ def _rehome_lookup_tables(user_model, trained, moved):
     parameter-server cluster, is on a device that is gone ("unknown device"). Each such
     table is made again here, holding what `trained`'s copy of it holds (the vocabulary
     `Detached` read, which training does not change); its layer is added to `moved`."""
-    import tensorflow as tf
     mine, theirs = _compat.lookup_layers(user_model), _compat.lookup_layers(trained)
     if len(mine) != len(theirs):
         return
@@ -213,7 +214,6 @@ def _optimizer_pairs(mine, theirs, state):
     hold nothing: where only one side has them, they are left out of the pairing, and
     `mine`'s are emptied.
     """
-    import numpy as np
     variables, state = list(mine.variables), list(state)
     own = {id(v) for v in _compat.gradient_accumulators(mine)}
     other = {id(v) for v in _compat.gradient_accumulators(theirs)}
@@ -231,7 +231,6 @@ def _optimizer_pairs(mine, theirs, state):
 def _values_if_paired(mine, theirs):
     """`theirs`' values (variables or arrays) when the two lists pair up one to one by
     shape, else None."""
-    import numpy as np
     if len(mine) != len(theirs) or any(tuple(a.shape) != tuple(b.shape)
                                        for a, b in zip(mine, theirs)):
         return None
@@ -244,7 +243,6 @@ def _values_if_paired(mine, theirs):
 def assign(variables, values, moved):
     """Assign each value; a variable that cannot take it (its device is gone) gets new
     storage, and is added to `moved`."""
-    import numpy as np
     for variable, value in zip(variables, values):
         value = np.asarray(value)
         if not _set(variable, value):
@@ -253,7 +251,6 @@ def assign(variables, values, moved):
 
 
 def _set(variable, value) -> bool:
-    import tensorflow as tf
     try:
         variable.assign(value)
         return True
@@ -264,8 +261,6 @@ def _set(variable, value) -> bool:
 def value_or_zeros(variable):
     """A variable's value, or zeros where this process cannot read it (made before it joined
     a parameter-server cluster): a metric's state, which starts each epoch afresh anyway."""
-    import numpy as np
-    import tensorflow as tf
     try:
         return variable.numpy()
     except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
@@ -275,8 +270,6 @@ def value_or_zeros(variable):
 def _rehome_unreadable(variables, moved):
     """New storage, holding zeros, for variables on a device that is gone (metric states,
     an optimizer's count: their values there cannot be read); added to `moved`."""
-    import numpy as np
-    import tensorflow as tf
     for variable in variables:
         try:
             variable.numpy()
@@ -306,7 +299,6 @@ def take_changes(trained, user_model):
     (`model.fit`, `set_weights`, `load_weights`), and the next call trains, evaluates or
     predicts from it, as Keras would. Nothing while the object cannot be read (under
     parameter servers, until the first `fit` hands it back). Returns whether it changed."""
-    import tensorflow as tf
     mine, theirs = getattr(trained, "optimizer", None), getattr(user_model, "optimizer", None)
     try:
         pairs = [(trained.variables, _values_if_paired(trained.variables, user_model.variables))]
@@ -329,7 +321,6 @@ def take_changes(trained, user_model):
 
 
 def _same(a, b) -> bool:
-    import numpy as np
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return False

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import logging
 
+import keras
+import tensorflow as tf
+
 from kerastrain.step import metrics as metrics_lib
 from kerastrain.step import replica as replica_lib
 from kerastrain._tracing import compiled, runs_eagerly, unconverted
@@ -27,8 +30,6 @@ logger = logging.getLogger("kerastrain")
 
 def loop_condition(stop_flag):
     """The condition of a training loop: steps left, and no stop requested."""
-    import tensorflow as tf
-
     def go_on(steps, num_steps):
         # The stop request is part of the loop's condition, not a branch in its
         # body: a branch per step cost 3.6% more CPU in the core benchmark.
@@ -50,8 +51,6 @@ def say_unrolled(step):
 def skip_loop():
     """`fn(iterator, n) -> skipped`: read and drop up to n batches (resuming mid-pass;
     a step reads `accumulation` of them)."""
-    import tensorflow as tf
-
     @tf.function
     def skip(iterator, num_batches):
         skipped = tf.constant(0, tf.int32)
@@ -74,7 +73,6 @@ class Step:
 
     def __init__(self, built, model, global_step, jit_compile=False, stop_flag=None,
                  partitioned=None, accumulation=1, unroll=1):
-        import tensorflow as tf
         from kerastrain.step import accumulation as accumulation_lib
 
         self.built = built
@@ -129,7 +127,6 @@ class Step:
     def _train_replica_for(self, jit):
         """What one replica runs for a training step, compiled with XLA or not."""
         if jit not in self._replicas:
-            import tensorflow as tf
             self._replicas[jit] = tf.function(self.replica.train_step, jit_compile=True)
         return self._replicas[jit]
 
@@ -174,7 +171,6 @@ class Step:
 
     def _count_steps(self, steps):
         """Traced after a synchronous loop: the global step advances by the steps it ran."""
-        import tensorflow as tf
         self.global_step.assign_add(tf.cast(steps, self.global_step.dtype))
 
     def batch_loop(self):
@@ -201,7 +197,6 @@ class Step:
         layers run while the previous one still updates its last. A stop request is
         seen between iterations.
         """
-        import tensorflow as tf
         go_on = unconverted(loop_condition(stop_flag))
         run_one, accumulate = unconverted(run_one), unconverted(self.accumulate)
         after = after and unconverted(after)
@@ -254,5 +249,4 @@ class Step:
 
 def overrides(model, name) -> bool:
     """Whether the model's class overrides Keras's `train_step` / `test_step`."""
-    import keras
     return getattr(type(model), name) is not getattr(keras.Model, name)

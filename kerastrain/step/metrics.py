@@ -14,6 +14,7 @@ import logging
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from kerastrain import _compat
 from kerastrain._tracing import runs_eagerly
@@ -85,8 +86,6 @@ class RecordingScope(keras.StatelessScope):
 def _probe_batch(model, element_spec, rows=2):
     """`(x, y, y_pred)`: a made-up batch of `rows` examples of the data's shapes: x and
     the targets zeros, the predictions 0.5 in the shapes the model gives."""
-    import keras
-    import tensorflow as tf
     x_spec, y_spec, _ = data_lib.split_batch(element_spec)
 
     def concrete(spec, value):
@@ -143,7 +142,6 @@ class MetricState:
         the model's shapes) updates the metrics from a state of zeros and from a state
         of ones; a sum moves both alike. Metrics the probe cannot run are not judged.
         """
-        import tensorflow as tf
         metrics = _compat.compile_metrics(model)
         _, y_spec, _ = data_lib.split_batch(element_spec)
         owned = [v for m, vs in self.parts if m is metrics for v in vs]
@@ -181,7 +179,6 @@ class MetricState:
         `reset_state` is applied to the latest state (in a stateless scope, the variables
         untouched). Keras's metrics come back to zeros; a metric whose `reset_state` keeps
         its state (a running count over epochs) goes on from it, as under `model.fit`."""
-        import tensorflow as tf
         if not self.parts:
             return
         if self._last is None:
@@ -198,11 +195,9 @@ class MetricState:
         self._base = base if np.any(base) else None
 
     def zeros(self):
-        import tensorflow as tf
         return [tf.zeros(v.shape, v.dtype) for v in self.variables]
 
     def flatten(self, values):
-        import tensorflow as tf
         return [tf.reshape(tf.cast(v, tf.float32), [-1]) for v in values]
 
     def results(self, totals) -> dict:
@@ -215,7 +210,6 @@ class MetricState:
     def metric_results(self, totals, updated_only=False) -> dict:
         """Every metric's result from a totals vector (`[loss, examples, deltas...]`).
         `updated_only`: only metrics whose deltas are not all zero (updated at all)."""
-        import tensorflow as tf
         if not self.parts:
             return {}
         if self._results is None:
@@ -238,7 +232,6 @@ class MetricState:
 
     def _metric_results(self, totals):
         """Each metric's results (a dict per metric, in `parts` order)."""
-        import tensorflow as tf
         parts = []
         offset = 2
         for metric, variables in self.parts:

@@ -6,6 +6,7 @@ import contextlib
 import logging
 
 import keras
+import tensorflow as tf
 
 from kerastrain import _compat
 from kerastrain.step import checks
@@ -234,7 +235,6 @@ def build_step_optimizers(model, built, element_spec):
     `apply` recording the variables it is given; each is then built with those variables,
     here, inside the strategy's scope. Call inside `strategy.scope()`.
     """
-    import tensorflow as tf
     from kerastrain.step import loops
 
     if not loops.overrides(model, "train_step"):
@@ -416,8 +416,6 @@ def unpartitioned_copy(model, source=None):
     Built from `source` when it is a model function, else cloned from the model's
     config; then every variable gets the partitioned model's value.
     """
-    import tensorflow as tf
-
     if tf.distribute.has_strategy():
         raise RuntimeError("unpartitioned_copy must be called outside a strategy scope")
     if callable(source) and not isinstance(source, keras.Model):

@@ -5,6 +5,7 @@ between it and kerastrain's exact step (`kerastrain.step.loops.Step`).
 from __future__ import annotations
 
 import numpy as np
+import tensorflow as tf
 
 from kerastrain.data import inputs as data_lib
 from kerastrain.step.loops import Step, overrides
@@ -73,7 +74,6 @@ class ModelStep(Step):
             if not part[1]:
                 return totals  # a loop that ran no step (the data had ended) has no logs
             return np.concatenate(pieces)
-        import tensorflow as tf
         return tf.concat(pieces, axis=0)
 
     def results(self, totals, kind="train"):
@@ -91,14 +91,12 @@ class ModelStep(Step):
 
     def _mean(self, per_replica):
         """Keras's reduction of a step's logs: the mean over replicas."""
-        import tensorflow as tf
         if self._mean_spans_tasks:
             return self.strategy.reduce("MEAN", per_replica, axis=None)
         values = self.strategy.experimental_local_results(per_replica)
         return values[0] if len(values) == 1 else tf.reduce_mean(tf.stack(values), axis=0)
 
     def _pack_logs(self, kind, logs, n, deltas=None):
-        import tensorflow as tf
         if not isinstance(logs, dict):
             raise TypeError(f"The model's `{kind}_step` must return a dict of scalar logs, as "
                             f"Keras requires. Received: {type(logs).__name__}")
@@ -128,7 +126,6 @@ class ModelStep(Step):
         return run
 
     def _run(self, kind, step_fn, data):
-        import tensorflow as tf
         logs, n = self.strategy.run(self._replica(step_fn), args=(data,))
         return self._pack_logs(kind, tf.nest.map_structure(self._mean, logs),
                                self.strategy.reduce("SUM", n, axis=None))
@@ -137,7 +134,6 @@ class ModelStep(Step):
         step_fn = self.model.train_step
         if self.jit_compile if jit is None else jit:  # as fit's `jit_compile=True` compiles it
             if self._jit_train_step is None:
-                import tensorflow as tf
                 self._jit_train_step = tf.function(step_fn, jit_compile=True)
             step_fn = self._jit_train_step
         return self._run("train", step_fn, data)
@@ -150,7 +146,6 @@ class ModelStep(Step):
         (`run_eagerly`) nothing is traced, as under Keras: the first step's logs tell
         (`accumulate` takes a step's logs whatever the width of the totals before it).
         `run`: the step traced (default: the training or the evaluation step)."""
-        import tensorflow as tf
         if kind in self.keys or self.eager:
             return
         self._tracing = kind

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import keras
+
 logger = logging.getLogger("kerastrain")
 
 
@@ -24,7 +26,6 @@ def policy(mixed_precision, model):
     The global policy is set only while the model is built, then put back, so
     models the program builds later are not changed behind its back.
     """
-    import keras
     if mixed_precision is None:
         yield
         return
@@ -44,7 +45,6 @@ def policy(mixed_precision, model):
 
 def ensure_loss_scaling(model, mixed_precision):
     """A mixed_float16 model's optimizer scales the loss (Keras's compile does it; checked)."""
-    import keras
     if mixed_precision is None:
         return
     optimizer = model.optimizer
@@ -63,7 +63,6 @@ def ensure_loss_scaling(model, mixed_precision):
 @contextlib.contextmanager
 def global_policy(policy):
     """While active, Keras's global dtype policy is `policy` (a model copied under its own)."""
-    import keras
     previous = keras.mixed_precision.dtype_policy()
     keras.mixed_precision.set_dtype_policy(policy)
     try:

@@ -3,6 +3,8 @@ and the metric deltas, packed into the totals vector the loops sum (`kerastrain.
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 from kerastrain import _compat
 from kerastrain.step import inexact
 from kerastrain.step import updates
@@ -17,13 +19,11 @@ def unpack(data):
 
 def first_input(x):
     """The first tensor of a batch's inputs `x` (an optional input given None skipped)."""
-    import tensorflow as tf
     return next(t for t in tf.nest.flatten(x) if t is not None)
 
 
 def batch_size(x):
     """The examples in a replica's batch `x` (dense, sparse or ragged), as float32."""
-    import tensorflow as tf
     first = first_input(x)
     if isinstance(first, tf.SparseTensor):
         n = first.dense_shape[0]
@@ -60,7 +60,6 @@ class ReplicaStep:
         `add_loss` losses are collected in the scope, and every other update it makes
         (batch statistics, seed states) is applied for real as it returns.
         """
-        import tensorflow as tf
         variables = self.metrics.layer_variables
         if not variables:
             return self.model(x, training=training), None
@@ -101,7 +100,6 @@ class ReplicaStep:
         return loss, new
 
     def _pack(self, loss_sum, n, new_state):
-        import tensorflow as tf
         return tf.concat([tf.stack([loss_sum, n])] + self.metrics.flatten(new_state), axis=0)
 
     def gradients(self, data):
@@ -110,8 +108,6 @@ class ReplicaStep:
         Returns:
             (gradients, examples in the global batch, the packed totals vector).
         """
-        import tensorflow as tf
-
         optimizer = self.model.optimizer
         x, y, sw = unpack(data)
         n = batch_size(x)
@@ -152,8 +148,6 @@ class ReplicaStep:
         return packed
 
     def eval_step(self, data):
-        import tensorflow as tf
-
         # The replica count Keras divided by (1 for coordinator-side evaluation).
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         x, y, sw = unpack(data)
@@ -183,7 +177,6 @@ class EmptyBatchGuard:
     """
 
     def __init__(self, model, x, n, replicas):
-        import tensorflow as tf
         self.n = n
         may_be_empty = replicas > 1 and first_input(x).shape[0] is None
         self.local = [v for v in model.non_trainable_variables
@@ -193,12 +186,10 @@ class EmptyBatchGuard:
         self.before = [tf.identity(v.value) for v in self.local]
 
     def value(self, t):
-        import tensorflow as tf
         return tf.where(self.n > 0, t, tf.zeros_like(t)) if self.active else t
 
     def gradients(self, grads):
         """Zero gradients for an empty batch, and the local state restored."""
-        import tensorflow as tf
         if not self.active:
             return grads
         for v, old in zip(self.local, self.before):

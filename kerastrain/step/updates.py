@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import keras
+import tensorflow as tf
+
 from kerastrain import _compat
 
 
@@ -15,7 +18,6 @@ def apply_summed(optimizer, grads, variables):
     sum alike, and replica 0 alone hands it to `apply`, whose own sum then adds zeros
     (exact). Without clipping, or with one replica, `apply` as Keras runs it.
     """
-    import tensorflow as tf
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1 or \
             not _compat.clips_gradients(optimizer):
@@ -39,6 +41,5 @@ def finalize(model, epochs):
     """What `model.fit` does once its epochs end (Keras 3.15, `epochs > 0`): the optimizer's
     `finalize_variable_values`, which puts the moving averages of an optimizer with
     `use_ema=True` into the model's variables (nothing for other optimizers)."""
-    import keras
     if epochs > 0 and isinstance(model.optimizer, keras.optimizers.Optimizer):
         model.optimizer.finalize_variable_values(model.trainable_weights)

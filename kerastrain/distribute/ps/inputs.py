@@ -8,6 +8,8 @@ layer words its plan with `account` where loops may train exact visits
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 
 def account(sentence, *, exact, off, form, pipelines, infinite, unknown, empty):
     """What holds under parameter servers: exact visits, or why not (after the plan's
@@ -41,7 +43,6 @@ def check_made_after_connecting(dataset, argument):
     Raises:
         ValueError: such a dataset, saying to pass a function that makes it instead.
     """
-    import tensorflow as tf
     try:
         dataset.with_options(tf.data.Options())
     except tf.errors.InvalidArgumentError as e:

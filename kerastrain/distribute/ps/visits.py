@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import tensorflow as tf
 
 from kerastrain._tracing import unconverted
 
@@ -35,8 +36,6 @@ from kerastrain._tracing import unconverted
 def worker_indices(built):
     """Per-worker iterators, each yielding its worker's own index (int32) forever: what a
     scheduled loop reads to know on which worker it runs."""
-    import tensorflow as tf
-
     from kerastrain import _compat
     return _compat.per_worker_iterator(
         built.coordinator, built.strategy,
@@ -117,8 +116,6 @@ class Reader:
     """
 
     def __init__(self, built, sizes, make, finish=None, element_spec=None):
-        import tensorflow as tf
-
         # Free earlier trainers' resources now, while no loop runs: collected by Python's
         # garbage collector during a fit, they stalled it for 8-80 s (measured, 2 workers in
         # process; not diagnosed further). About 0.3 s here.
@@ -148,7 +145,6 @@ class Reader:
 
     def fresh_iterators(self, firsts):
         """Traced in a fresh loop: iterators standing at each pipeline's first position."""
-        import tensorflow as tf
         return tuple(iter(self.stream(j).skip(tf.maximum(firsts[j], 0)))
                      for j in range(self.count))
 
@@ -163,8 +159,6 @@ class Reader:
     def read(self, iterators, pipeline, position, record):
         """Traced in a loop: `(batch, record)`, reading forward to `position` of `pipeline`;
         `record[j]` is the next position iterator j yields."""
-        import tensorflow as tf
-
         def branch(j):
             iterator = iterators[j]
             index, element = iterator.get_next()
@@ -188,8 +182,6 @@ class Reader:
         position it needs of each pipeline. `fresh=True` gives
         `fn(pipelines, positions, firsts)`, which reads from new iterators.
         """
-        import tensorflow as tf
-
         if (step, fresh) in self._loops:
             return self._loops[step, fresh]
         width = step.width  # what the loop returns (a model's own step: its logs, known now)

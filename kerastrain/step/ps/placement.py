@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import tensorflow as tf
+
 from kerastrain import _compat
 from kerastrain.step import models
 
@@ -62,7 +64,6 @@ def check_resources_placed(model):
     Raises:
         ValueError: naming the variable or layer, and how to create it in the model function.
     """
-    import tensorflow as tf
     for v in model.variables:
         for part in getattr(v.value, "variables", [v.value]):
             if tf.DeviceSpec.from_string(part.device or "").job == "localhost":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from kerastrain import _compat
 from kerastrain.data import inputs as data_lib
@@ -44,8 +45,6 @@ class PSStep(Step):
                          "replica without gradient accumulation only.")
 
     def _build_train_loop(self):
-        import tensorflow as tf
-
         @tf.function
         def loop(iterator, num_steps):
             totals, _ = self.worker_steps(lambda state: (next(iterator), state),
@@ -60,8 +59,6 @@ class PSStep(Step):
     def worker_steps(self, read, state, num_steps, width=None):
         """Traced on a parameter-server worker: `num_steps` steps (updates), each reading
         `accumulation` batches by `read(state) -> (batch, state)`. Returns (totals, state)."""
-        import tensorflow as tf
-
         if self._accumulator is not None:
             return self._accumulated_steps(read, state, num_steps)
         totals = tf.zeros([width or self.width], tf.float32)
@@ -93,7 +90,6 @@ class PSStep(Step):
     def _accumulated_steps(self, read, state, num_steps):
         """`worker_steps` where the optimizer accumulates k batches per update
         (`accumulation.Accumulator`; the data repeats)."""
-        import tensorflow as tf
         accumulator = self._accumulator
         k = accumulator.steps
         read, accumulate = unconverted(read), unconverted(self.accumulate)
@@ -123,7 +119,6 @@ class PSStep(Step):
         return self._pass
 
     def _build_pass_loop(self):
-        import tensorflow as tf
         worker_step = unconverted(self._worker_step)
 
         @tf.function
@@ -165,7 +160,6 @@ class PSStep(Step):
         made in the ps scope), a while loop does (while_v2's deferred captures). The
         next batch is read only while `steps < num_steps`, so none is lost between calls.
         """
-        import tensorflow as tf
         run_one, accumulate = unconverted(run_one), unconverted(self.accumulate)
 
         @unconverted
@@ -241,7 +235,6 @@ class PSModelStep(own_step.ModelStep, PSStep):
         loop = super()._keyed(kind, make, run)
         if not scheduled:
             return loop
-        import tensorflow as tf
         # The coordinator schedules only tf.functions.
         return tf.function(loop, autograph=False)
 
@@ -268,8 +261,6 @@ def run_with_metric_deltas(step_fn, data, metric_variables):
     Raises:
         TypeError: the step did not return a dict.
     """
-    import tensorflow as tf
-
     zeros = [tf.zeros(v.shape, v.dtype) for v in metric_variables]
     with RecordingScope(list(zip(metric_variables, zeros)), collect_losses=True) as scope:
         logs = step_fn(data)
