@@ -1,4 +1,4 @@
-"""Every Python example in the strategy, data and parameter-server docs runs as written.
+"""Every Python example of the README and of the strategy, data and ps docs runs as written.
 
 The examples that train inside their own process run one after another in one Python process,
 each in fresh globals (TensorFlow starts once for all of them, with the CPU split in two as
@@ -15,8 +15,9 @@ import pytest
 
 import helpers
 
-DOCS = [Path(helpers.REPO) / "docs" / name
-        for name in ("strategies.md", "data.md", "parameter_servers.md", "optimizers.md")]
+DOCS = [Path(helpers.REPO) / "README.md"] + [
+    Path(helpers.REPO) / "docs" / name
+    for name in ("strategies.md", "data.md", "parameter_servers.md", "optimizers.md")]
 BLOCKS = [block for doc in DOCS
           for block in re.findall(r"```python\n(.+?)```", doc.read_text(), flags=re.S)]
 # TensorFlow's C++ lines (start-up notes, cuInit's failure): not on a user's screen.
