@@ -93,6 +93,20 @@ def as_interrupted(model_dir):
         os.remove(path)
 
 
+# The smallest recipe that validates and trains (an 8-feature MLP on synthetic data): the CLI
+# tests append or replace what each one is about.
+TINY_RECIPE = """\
+model:
+  builder: kerastrain.examples:build_mlp
+  args: {features: 8, hidden: 8}
+data:
+  train:
+    builder: kerastrain.examples:synthetic_data
+    args: {num_examples: 256, features: 8}
+  batch_size: 32
+"""
+
+
 def child_env(tests=False, **extra):
     """The environment of a Python process a test starts: the repo importable (and `tests/`
     when `tests`), `tests/_site` first (its sitecustomize keeps scikit-learn unloaded unless

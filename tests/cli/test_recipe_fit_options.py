@@ -14,16 +14,7 @@ from kerastrain.cli import command as cli
 from kerastrain.cli import fit_options
 from kerastrain.cli import recipes
 
-BASE = """\
-model:
-  builder: kerastrain.examples:build_mlp
-  args: {features: 8, hidden: 8}
-data:
-  train:
-    builder: kerastrain.examples:synthetic_data
-    args: {num_examples: 256, features: 8}
-  batch_size: 32
-"""
+BASE = helpers.TINY_RECIPE
 
 
 def validate(tmp_path, capsys, text):

@@ -13,19 +13,8 @@ from kerastrain.cli import command as cli
 from kerastrain.cli import recipes
 from kerastrain.cli import training
 
-BASE = """\
-model:
-  builder: kerastrain.examples:build_mlp
-  args: {features: 8, hidden: 8}
-data:
-  train:
-    builder: kerastrain.examples:synthetic_data
-    args: {num_examples: 64, features: 8}
-  batch_size: 32
-trainer: {verbose: 0}
-checkpoints: false
-tensorboard: false
-"""
+BASE = helpers.TINY_RECIPE.replace("num_examples: 256", "num_examples: 64") + (
+    "trainer: {verbose: 0}\ncheckpoints: false\ntensorboard: false\n")
 
 
 def error_lines(err):

@@ -16,16 +16,7 @@ from kerastrain.cli import training
 
 RECIPES = sorted(glob.glob(os.path.join(helpers.REPO, "recipes", "*.yaml")))
 
-BASE = """\
-model:
-  builder: kerastrain.examples:build_mlp
-  args: {features: 8, hidden: 8}
-data:
-  train:
-    builder: kerastrain.examples:synthetic_data
-    args: {num_examples: 256, features: 8}
-  batch_size: 32
-"""
+BASE = helpers.TINY_RECIPE
 
 
 def validate(tmp_path, capsys, text, sets=(), name="recipe.yaml"):
