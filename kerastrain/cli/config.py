@@ -124,6 +124,15 @@ def schema() -> dict:
 
 # -- validation ------------------------------------------------------------------------------
 
+def position(positions, path):
+    """Where the key `path` (a tuple) is set, "file:line", or where its nearest enclosing
+    section is; None when the recipe sets none of them (`positions`: `recipes.load_file`'s)."""
+    for i in range(len(path), -1, -1):
+        if tuple(path[:i]) in positions:
+            return positions[tuple(path[:i])]
+    return None
+
+
 class _Checker:
     def __init__(self, positions, imports=True):
         self.positions = positions
@@ -131,10 +140,7 @@ class _Checker:
         self.problems = []
 
     def where(self, path):
-        for i in range(len(path), -1, -1):
-            if tuple(path[:i]) in self.positions:
-                return self.positions[tuple(path[:i])]
-        return "recipe"
+        return position(self.positions, path) or "recipe"
 
     def add(self, path, message):
         key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")

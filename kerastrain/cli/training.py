@@ -23,13 +23,13 @@ class RecipeRunError(Exception):
     def __init__(self, error, key, called, positions=None):
         self.error, self.key = error, key
         path = tuple(key.split("."))
-        where = _where(positions or {}, path)
+        where = config_lib.position(positions or {}, path)
         text = str(error).strip()
         parts = [f"{where}: " if where else "", key, f" ({called[0]})" if called[0] else "",
                  f" failed: {type(error).__name__}" + (f": {text}" if text else "")]
         if called[1] is not None:  # the builder's arguments: (their key, their value)
             args_key, args = called[1]
-            at = _where(positions or {}, tuple(args_key.split(".")))
+            at = config_lib.position(positions or {}, tuple(args_key.split(".")))
             parts.append(f" -- it was called with {args_key} {args!r}" +
                          (f" ({at})" if at and at != where else "") + (
                              "; install what it imports" if isinstance(error, ImportError)
@@ -37,13 +37,6 @@ class RecipeRunError(Exception):
         else:
             parts.append(" -- fix this value (a name Keras knows, with arguments it takes)")
         super().__init__("".join(parts))
-
-
-def _where(positions, path):
-    for i in range(len(path), 0, -1):
-        if path[:i] in positions:
-            return positions[path[:i]]
-    return None
 
 
 def _blame(key, called, fn, *args, **kwargs):
