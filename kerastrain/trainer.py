@@ -268,15 +268,13 @@ class Trainer(_LastFit):
                                     default=self._dataset_fn)
         actions = actions_lib.check_user_actions(actions)  # refused before anything is used
         callbacks = self._state.use_backup(callbacks_lib.check_callbacks(callbacks))
-        train_input = self._feeds.get(data.train, "dataset_fn", "training", batch_size,
-                                      shuffle=data.shuffle)
-        validation = self._evaluation.validation(data, validation_steps, batch_size, validation_freq)
-        self._state.ensure_built(train_input.element_spec)
+        inputs = self._feeds.of_fit(data, batch_size)
+        self._state.ensure_built(inputs.train.element_spec)
         self._controller = self._new_controller(callbacks, actions)  # the rest is its
         return self._controller.fit(
-            train_input, validation, self._workdir, epochs=epochs,
-            steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch, callbacks=callbacks,
-            verbose=self._resolve_verbose(verbose))
+            inputs, self._workdir, epochs=epochs, steps_per_epoch=steps_per_epoch,
+            initial_epoch=initial_epoch, callbacks=callbacks, verbose=self._resolve_verbose(verbose),
+            validation_steps=validation_steps, validation_freq=validation_freq)
 
     def _new_controller(self, callbacks=(), actions=None):
         """This fit's `controller.Controller` (the model and its step are built)."""

@@ -8,11 +8,17 @@ new example orders, as every `model.fit` call reshuffles.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from kerastrain.data import distributed
 from kerastrain.data import inputs as data_lib
 from kerastrain.data import preprocessing
+
+
+# One fit's inputs: training and validation `DistributedInput`s (validation: None without).
+FitInputs = collections.namedtuple("FitInputs", ["train", "validation"])
 
 
 class Feeds:
@@ -39,6 +45,19 @@ class Feeds:
         self._numpy_inputs = 0  # NumPy training inputs given so far (`order_seed`)
         self.inputs = {}       # use -> (data, its DistributedInput)
         self._contents = {}    # use -> `_content(data)` when it was made
+        self.last_validation = None  # the validation data last given to `fit`
+
+    def of_fit(self, data, batch_size=None):
+        """The `FitInputs` of a fit's data (`fit_args.FitData`; `batch_size`: fit's, for
+        NumPy data); the validation data is kept as `last_validation`, which `evaluate` reads
+        by default."""
+        train = self.get(data.train, "dataset_fn", "training", batch_size, shuffle=data.shuffle)
+        validation = None
+        if data.validation is not None:
+            validation = self.get(data.validation, "validation_dataset_fn", "validation",
+                                  data.validation_batch(batch_size))
+            self.last_validation = data.validation
+        return FitInputs(train, validation)
 
     def get(self, data, argument, role, batch_size=None, shuffle=True):
         """The `DistributedInput` of `data` for this use: the one kept, or a new one."""

@@ -198,9 +198,6 @@ class Validation(Action):
         self.callbacks = callbacks  # a keras CallbackList, or None
         self.model = model
 
-    def with_callbacks(self, callbacks):
-        return Validation(self.evaluate, self.every.epochs, callbacks, self.model)
-
     def __call__(self, p):
         if p.epoch_end and self.every.at_epoch_end(p.epoch):
             logs = callbacks_lib.evaluated(self.callbacks, self.evaluate, self.model)

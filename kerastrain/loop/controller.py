@@ -74,59 +74,69 @@ class Controller:
         self.user_actions = list(user_actions)
         self.recovery = None  # a `recovery.Recovery` with on_nonfinite="recover"
         self.ended = None     # a callback's stop (`train`), for `finish` to save and record
-        self.stopped_at = None  # a stop at a batch: the position then (`_run`)
+        self.stopped_at = None  # a stop at a batch: the position then (`_epoch`)
+        # What `fit` decides for the rest of its fit (a Controller runs one fit): its
+        # `feeds.FitInputs`, the driver, the callbacks and their list, the epoch's length in
+        # steps (None: to the data's end), where the restore left the run (None: at the start).
+        self.inputs = self.driver = self.callback_list = self.resumed = None
+        self.callbacks, self.steps_per_epoch = (), None
 
-    def fit(self, train_input, validation, workdir, *, epochs, steps_per_epoch, initial_epoch,
-            callbacks, verbose):
-        """Train `train_input` from where the run stands to `epochs` and return the History.
+    def fit(self, inputs, workdir, *, epochs, steps_per_epoch, initial_epoch, callbacks,
+            verbose, validation_steps=None, validation_freq=1):
+        """Train `inputs.train` from where the run stands to `epochs` and return the History.
+
+        A Controller runs one fit: what it decides here (the driver, the callbacks' list, the
+        epoch's length, where a restore left the run) is its own for the rest of the fit.
 
         Args:
-            train_input: the training data (`data.distributed.DistributedInput`).
-            validation: the fit's `actions.Validation`, or None.
+            inputs: the fit's `feeds.FitInputs`: the training data and the validation data
+                (`data.distributed.DistributedInput`s; validation may be None).
             workdir: the Trainer's `workdir.WorkDir` (TensorBoard, the export's record).
-            epochs, steps_per_epoch, initial_epoch, callbacks, verbose: as `model.fit`
-                takes them, checked.
+            epochs, steps_per_epoch, initial_epoch, callbacks, verbose, validation_steps,
+                validation_freq: as `model.fit` takes them, checked.
         """
-        state, model = self.state, self.model
-        steps_per_epoch = self.lengths.epoch_length(train_input, steps_per_epoch)
-        cbs = callbacks_lib.callback_list(callbacks, model=model, verbose=verbose,
-                                          epochs=epochs, steps=self.lengths.steps_known(train_input))
+        state, model, train_input = self.state, self.model, inputs.train
+        self.inputs, self.callbacks = inputs, callbacks
+        self.steps_per_epoch = self.lengths.epoch_length(train_input, steps_per_epoch)
+        self.callback_list = callbacks_lib.callback_list(
+            callbacks, model=model, verbose=verbose, epochs=epochs,
+            steps=self.lengths.steps_known(train_input))
         watch = state.sigterm_watch()
-        driver = self.driver(watch, callbacks)  # stops after a SIGTERM or a callback's stop
-        resumed = self.run_state.restore(driver, train_input, self.global_step.numpy, epochs)
-        initial_epoch = self.run_state.first_epoch(resumed, initial_epoch, epochs)
+        self.driver = self._new_driver(watch)  # stops after a SIGTERM or a callback's stop
+        self.resumed = self.run_state.restore(self.driver, train_input, self.global_step.numpy,
+                                              epochs)
+        initial_epoch = self.run_state.first_epoch(self.resumed, initial_epoch, epochs)
         first_step = state.steps_taken
         monitor = workdir.monitor(model, first_step, train_input.element_spec)
-        cbs.on_train_begin()
+        self.callback_list.on_train_begin()
         with instances.handing_back(model, state.user_model):  # after on_train_end
             with state.cluster_errors_explained(), state.preemption_agreement() as agree, \
                     watch, monitor, self.run_state.writes_settled():
-                listed = self.actions(driver, watch, agree, monitor, cbs, validation,
-                                      steps_per_epoch, train_input)
-                progress = self.train(driver, train_input, listed, range(initial_epoch, epochs),
-                                      steps_per_epoch, resumed, cbs, callbacks)
+                listed = self.actions(watch, agree, monitor, validation_steps, validation_freq)
+                progress = self.train(listed, range(initial_epoch, epochs))
             if watch.preempted is not None:
                 raise watch.preempted  # after the handlers above have let go of SIGTERM
-            cbs.on_train_end(progress.logs or {})  # once the last checkpoint is written
+            self.callback_list.on_train_end(progress.logs or {})  # once the last save is written
         self.finish(progress, first_step, state.source, workdir)
         state.follow_workdir()  # a finished backup's run returns to the Trainer's model_dir
-        return callbacks_lib.history_of(cbs, state.user_model)
+        return callbacks_lib.history_of(self.callback_list, state.user_model)
 
-    def driver(self, sigterm, callbacks):
+    def _new_driver(self, sigterm):
         """The driver of this strategy's epochs (`modes`): this task's replicas, or the ps
         workers. It stops scheduling loops once a SIGTERM came (`sigterm`, the fit's
         `preemption.SigtermWatch`) or a callback set `model.stop_training`."""
         run, model = self.run_state, self.model
         return self.mode.driver(
             self.step, stop_requested=lambda: sigterm.requested or model.stop_training,
-            callbacks=callbacks,
+            callbacks=self.callbacks,
             steps_per_loop=self.asked_steps_per_loop, global_step=self.global_step,
             checkpointer=run.checkpointer, latest_checkpoint=run.latest_checkpoint)
 
-    def actions(self, driver, watch, agree, monitor, callback_list, validation,
-                steps_per_epoch, train_input):
+    def actions(self, watch, agree, monitor, validation_steps=None, validation_freq=1):
         """What happens after each loop and epoch, in order (every task runs each; what the
-        chief keeps is `io/outputs.py`'s)."""
+        chief keeps is `io/outputs.py`'s): `watch` is the fit's SIGTERM watch, `agree` the
+        workers' agreement on where to stop (or None), `monitor` the chief's `monitor.Monitor`."""
+        driver, train_input, steps_per_epoch = self.driver, self.inputs.train, self.steps_per_epoch
         # Batches in an epoch where known: `model.fit` begins no batch past them.
         batches_known = steps_per_epoch * self.step.accumulation if steps_per_epoch else (
             lengths_lib.batches_the_data_holds(train_input))
@@ -145,8 +155,11 @@ class Controller:
 
         listed = [actions_lib.Preemption(watch, lambda p: save(p, p.epoch, p.batch, p.totals)),
                   recovery or actions_lib.StopOnNonFinite(self.model)]
-        if validation is not None:
-            listed.append(validation.with_callbacks(callback_list))
+        if self.inputs.validation is not None:
+            listed.append(actions_lib.Validation(
+                functools.partial(self.state.evaluate, self.inputs.validation, validation_steps,
+                                  beat=self.beats.beat),
+                every=validation_freq, callbacks=self.callback_list, model=self.model))
         # Listed on every task: only the chief's monitor has a writer, but every worker
         # of a multi-worker job must end its loops at the same log steps (a loop that
         # reads on to the data's end alone waits forever for the others' collectives).
@@ -158,70 +171,40 @@ class Controller:
                 agree, lambda p: run.set(driver, p.epoch, p.batch, p.totals)))
         if self.user_actions:
             listed.append(actions_lib.UserActions(self.user_actions))
-        listed.append(actions_lib.Callbacks(callback_list, self.model, results,
+        listed.append(actions_lib.Callbacks(self.callback_list, self.model, results,
                                             self.step.accumulation, self.before_epoch_end,
                                             batches_known=batches_known))
         return listed
 
-    def train(self, driver, train_input, listed, epochs, steps_per_epoch, resumed,
-              callback_list, callbacks=()):
-        """Run the epochs, then end them as `model.fit` does unless preempted (training goes
-        on elsewhere): an EMA optimizer's averages become the weights. A stop a callback
-        asked for is kept for `finish` (`self.ended`)."""
-        progress = self._run(driver, train_input, listed, epochs, steps_per_epoch,
-                             self.lengths.steps_per_loop(callbacks, steps_per_epoch, train_input),
-                             resumed, callback_list)
+    def train(self, listed, epochs):
+        """Run `epochs` (a range) with the actions `listed`, then end them as `model.fit` does
+        unless preempted (training goes on elsewhere): an EMA optimizer's averages become the
+        weights. A stop a callback asked for is kept for `finish` (`self.ended`)."""
+        train_input = self.inputs.train
+        progress = self._run(listed, epochs, self.lengths.steps_per_loop(
+            self.callbacks, self.steps_per_epoch, train_input))
         if progress.stop != actions_lib.PREEMPTED:
             updates.finalize(self.model, epochs.stop)
         if progress.stop == actions_lib.REQUESTED:  # saved again once on_train_end has run
             # Within its epoch where a batch's stop left some of it (unknown: as a mid-epoch
             # save); else (an epoch end, ps with loops in flight) saved as after that epoch.
             at, known = self.stopped_at, self.lengths.steps_known(train_input)
-            self.ended = dict(driver=driver, progress=progress, epochs=epochs.stop,
+            self.ended = dict(driver=self.driver, progress=progress, epochs=epochs.stop,
                               within=at if at and (known is None or at["batch"] < known) else None,
-                              reason=callbacks_lib.why_stopped(callbacks, self.model))
+                              reason=callbacks_lib.why_stopped(self.callbacks, self.model))
         return progress
 
-    def _run(self, driver, train_input, listed, epochs, steps_per_epoch, steps_per_loop,
-             resumed, callback_list):
+    def _run(self, listed, epochs, steps_per_loop):
         """Run the epochs: the driver's loops, the actions after each loop and epoch."""
-        step = self.step
         p = actions_lib.Progress(epoch=epochs.start, step=int(self.global_step.numpy()),
-                                 batch=0, totals=np.zeros(step.width, np.float64))
-        # The callbacks' begin hooks, before each loop (`p` is where it starts).
-        before = next((functools.partial(a.loop_begin, p) for a in listed
-                       if isinstance(a, actions_lib.Callbacks)), None)
+                                 batch=0, totals=np.zeros(self.step.width, np.float64))
         self._say_tuning(bool(len(epochs)), steps_per_loop)
         # Progress after each loop and epoch end, after every action: a beat (no hang).
         with self.stall_watch() as watch:
             listed = [*listed, actions_lib.Heartbeat(watch)]
-            logs = None  # the last epoch's
             for epoch in epochs:
-                callback_list.on_epoch_begin(epoch)
-                step.start_epoch()
-                p.epoch, p.batch, p.logs, p.last = epoch, 0, None, None
-                p.totals = np.zeros(step.width, np.float64)
-                if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
-                    p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
-                actions_lib.epoch_begin(listed, p)
-                p.stop = actions_lib.RECOVERING
-                while p.stop == actions_lib.RECOVERING:  # again from the restored state
-                    p.stop = None
-                    remaining = None if steps_per_epoch is None else steps_per_epoch - p.batch
-                    for result in driver.run_epoch(
-                            train_input, remaining, steps_per_loop, p.step,
-                            lambda at: actions_lib.steps_to_boundary(listed, at),
-                            before=before):
-                        p.last = result
-                        p.totals = step.accumulate(p.totals, result.totals)
-                        p.batch += result.steps
-                        p.step += result.steps
-                        if actions_lib.run(listed, p).stop:
-                            break
-                if p.stop == actions_lib.REQUESTED and p.last.in_sync:
-                    # A callback's stop at a batch: where it and the data stood (`train`).
-                    self.stopped_at = dict(batch=p.batch, totals=p.totals.copy(),
-                                           data=Position(driver.passes, driver.saved_offset))
+                logs = p.logs  # the last epoch's
+                self._epoch(p, epoch, listed, steps_per_loop)
                 if p.batch == 0 and not p.stop and epoch > epochs.start:
                     return self._ran_out(p, epoch, logs)
                 if p.last is None and not p.stop:
@@ -235,11 +218,43 @@ class Controller:
                     raise ValueError(
                         f"`dataset_fn` produced no batches in epoch {epoch}. Check that the "
                         "dataset is not empty and that each input pipeline gets data.")
-                p.logs = logs = step.results(p.totals)
-                driver.epoch_done(steps_per_epoch)
+                p.logs = self.step.results(p.totals)
+                self.driver.epoch_done(self.steps_per_epoch)
                 if actions_lib.run(listed, p).stop:
                     return p
             return p
+
+    def _epoch(self, p, epoch, listed, steps_per_loop):
+        """One epoch's loops (from where a restore left it), the actions after each; again
+        from the restored state when a recovery went back. `p` is the fit's Progress."""
+        step, driver, resumed = self.step, self.driver, self.resumed
+        self.callback_list.on_epoch_begin(epoch)
+        step.start_epoch()
+        p.epoch, p.batch, p.logs, p.last = epoch, 0, None, None
+        p.totals = np.zeros(step.width, np.float64)
+        if resumed is not None and epoch == resumed["epoch"] and resumed["step_in_epoch"]:
+            p.totals, p.batch = resumed["totals"].copy(), resumed["step_in_epoch"]
+        actions_lib.epoch_begin(listed, p)
+        # The callbacks' begin hooks, before each loop (`p` is where it starts).
+        before = next((functools.partial(a.loop_begin, p) for a in listed
+                       if isinstance(a, actions_lib.Callbacks)), None)
+        p.stop = actions_lib.RECOVERING
+        while p.stop == actions_lib.RECOVERING:  # again from the restored state
+            p.stop = None
+            remaining = None if self.steps_per_epoch is None else self.steps_per_epoch - p.batch
+            for result in driver.run_epoch(
+                    self.inputs.train, remaining, steps_per_loop, p.step,
+                    functools.partial(actions_lib.steps_to_boundary, listed), before=before):
+                p.last = result
+                p.totals = step.accumulate(p.totals, result.totals)
+                p.batch += result.steps
+                p.step += result.steps
+                if actions_lib.run(listed, p).stop:
+                    break
+        if p.stop == actions_lib.REQUESTED and p.last.in_sync:
+            # A callback's stop at a batch: where it and the data stood (`train`).
+            self.stopped_at = dict(batch=p.batch, totals=p.totals.copy(),
+                                   data=Position(driver.passes, driver.saved_offset))
 
     @staticmethod
     def _ran_out(p, epoch, logs):

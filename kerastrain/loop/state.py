@@ -212,7 +212,7 @@ class TrainingState:
             path).expect_partial()
         return self.steps_taken
 
-    def evaluate(self, eval_input, steps, beat=None, hooks=None):
+    def evaluate(self, eval_input, steps, hooks=None, *, beat=None):
         """Exact logs of the model over `eval_input` (at most `steps` batches); `hooks`: the
         callbacks' `callbacks.BatchHooks` of "test", called around its loops, or None."""
         if steps is None and eval_input.cardinality == data_lib.INFINITE:

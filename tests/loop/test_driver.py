@@ -4,6 +4,7 @@ import types
 
 import numpy as np
 
+from kerastrain.data.feeds import FitInputs
 from kerastrain.loop import driver
 from kerastrain.loop import ps_driver as ps_driver_lib
 
@@ -101,11 +102,10 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
     epochs = trainer._new_controller()
     monitor = trainer._workdir.monitor(trainer.model, step=0, element_spec=None)
     watch = Requested()
-    listed = epochs.actions(NoLoops(), watch=watch, agree=None, monitor=monitor,
-                            callback_list=None, validation=None, steps_per_epoch=2,
-                            train_input=None)
-    progress = epochs.train(NoLoops(), None, listed, range(0, 3), 2, None,
-                            type("C", (), {"on_epoch_begin": lambda *a: None})())
+    epochs.driver, epochs.inputs, epochs.steps_per_epoch = NoLoops(), FitInputs(None, None), 2
+    listed = epochs.actions(watch=watch, agree=None, monitor=monitor)
+    epochs.callback_list = type("C", (), {"on_epoch_begin": lambda *a: None})()
+    progress = epochs.train(listed, range(0, 3))
     assert progress.stop == "preempted" and watch.preempted.step == 0
     assert np.all(progress.totals == 0)
 
