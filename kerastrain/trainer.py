@@ -9,11 +9,11 @@ import keras
 
 from kerastrain import _logging
 from kerastrain._options import TrainerConfig, check_arguments, check_int
-from kerastrain.data import feeds as feeds_lib
 from kerastrain.data import fit_args
 from kerastrain.data import inputs as data_lib
 from kerastrain.data import service as service_lib
 from kerastrain.data import sharding
+from kerastrain.data import trainer_inputs as inputs_lib
 from kerastrain.distribute import strategies
 from kerastrain.io import checkpoints
 from kerastrain.io import monitor as monitor_lib
@@ -26,7 +26,7 @@ from kerastrain.loop import evaluating
 from kerastrain.loop import modes
 from kerastrain.loop import predicting
 from kerastrain.loop import stalls
-from kerastrain.loop import state as state_lib
+from kerastrain.loop import training_state as state_lib
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.loop import workdir as workdir_lib
 from kerastrain.step import instances
@@ -154,11 +154,10 @@ class Trainer(_LastFit):
             workdir=self._workdir, jit_compile=jit_compile, tuning=self._tuning,
             optimizer=optimizer, loss=loss, metrics=metrics)
         self._built = self._state.built  # a model instance's copy may fall back to another
-        self._feeds = feeds_lib.Feeds(self._built, policy=self._state.mode.input_policy(),
-                                      shard=shard, seed=seed, tuning=self._tuning,
-                                      service=self._service,
-                                      model=self._state.user_model or self.model)
-        self._evaluation = evaluating.Evaluation(self._state, self._feeds, self._beats)
+        self._inputs = inputs_lib.TrainerInputs(
+            self._built, policy=self._state.mode.input_policy(), shard=shard, seed=seed,
+            tuning=self._tuning, service=self._service, model=self._state.user_model or self.model)
+        self._evaluation = evaluating.Evaluation(self._state, self._inputs, self._beats)
         self._predictor = None
         self._workdir.claim(_settings(self, shard=shard))
 
@@ -218,7 +217,7 @@ class Trainer(_LastFit):
         (`load_checkpoint`) before either.
         """
         self._state.ensure_built(
-            self._feeds.get(data, "dataset_fn", "evaluation", batch_size).element_spec)
+            self._inputs.get(data, "dataset_fn", "evaluation", batch_size).element_spec)
 
     def load_checkpoint(self, path: str) -> int:
         """Load the model's weights and the global step from the checkpoint `path`.
@@ -268,13 +267,13 @@ class Trainer(_LastFit):
                                     default=self._dataset_fn)
         actions = actions_lib.check_user_actions(actions)  # refused before anything is used
         callbacks = self._state.use_backup(callbacks_lib.check_callbacks(callbacks))
-        inputs = self._feeds.of_fit(data, batch_size)
+        inputs = self._inputs.of_fit(data, batch_size)
         self._state.ensure_built(inputs.train.element_spec)
         self._controller = self._new_controller(callbacks, actions)  # the rest is its
         return self._controller.fit(
             inputs, self._workdir, epochs=epochs, steps_per_epoch=steps_per_epoch,
-            initial_epoch=initial_epoch, callbacks=callbacks, verbose=self._resolve_verbose(verbose),
-            validation_steps=validation_steps, validation_freq=validation_freq)
+            initial_epoch=initial_epoch, callbacks=callbacks, validation_steps=validation_steps,
+            validation_freq=validation_freq, verbose=self._resolve_verbose(verbose))
 
     def _new_controller(self, callbacks=(), actions=None):
         """This fit's `controller.Controller` (the model and its step are built)."""
@@ -323,8 +322,8 @@ class Trainer(_LastFit):
         callbacks = callbacks_lib.check_callbacks(callbacks)
         self._state.take_user_changes()  # a new compile may have made a new model
         self._predictor = predicting.Predictor.of(self._predictor, self._built, self.model,
-                                                  preprocess=self._feeds.preprocess,
-                                                  policy=self._feeds.policy)
+                                                  preprocess=self._inputs.preprocess,
+                                                  policy=self._inputs.policy)
         with self._state.cluster_errors_explained():
             return self._predictor.predict(x, batch_size=batch_size, steps=steps,
                                            callbacks=callbacks,

@@ -155,7 +155,7 @@ def main():
                         steps_per_epoch=case["steps_per_epoch"], callbacks=callbacks)
         # How often a scheduled loop was traced: loops cut short at a boundary carry fewer
         # positions, and a trace per length cost 0.6 s a loop on a real model.
-        readers = [i._reader for _, i in trainer._feeds.inputs.values() if getattr(i, "_reader", None)]
+        readers = [i._reader for _, i in trainer._inputs.inputs.values() if getattr(i, "_reader", None)]
         traces = max([f.experimental_get_tracing_count() for r in readers
                       for f in r._loops.values()] or [0])
         results.append({"case": case, "per_epoch": per_epoch, "global_step": trainer.global_step,

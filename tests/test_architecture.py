@@ -341,7 +341,7 @@ def test_the_trainer_and_fit_check_each_option_by_its_recipe_field():
 def test_the_trainer_asks_its_mode_instead_of_testing_the_strategy():
     """What differs between kinds of strategy lives in `kerastrain.loop.modes`; the
     Trainer and its training state only hand the strategy's kind on to the run state."""
-    tests = [line.strip() for module in ("trainer.py", "loop/state.py")
+    tests = [line.strip() for module in ("trainer.py", "loop/training_state.py")
              for line in (PACKAGE / module).read_text().splitlines()
              if re.search(r"\bis_(parameter_server|multi_worker)\b", line)]
     assert tests == [], tests

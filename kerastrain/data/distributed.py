@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from kerastrain import _compat, _logging
 from kerastrain.data import inputs as data_lib
-from kerastrain.data import instep
+from kerastrain.data import in_step_batches
 from kerastrain.data import pipelines as pipeline_lib
 from kerastrain.data import policy as policy_lib
 from kerastrain.data import sharding
@@ -111,12 +111,12 @@ class DistributedInput:
         self._in_step = in_step and self._in_step_source(probe)
 
     def _in_step_source(self, probe):
-        """`() -> instep.InStepBatches` when the batches can be read inside the compiled
-        loop (`instep.source`), else None."""
+        """`() -> in_step_batches.InStepBatches` when the batches can be read inside the compiled
+        loop (`in_step_batches.source`), else None."""
         built = self._built
         if self._policy.built_on_workers or self._pipelines != 1 or self._service is not None:
             return None
-        return instep.source(self._numpy if self.form == "numpy" else None, probe,
+        return in_step_batches.source(self._numpy if self.form == "numpy" else None, probe,
                              self.element_spec, built.replica_devices or ("/cpu:0",),
                              self._role)
 

@@ -93,7 +93,8 @@ class NumpyData:
     def orders(self):
         """A dataset whose every iteration yields the next pass's permutation of the
         examples (`stateless_shuffle` keyed by a draw from `seed`): the order of
-        `indices` (and of `kerastrain.data.instep`, which reads the batches in the loop)."""
+        `indices` (and of `kerastrain.data.in_step_batches`, which reads the batches in the
+        loop)."""
         return self._pass_keys().map(unconverted(self._permutation))
 
     def order_drawer(self):

@@ -40,7 +40,7 @@ class Controller:
     """One `fit`, from the restored step to the last epoch (see the module docstring).
 
     Args:
-        state: the Trainer's `state.TrainingState` (its model, compiled step, global step,
+        state: the Trainer's `training_state.TrainingState` (its model, compiled step, global step,
             run state and strategy), once built.
         config: the Trainer's `_options.TrainerConfig` (steps_per_loop, stall_timeout,
             on_nonfinite, max_recoveries, spike_factor).
@@ -76,8 +76,9 @@ class Controller:
         self.ended = None     # a callback's stop (`train`), for `finish` to save and record
         self.stopped_at = None  # a stop at a batch: the position then (`_epoch`)
         # What `fit` decides for the rest of its fit (a Controller runs one fit): its
-        # `feeds.FitInputs`, the driver, the callbacks and their list, the epoch's length in
-        # steps (None: to the data's end), where the restore left the run (None: at the start).
+        # `trainer_inputs.FitInputs`, the driver, the callbacks and their list, the epoch's
+        # length in steps (None: to the data's end), where the restore left the run (None: at
+        # the start).
         self.inputs = self.driver = self.callback_list = self.resumed = None
         self.callbacks, self.steps_per_epoch = (), None
 
@@ -89,7 +90,7 @@ class Controller:
         epoch's length, where a restore left the run) is its own for the rest of the fit.
 
         Args:
-            inputs: the fit's `feeds.FitInputs`: the training data and the validation data
+            inputs: the fit's `trainer_inputs.FitInputs`: the training data and the validation data
                 (`data.distributed.DistributedInput`s; validation may be None).
             workdir: the Trainer's `workdir.WorkDir` (TensorBoard, the export's record).
             epochs, steps_per_epoch, initial_epoch, callbacks, verbose, validation_steps,
@@ -140,7 +141,8 @@ class Controller:
         # Batches in an epoch where known: `model.fit` begins no batch past them.
         batches_known = steps_per_epoch * self.step.accumulation if steps_per_epoch else (
             lengths_lib.batches_the_data_holds(train_input))
-        steps_per_epoch = steps_per_epoch or lengths_lib.steps_the_data_holds(train_input, self.step)
+        steps_per_epoch = steps_per_epoch or lengths_lib.steps_the_data_holds(train_input,
+                                                                              self.step)
         results, run = self.step.results, self.run_state
         recovery = self.recovery = recovery_lib.action(
             driver, **self.nonfinite, model=self.model, step=self.step,

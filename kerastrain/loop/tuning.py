@@ -5,7 +5,7 @@ asked for, which may choose XLA: a step's float rounding then differs, as with `
 - tf.data options on the pipelines kerastrain is given (`input_options`,
   `kerastrain.data.pipelines`);
 - in-memory input read by index inside the compiled loop (`in_step_batches`,
-  `kerastrain.data.instep`);
+  `kerastrain.data.in_step_batches`);
 - `UNROLL` training steps per iteration of the compiled loop where that many are known
   to be left: on such input, and on parameter-server workers (`unroll_steps`, `loops.Step`);
 - `steps_per_loop="auto"` sized from a measurement of the compiled call's fixed

@@ -191,7 +191,7 @@ class Step:
         """A compiled loop of up to `num_steps` batches that stops where the data ends.
 
         `unroll` > 1: on an iterator that knows how many batches its pass has left
-        (`instep`), `unroll` steps per iteration of the loop while that many are left,
+        (`in_step_batches`), `unroll` steps per iteration of the loop while that many are left,
         then one. The steps and their order are the same, but an iteration waits for
         all of its body, so steps in one iteration overlap: the next step's first
         layers run while the previous one still updates its last. A stop request is

@@ -1,15 +1,24 @@
 """What one replica computes in one exact step: its share of the global mean loss, its gradients
-and the metric deltas, packed into the totals vector the loops sum (`kerastrain.step.loops`)."""
+and the metric deltas, packed into the totals vector the loops sum (`kerastrain.step.loops`).
+
+Each replica's loss is weighed by its share of the global batch's examples, which makes the
+summed gradient the one-device gradient for every loss Keras averages over examples. A loss
+that divides by something else per replica (its unmasked entries, its sample weights) is not
+averaged over examples; Keras fit under the same strategy weighs replicas alike, so kerastrain
+trains it as Keras does there, and says so once when the step is traced (`say_losses`)."""
 
 from __future__ import annotations
+
+import logging
 
 import tensorflow as tf
 
 from kerastrain import _compat
-from kerastrain.step import inexact
 from kerastrain.step import updates
 from kerastrain.step import metrics as metrics_lib
 from kerastrain.data import inputs as data_lib
+
+logger = logging.getLogger("kerastrain")
 
 
 def unpack(data):
@@ -120,7 +129,7 @@ class ReplicaStep:
             y_pred, forward = self._forward(x, training=True)
             if replicas > 1 and not self._said_masked:   # decided once, while tracing
                 self._said_masked = True
-                inexact.say_losses(self.model, y_pred, replicas, weighted=sw is not None)
+                say_losses(self.model, y_pred, replicas, weighted=sw is not None)
             loss, state = self._losses_and_metrics(x, y, y_pred, sw, training=True,
                                                    forward=forward)
             # Keras returned (local mean + regularization) / replicas. Weighting each
@@ -196,3 +205,31 @@ class EmptyBatchGuard:
             v.assign(tf.where(self.n > 0, v.value, old))
         return [g if g is None else tf.IndexedSlices(self.value(g.values), g.indices, g.dense_shape)
                 if isinstance(g, tf.IndexedSlices) else self.value(g) for g in grads]
+
+
+def say_losses(model, y_pred, replicas, weighted=False):
+    """One line when the loss averages over unmasked entries only (a Keras mask on an
+    output, as `Embedding(mask_zero=True)` gives sequence outputs, or a loss's
+    `ignore_class`): each replica then averages over its own share's unmasked entries,
+    and its weight is its share of the batch's examples, not of the unmasked entries,
+    so the step differs slightly from one device's (Keras fit weights replicas alike). The
+    same for a loss divided by the batch's sample weights (`weighted`: the batch has them)."""
+    masked = [i for i, t in enumerate(tf.nest.flatten(y_pred))
+              if _compat.keras_mask(t) is not None]
+    ignoring = [loss for loss in tf.nest.flatten(getattr(model, "loss", None))
+                if getattr(loss, "ignore_class", None) is not None]
+    if masked or ignoring:
+        what = "a Keras mask on output(s) %s" % masked if masked else "`ignore_class`"
+        logger.info(
+            "the loss averages over unmasked entries only (%s): under %d replicas each "
+            "averages over its own share's, weighted by its share of the examples, so losses "
+            "and updates differ slightly from one device's (as under Keras fit with this "
+            "strategy); one device trains it exactly", what, replicas)
+    if weighted and any(getattr(loss, "reduction", None) == "mean_with_sample_weight"
+                        for loss in tf.nest.flatten(getattr(model, "loss", None))):
+        logger.info(
+            "the loss divides by the batch's sum of sample weights "
+            "(reduction='mean_with_sample_weight'): under %d replicas each divides by its own "
+            "share's, weighted by its share of the examples, so losses and updates differ "
+            "slightly from one device's (as under Keras fit with this strategy); the default "
+            "reduction ('sum_over_batch_size') or one device trains exactly", replicas)

@@ -383,8 +383,8 @@ def test_arrays_changed_in_place_between_calls_are_read_anew_as_keras_reads_them
     expected = trainer.model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)["loss"]
     assert trainer.evaluate(data, batch_size=16)["loss"] == pytest.approx(expected, rel=1e-5)
     assert expected != pytest.approx(first, rel=1e-3)
-    from kerastrain.data import feeds
+    from kerastrain.data import trainer_inputs
     words = np.array(["a", "b", "c"], dtype=object)
-    before = feeds._content((words,))
+    before = trainer_inputs._content((words,))
     words[1] = "z"
-    assert feeds._content((words,)) != before
+    assert trainer_inputs._content((words,)) != before

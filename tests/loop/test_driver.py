@@ -4,7 +4,7 @@ import types
 
 import numpy as np
 
-from kerastrain.data.feeds import FitInputs
+from kerastrain.data.trainer_inputs import FitInputs
 from kerastrain.loop import driver
 from kerastrain.loop import ps_driver as ps_driver_lib
 

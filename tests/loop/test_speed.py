@@ -38,7 +38,7 @@ def test_the_loops_callees_unconverted_by_autograph_train_bit_for_bit_as_convert
     converted again, the same seed trains the same weights and logs, to the last bit."""
     import keras
 
-    from kerastrain.data import instep, numpy_data
+    from kerastrain.data import in_step_batches, numpy_data
     from kerastrain.distribute.ps import visits
     from kerastrain.step import accumulation, loops
     from kerastrain import _tracing
@@ -56,14 +56,14 @@ def test_the_loops_callees_unconverted_by_autograph_train_bit_for_bit_as_convert
         if convert:
             for module in (_tracing, numpy_data, accumulation, loops, visits):
                 monkeypatch.setattr(module, "unconverted", lambda fn: fn)
-            instep._iterator_type.cache_clear()
-            instep._next_type.cache_clear()
+            in_step_batches._iterator_type.cache_clear()
+            in_step_batches._next_type.cache_clear()
         trainer = kt.Trainer(build, strategy=strategy if strategy == "default" else
                              {"name": "mirrored", **options}, seed=4, verbose=0)
         history = trainer.fit((x, y), batch_size=16, epochs=2, validation_data=(x, y)).history
         runs.append((history, _weights(trainer)))
-    instep._iterator_type.cache_clear()   # the next tests' iterators: unconverted again
-    instep._next_type.cache_clear()
+    in_step_batches._iterator_type.cache_clear()   # the next tests' iterators: unconverted again
+    in_step_batches._next_type.cache_clear()
     assert runs[0][0] == runs[1][0]
     for a, b in zip(runs[0][1], runs[1][1]):
         np.testing.assert_array_equal(a, b)
@@ -156,12 +156,12 @@ def test_in_step_batches_are_the_pipelines_batches_in_its_order():
     import tensorflow as tf
 
     from kerastrain.data import numpy_data as data
-    from kerastrain.data import instep
+    from kerastrain.data import in_step_batches
     x = np.random.RandomState(0).rand(50, 3).astype("float32")
     ids = np.arange(50)
     numpy = data.NumpyData((x, ids), 8, shuffle=True, seed=5)
     pipeline = numpy.dataset()
-    reader = instep.InStepBatches(numpy.variables, pipeline.element_spec, 8,
+    reader = in_step_batches.InStepBatches(numpy.variables, pipeline.element_spec, 8,
                                   orders=numpy.order_drawer())
     passes = []
     for _ in range(3):  # each iteration of either draws the next pass's order
@@ -177,7 +177,7 @@ def test_in_step_batches_are_the_pipelines_batches_in_its_order():
     for drop in (False, True):
         ds = tf.data.Dataset.from_tensor_slices((x, {"id": ids})).batch(8, drop_remainder=drop)
         tensors, spec = [tf.constant(x), tf.constant(ids)], ds.element_spec
-        reader = instep.InStepBatches(tensors, spec, 8, drop_remainder=drop)
+        reader = in_step_batches.InStepBatches(tensors, spec, 8, drop_remainder=drop)
         assert _batches(iter(reader)) and len(_batches(iter(reader))) == (6 if drop else 7)
         for a, b in zip(_batches(iter(reader)), _batches(ds)):
             for u, v in zip(a, b):
@@ -187,10 +187,10 @@ def test_in_step_batches_are_the_pipelines_batches_in_its_order():
     # A compiled loop is traced for the iterator's type: once for every pass, and once
     # for another input of the same shapes (no trace holds an input's tensors).
     traces = []
-    reader = instep.InStepBatches(numpy.variables, pipeline.element_spec, 8,
+    reader = in_step_batches.InStepBatches(numpy.variables, pipeline.element_spec, 8,
                                   orders=numpy.order_drawer())
     other = data.NumpyData((x, ids), 8, shuffle=True, seed=6)
-    other = instep.InStepBatches(other.variables, pipeline.element_spec, 8,
+    other = in_step_batches.InStepBatches(other.variables, pipeline.element_spec, 8,
                                  orders=other.order_drawer())
 
     @tf.function
@@ -208,15 +208,15 @@ def test_in_step_batches_are_the_pipelines_batches_in_its_order():
 
 
 def test_in_step_placement_keeps_tf_data_for_many_replicas_and_big_gpu_data():
-    from kerastrain.data import instep
+    from kerastrain.data import in_step_batches
     cpu, gpu = "/job:localhost/replica:0/task:0/device:CPU:0", "/job:localhost/device:GPU:0"
-    assert instep.placement(10 ** 12, [cpu]) == (None, None)  # host memory: left in place
-    assert instep.placement(2 ** 20, [gpu]) == (gpu, None)    # copied to the GPU once
-    device, why = instep.placement(3 * 2 ** 30, [gpu])
+    assert in_step_batches.placement(10 ** 12, [cpu]) == (None, None)  # host memory: left in place
+    assert in_step_batches.placement(2 ** 20, [gpu]) == (gpu, None)    # copied to the GPU once
+    device, why = in_step_batches.placement(3 * 2 ** 30, [gpu])
     assert device is None and "3.0 GiB" in why                # prefetched by tf.data instead
-    assert instep.placement(10, [cpu, cpu])[1] == "2 replicas on this worker"
-    assert instep.placement(10, [cpu], strings=True) == (None, None)
-    assert "string arrays cannot be copied" in instep.placement(10, [gpu], strings=True)[1]
+    assert in_step_batches.placement(10, [cpu, cpu])[1] == "2 replicas on this worker"
+    assert in_step_batches.placement(10, [cpu], strings=True) == (None, None)
+    assert "string arrays cannot be copied" in in_step_batches.placement(10, [gpu], strings=True)[1]
 
 
 def test_tuned_keeps_options_the_pipeline_sets():

@@ -21,7 +21,7 @@ from kerastrain.data import preprocessing
 FitInputs = collections.namedtuple("FitInputs", ["train", "validation"])
 
 
-class Feeds:
+class TrainerInputs:
     """Every input of one Trainer, by use (argument, role, batch size, shuffle).
 
     Args:
