@@ -72,3 +72,39 @@ def test_the_recipes_table_lists_every_shipped_recipe():
     listed = set(re.findall(r"^\| `([\w.]+\.yaml)` \|", table, flags=re.M))
     shipped = {path.name for path in (REPO / "recipes").glob("*.yaml")}
     assert listed == shipped
+
+
+def _defined(path):
+    """Top-level names of a module and `Class.method` names of its classes."""
+    import ast
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names.update(f"{node.name}.{n.name}" for n in node.body
+                         if isinstance(n, ast.FunctionDef))
+    return names
+
+
+def test_the_walk_of_one_epoch_names_six_files_and_what_each_holds():
+    """docs/architecture.md's walk of one epoch: six files, and each name it gives for a file
+    (`Controller.fit`, `SyncDriver.run_epoch`...) or a module (`fit_args.of_fit_call`) is
+    defined there: a rename or a move that leaves the walk behind fails here."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    walk = text.split("Following one epoch of a synchronous `fit` opens six files", 1)[1]
+    walk = walk.split("A reader who wants more", 1)[0]
+    items = re.findall(r"^\d\. `([\w/]+\.py)`: (.*?)(?=^\d\. |\Z)", walk, flags=re.M | re.S)
+    assert len(items) == 6, items
+    package = REPO / "kerastrain"
+    modules = {p.stem: p for p in package.rglob("*.py")}
+    assert all((package / path).exists() for path, _ in items), items
+    walked = set().union(*(_defined(package / path) for path, _ in items))
+    for path, words in items:
+        here = _defined(package / path)
+        for name in re.findall(r"`([A-Za-z_][\w.]*)`", words):
+            head, _, rest = name.partition(".")
+            if head in modules and rest:
+                assert rest in _defined(modules[head]), (path, name)
+            elif head[0].isupper():  # the file's, or (a class named in passing) the walk's
+                assert name in here or (not rest and name in walked), (path, name)
