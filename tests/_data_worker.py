@@ -61,9 +61,10 @@ def main():
     results = {}
     for scenario in job["scenarios"]:
         try:
-            data = DistributedInput(built, files_data(scenario["dir"], True),
-                                    shard=scenario["shard"], role=scenario["name"],
-                                    policy=trainer._state.mode.input_policy())
+            policy = trainer._state.mode.input_policy()
+            kind = policy.input_type(scenario["name"], DistributedInput)  # ps: WorkerInput
+            data = kind(built, files_data(scenario["dir"], True), shard=scenario["shard"],
+                        role=scenario["name"], policy=policy)
         except ValueError as e:
             results[scenario["name"]] = {"error": str(e)}
             continue

@@ -1,27 +1,24 @@
-"""One input (any form) made iterable under one strategy, on replicas, ps workers or the service."""
+"""One input (any form) made iterable under one strategy: on replicas, through the tf.data service,
+or on this task alone; what parameter-server workers read is `kerastrain.data.ps`."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
 
 import tensorflow as tf
 
-from kerastrain import _compat, _logging
+from kerastrain import _logging
 from kerastrain.data import inputs as data_lib
 from kerastrain.data import in_step_batches
 from kerastrain.data import pipelines as pipeline_lib
-from kerastrain.data import policy as policy_lib
 from kerastrain.data import sharding
-from kerastrain.distribute.ps import inputs as ps_inputs
-from kerastrain.distribute.ps import visits
 from kerastrain.data import service as service_lib
 
 logger = logging.getLogger("kerastrain")
 
 
-def _with_policy(dataset, policy):
+def with_policy(dataset, policy):
     """`dataset` with the auto-shard policy of the plan. One pipeline ("none") keeps
     TensorFlow's default, which shards nothing for one worker and splits each global batch
     on its own across the replicas: `OFF` made TensorFlow regroup examples across batch
@@ -70,11 +67,9 @@ class DistributedInput:
         self._input_options = input_options  # `pipeline_lib.tuned` on what synchronous loops read
         # Under parameter servers only training data goes to the workers: the coordinator
         # evaluates (validation too) from one pipeline of its own (`local_dataset`).
-        evaluated_here = policy.evaluates_here and role in ("validation", "evaluation")
+        evaluated_here = policy.evaluated_here(role)
         self._pipelines = 1 if evaluated_here else policy.pipelines
-        # Built on first use (the last two, and `passes_read`, kept between fits: ps + service)
-        self._distributed = self._per_worker = self._worker_index = self._account = None
-        self.passes_read = 0
+        self._distributed = self._local = None  # built on first use
         # A `kerastrain.data.service.Service` reads training data only (validation stays local).
         self._service = service if role == "training" else None
         source = data_lib.resolve(
@@ -95,8 +90,19 @@ class DistributedInput:
             self.plan = dataclasses.replace(self.plan, sentence=(
                 f"read on the coordinator (under parameter servers the chief evaluates): "
                 f"{self.plan.sentence}"))
-        self._decide_visits(shard, role)
+        self._off = shard == "off"
+        self._account_for_workers()
         self._say_plan(source.probe, in_step)
+
+    def _account_for_workers(self):
+        """Where workers read the data from pipelines of their own (`data.ps.WorkerInput`),
+        what they read, said in the plan's sentence; nothing here."""
+
+    @property
+    def drains(self) -> bool:
+        """An epoch of `steps_per_epoch=None` is one pass of a job every worker reads to its
+        end (`data.ps.WorkerInput`); never here."""
+        return False
 
     def _say_plan(self, probe, in_step):
         """Log the plan (the service's, if one splits the data) and how batches are read."""
@@ -138,24 +144,6 @@ class DistributedInput:
             return service_lib.numpy_batches(self._numpy, first_pass, passes)
         return self._checked(self._make())
 
-    def _decide_visits(self, shard, role):
-        """Where a coordinator hands out positions (`policy.visits`: parameter servers),
-        loops name the batches they train (kerastrain.distribute.ps.visits) unless a worker
-        splits its batches over replicas, a pipeline is empty, or shard='off' opts out
-        (each worker reads its own pipeline, or all the data)."""
-        visits_here = self._policy.visits
-        self._reader = None
-        self._local = None  # local_dataset(), made once
-        self._off = shard == "off"
-        self.exact = (visits_here and self._built.strategy.num_replicas_in_sync == 1
-                      and 0 not in self._sizes and not self._off and self._service is None)
-        if visits_here and role == "training":
-            sizes = self._sizes
-            self.plan = dataclasses.replace(self.plan, sentence=ps_inputs.account(
-                self.plan.sentence, exact=self.exact, off=self._off, form=self.form,
-                pipelines=self._pipelines, infinite=data_lib.INFINITE in sizes,
-                unknown=data_lib.UNKNOWN in sizes, empty=0 in sizes))
-
     # -- what the runners iterate ---------------------------------------------------
 
     def _checked(self, dataset, repeat=False):
@@ -186,7 +174,7 @@ class DistributedInput:
                     if self.form == "context_fn":
                         return strategy.distribute_datasets_from_function(through)
                     return strategy.experimental_distribute_dataset(
-                        _with_policy(through(), "off"))
+                        with_policy(through(), "off"))
                 self._distributed = service_lib.PerPass(one_pass)
             elif self._in_step:
                 self._distributed = self._in_step()
@@ -194,7 +182,7 @@ class DistributedInput:
                 self._distributed = strategy.distribute_datasets_from_function(
                     lambda ctx: self._tuned(self._checked(self._fn(ctx))))
             else:
-                dataset = self._tuned(_with_policy(self._make(), self.plan.policy))
+                dataset = self._tuned(with_policy(self._make(), self.plan.policy))
                 self._distributed = strategy.experimental_distribute_dataset(dataset)
         return self._distributed
 
@@ -209,110 +197,6 @@ class DistributedInput:
                             "%s data: tf.data options: %s (switch off with "
                             "tuning={'input_options': False})", self._role, sentence)
         return dataset
-
-    def _worker_dataset(self, index, repeat=True):
-        """Worker `index`'s (repeated) shard, built eagerly here or traced for that worker."""
-        if self.form == "context_fn":
-            ctx = tf.distribute.InputContext(self._pipelines, index,
-                                             self._built.strategy.num_replicas_in_sync)
-            return self._checked(self._fn(ctx), repeat=repeat)
-        dataset = _with_policy(self._make(), self.plan.policy)
-        if self.plan.policy in ("file", "data"):
-            dataset = _compat.auto_shard(dataset, self._pipelines, index)
-        return self._checked(dataset, repeat=repeat)
-
-    def per_worker_iterator(self):
-        """Per-worker iterators under parameter servers; repeated, so they never run dry."""
-        if self._per_worker is None:
-            strategy = self._built.strategy
-            if self._service is not None:
-                numpy = self.form == "numpy"  # its source counts passes itself
-                through = self._service.per_worker_fn(
-                    self._service_source(passes=2 ** 40 if numpy else 1), repeat=not numpy)
-
-                def make(index):
-                    return strategy.distribute_datasets_from_function(lambda ctx: through())
-            elif self.form == "dataset":
-                # A dataset object lives here; workers get it as a serialised graph.
-                graphs = [_compat.serialize_dataset(self._worker_dataset(i))
-                          for i in range(self._pipelines)]
-                spec = self.element_spec
-
-                def make(index):
-                    return strategy.distribute_datasets_from_function(
-                        lambda ctx: _compat.deserialize_dataset(graphs[index], spec))
-            else:
-                def make(index):
-                    return strategy.distribute_datasets_from_function(
-                        lambda ctx: self._worker_dataset(index))
-            with warnings.catch_warnings():
-                # tf.data warns that dataset options are not known while tracing.
-                warnings.simplefilter("ignore", UserWarning)
-                self._per_worker = _compat.per_worker_iterator(
-                    self._built.coordinator, strategy, make)
-        return self._per_worker
-
-    @property
-    def drains(self) -> bool:
-        """Through the tf.data service, where the workers read shared jobs (parameter
-        servers): an epoch of `steps_per_epoch=None` is one pass of a job every worker
-        reads to its end (`ps_driver.PSDriver.run_pass`)."""
-        return self._service is not None and self._policy.service == policy_lib.WORKERS
-
-    def pass_iterators(self):
-        """Per-worker iterators over the next pass's job (one job, shared by every ps
-        worker), and per-worker iterators yielding each worker's index."""
-        strategy, coordinator = self._built.strategy, self._built.coordinator
-        k, self.passes_read = self.passes_read, self.passes_read + 1
-        source = (self._service_source(first_pass=k) if self.form == "numpy"
-                  else self._service_source())
-        through = self._service.pass_fn(source)
-        with warnings.catch_warnings():
-            # tf.data warns that dataset options are not known while tracing.
-            warnings.simplefilter("ignore", UserWarning)
-            iterator = _compat.per_worker_iterator(
-                coordinator, strategy,
-                lambda index: strategy.distribute_datasets_from_function(lambda ctx: through()))
-            if self._worker_index is None:
-                self._worker_index = visits.worker_indices(self._built)
-        return iterator, self._worker_index
-
-    def pass_ended(self, examples):
-        """A pass read through the service trained `examples`: fewer than a pass has are
-        reported (`service.PassAccount`)."""
-        if self._account is None:
-            self._account = service_lib.PassAccount(self._expected)
-        self._account.ended(int(round(examples)))
-
-    def reader(self):
-        """The `visits.Reader` of exact visits under parameter servers (None: not exact)."""
-        if not self.exact:
-            return None
-        if self._reader is None:
-            finish = None
-            if self.form == "numpy":
-                make, finish = self._numpy.indices, self._numpy.gather
-            elif self.form == "context_fn":
-                replicas = self._built.strategy.num_replicas_in_sync
-
-                def make(j):
-                    return self._checked(self._fn(tf.distribute.InputContext(
-                        self._pipelines, j, replicas)))
-            elif self.form == "dataset":
-                graph = _compat.serialize_dataset(self._make())
-                spec = self.element_spec
-
-                def make(j):
-                    return _compat.deserialize_dataset(graph, spec)
-            else:
-                def make(j):
-                    return self._checked(self._make())
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                sizes = [size if size > 0 else None for size in self._sizes]
-                self._reader = visits.Reader(self._built, sizes, make, finish,
-                                             element_spec=self.element_spec)
-        return self._reader
 
     def local_dataset(self):
         """The whole dataset read on this task (coordinator-side evaluation under PS).

@@ -45,6 +45,9 @@ class InputPolicy:
             `WORKERS`, or None where it cannot keep the data exact (it is refused).
         check_dataset: `(dataset, argument) -> None`, raising where a `tf.data.Dataset`
             object given cannot be used here; None: every one can.
+        worker_input: the class of an input the workers read from pipelines of their own
+            (`kerastrain.data.ps.WorkerInput`, a `DistributedInput` with the workers'
+            iterators and exact visits); None: the workers read none.
     """
 
     pipelines: int = 1
@@ -57,3 +60,16 @@ class InputPolicy:
     shared_order_seed: bool = False
     service: Optional[str] = CONSUMER
     check_dataset: Optional[Callable] = None
+    worker_input: Optional[type] = None
+
+    def evaluated_here(self, role):
+        """Whether data of `role` is read on this task alone (validation and evaluation data
+        where `evaluates_here`)."""
+        return self.evaluates_here and role in ("validation", "evaluation")
+
+    def input_type(self, role, default):
+        """The class of an input of `role`: `worker_input` where the workers read it, else
+        `default`."""
+        if self.worker_input is None or self.evaluated_here(role):
+            return default
+        return self.worker_input

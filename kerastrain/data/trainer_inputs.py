@@ -70,7 +70,8 @@ class TrainerInputs:
                 source = preprocessing.mapped(data, self.preprocess, argument=argument,
                                               batch_size=batch_size)
                 batch_size = None
-            self.inputs[key] = (data, distributed.DistributedInput(
+            kind = self.policy.input_type(role, distributed.DistributedInput)
+            self.inputs[key] = (data, kind(
                 self.built, source, policy=self.policy, argument=argument, shard=self._shard,
                 batch_size=batch_size, seed=self.order_seed(data, argument, role), role=role,
                 shuffle=shuffle, input_options=self._tuning.input_options,

@@ -34,6 +34,7 @@ from kerastrain.loop import callbacks as callbacks_lib
 from kerastrain.data import inputs as data_lib
 from kerastrain.data import policy as input_policies
 from kerastrain.data import service as service_lib
+from kerastrain.data.ps import workers as ps_data
 from kerastrain.distribute.ps import inputs as ps_inputs
 from kerastrain.loop import driver as driver_lib
 from kerastrain.loop import preemption
@@ -276,7 +277,8 @@ class ParameterServers(Synchronous):
         return input_policies.InputPolicy(
             pipelines=max(self.built.num_workers, 1), built_on_workers=True, in_turn=True,
             visits=True, evaluates_here=True, predicts_here=True, service=input_policies.WORKERS,
-            check_dataset=ps_inputs.check_made_after_connecting)
+            check_dataset=ps_inputs.check_made_after_connecting,
+            worker_input=ps_data.WorkerInput)
 
     def stall_probe(self):
         workers = stalls.cluster_workers()

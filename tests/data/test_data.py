@@ -11,6 +11,7 @@ import kerastrain as kt
 from kerastrain import examples
 from kerastrain.data import sharding
 from kerastrain.data.distributed import DistributedInput
+from kerastrain.data.ps.workers import WorkerInput
 from kerastrain.loop import modes
 
 N_FILES_EXAMPLES = 84  # 8 files of 10 or 11 examples: the two workers get 40 and 44
@@ -165,7 +166,7 @@ def test_numpy_arrays_are_held_in_variables_not_graph_constants():
     built = kt.build_strategy("one_device")
     x = np.random.RandomState(0).randn(20000, 50).astype("float32")  # 4 MB
     y = np.zeros((20000, 1), "float32")
-    di = DistributedInput(built, (x, y), batch_size=100, policy=_policy(built))
+    di = WorkerInput(built, (x, y), batch_size=100, policy=_policy(built))
     # The function a parameter-server worker runs to build its dataset: the arrays are
     # captured variables, not 4 MB of constants in the function sent to the worker.
     traced = tf.function(lambda: di._worker_dataset(0)).get_concrete_function()
