@@ -1,0 +1,254 @@
+"""Frozen parameter-server workers: one that answers no request is named within seconds.
+
+TensorFlow's `ClusterCoordinator` runs a failed worker's steps again on the others and takes
+the worker back at its address, but a worker that hangs (stopped by SIGSTOP, a paused VM, a
+host cut off the network) fails nothing: its loop waits for ever, and so does every result
+fetched after it. The stall watch (`kerastrain.loop.stalls`) ends such a job only at its
+bound, 5 minutes or more under `stall_timeout="auto"`.
+
+While a coordinator trains, a thread here asks every worker's server for its status
+(`tensorflow.WorkerService/GetStatus`, an empty request its gRPC threads answer at once, so
+a worker busy with a long step answers as an idle one does: no step time enters the bound)
+every second, each request with a deadline. A worker whose requests all miss their deadline
+for `frozen_worker_timeout` seconds (a strategy option, 30 by default) is named in one line,
+once until it answers again. A refused connection is an answer (its host is up; the worker
+is gone or restarting, which the coordinator handles). The line says who ends it: `kerastrain
+launch` (and `--ray`) reads it and kills the task, whose loop then fails and runs on the
+other workers, and starts it again; on Kubernetes the pod's liveness probe does; elsewhere
+nobody, and the line says so.
+
+TensorFlow's own error blocks about that worker that follow on the coordinator's Python
+logger ("Worker /job:worker/replica:0/task:1 failed with UnavailableError ... Additional
+GRPC error information") are dropped: the line has said what happened. Its C++ lines
+("Failed to register function remotely ...") are written by TensorFlow to the process's
+stderr directly, past any filter of this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+import time
+
+from kerastrain._lifetime import LAUNCHER_PID
+
+DEFAULT_SECS = 30.0  # the `ps` strategy option `frozen_worker_timeout`'s default
+ASK_EVERY = 1.0      # seconds between two status requests to one worker
+ASK_WAIT = 5.0       # a request's deadline
+QUIET_AFTER = 60.0   # TensorFlow's lines about a named worker dropped this long after it answers
+
+# A coordinator's lines that name workers answering no request, read by `kerastrain launch`
+# (which ends them): this module's, and the stall watch's (`stalls.StallWatch`).
+STUCK = re.compile(r"kerastrain: (?:stalled: .* waits on )?((?:worker:\d+)(?:, worker:\d+)*),? "
+                   r"(?:which answer|answered nothing for)")
+
+HEARTBEAT = "KERASTRAIN_HEARTBEAT"  # set in exported Kubernetes jobs (`stalls.start_heartbeat`)
+
+
+def who_restarts(environ=None) -> str:
+    """What ends a frozen worker of this job, so that its loop runs elsewhere, in words."""
+    environ = os.environ if environ is None else environ
+    if environ.get(LAUNCHER_PID):
+        return "kerastrain launch ends it and starts it again"
+    if environ.get(HEARTBEAT):
+        return ("its pod's liveness probe ends it and Kubernetes starts it again (within "
+                "about 90 s)")
+    return ("nothing here can end it: end its process (or host) and start it again; until "
+            "then its loop waits")
+
+
+class WorkerWatch:
+    """While active, names the workers that answer no request for `timeout` seconds.
+
+    Args:
+        workers: `{"worker:i": "host:port"}` (TF_CONFIG's workers).
+        timeout: seconds a worker may answer nothing; None: a watch that does nothing.
+        out: where the line goes (stderr): it is read by `kerastrain launch`, whatever the
+            user did to logging.
+        ask: `(name, address, done)`: send one status request, call `done(answered)` when it
+            ends, within `wait` seconds (tests pass their own; by default gRPC, `GrpcAsk`).
+        clock: `time.monotonic`, or a test's.
+        environ: where `who_restarts` looks (os.environ).
+    """
+
+    def __init__(self, workers, timeout=DEFAULT_SECS, *, out=None, ask=None,
+                 clock=time.monotonic, environ=None, wait=ASK_WAIT):
+        self.workers = dict(workers)
+        self.timeout = timeout
+        self.wait = wait  # a request's deadline
+        self._out = out
+        self._ask = ask
+        self._clock = clock
+        self._environ = environ
+        self._lock = threading.Lock()
+        self._ok = {}          # name -> when the newest request it answered was sent
+        self._missed = {}      # name -> when the newest request it missed was sent
+        self._named = {}       # name -> when it was named (until it answers again)
+        self._quiet = {}       # name -> until when TensorFlow's lines about it are dropped
+        self._done = threading.Event()
+        self._thread = None
+        self._filter = _DropLinesAbout(self)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.timeout and self.workers)
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        if self._ask is None:
+            self._ask = GrpcAsk(self.wait)
+        now = self._clock()
+        self._ok = {name: now for name in self.workers}   # as if each had just answered
+        self._missed = {}
+        self._done.clear()
+        logging.getLogger("tensorflow").addFilter(self._filter)
+        self._thread = threading.Thread(target=self._run, name="kerastrain-liveness",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._done.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+            logging.getLogger("tensorflow").removeFilter(self._filter)
+            close = getattr(self._ask, "close", None)
+            if close is not None:
+                close()
+        return False
+
+    def _run(self):
+        while not self._done.wait(ASK_EVERY):
+            self.ask_all()
+            self.check(self._clock())
+
+    def ask_all(self):
+        """One status request to every worker."""
+        for name, address in self.workers.items():
+            sent = self._clock()
+            self._ask(name, address, lambda answered, name=name, sent=sent:
+                      self.heard(name, answered, sent))
+
+    def heard(self, name, answered, sent):
+        """A request sent at `sent` ended: answered (or refused), or past its deadline.
+
+        Silence is counted from the newest answered request's sending to the newest missed
+        deadline: only requests that were sent and missed count, so a thread of this
+        process kept from running (TensorFlow holding the GIL) makes no worker look silent.
+        """
+        with self._lock:
+            if answered:
+                self._ok[name] = max(self._ok[name], sent)
+            else:
+                self._missed[name] = max(self._missed.get(name, sent), sent)
+
+    def silence(self, name) -> float:
+        """Seconds `name` has answered nothing, as its missed requests tell."""
+        missed = self._missed.get(name)
+        if missed is None or missed <= self._ok[name]:
+            return 0.0
+        return missed + self.wait - self._ok[name]
+
+    def check(self, now) -> list[str]:
+        """Name the workers silent for `timeout` s (once until they answer); their names."""
+        named, silent = [], 0.0
+        with self._lock:
+            for name in self.workers:
+                since = self._named.get(name)
+                if since is not None:
+                    if self._ok[name] > since:   # back (restarted, or thawed)
+                        del self._named[name]
+                        self._quiet[name] = now + QUIET_AFTER
+                    continue
+                if self.silence(name) >= self.timeout:
+                    self._named[name] = now
+                    self._quiet[name] = float("inf")
+                    named.append(name)
+                    silent = max(silent, self.silence(name))
+            others = [n for n in self.workers if n not in self._named]
+        if named:
+            self._say(self.line(named, silent, others))
+        return named
+
+    def line(self, named, silent, others) -> str:
+        where = (f"its steps now run on {', '.join(others)}" if others else
+                 "no other worker answers: training waits for one")
+        return (f"kerastrain: {', '.join(named)} answered nothing for {silent:.0f} s (frozen?): "
+                f"{where}; {who_restarts(self._environ)} (frozen_worker_timeout="
+                f"{self.timeout:g})")
+
+    def quiet_about(self, text, now=None) -> bool:
+        """Whether `text` (a TensorFlow log record) is about a worker named frozen lately."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            names = [n for n, until in self._quiet.items() if now <= until]
+        return any(_mentions(text, name, self.workers[name]) for name in names)
+
+    def _say(self, line):
+        out = self._out or sys.stderr
+        try:
+            out.write(line + "\n")
+            out.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _mentions(text, name, address) -> bool:
+    index = name.split(":")[1]
+    return f"/job:worker/replica:0/task:{index}" in text or (
+        f"/job:worker/task:{index}" in text) or address in text
+
+
+class _DropLinesAbout(logging.Filter):
+    """Drops TensorFlow's Python log records about workers a `WorkerWatch` named."""
+
+    def __init__(self, watch):
+        super().__init__()
+        self.watch = watch
+
+    def filter(self, record):
+        try:
+            return not self.watch.quiet_about(record.getMessage())
+        except Exception:  # a record that cannot be formatted is TensorFlow's to report
+            return True
+
+
+class GrpcAsk:
+    """Status requests over gRPC, one channel per worker kept open (a partitioned host's
+    requests then wait on the open connection, not on a new one that fails at once).
+
+    Through grpcio (a TensorFlow dependency), not TensorFlow: TensorFlow's eager calls to a
+    remote device hold the GIL while they wait (`stalls.unanswering_workers`)."""
+
+    def __init__(self, wait=ASK_WAIT):
+        import grpc
+        self._grpc = grpc
+        self.wait = wait
+        self._calls = {}
+
+    def __call__(self, name, address, done):
+        call = self._calls.get(address)
+        if call is None:
+            channel = self._grpc.insecure_channel(address)
+            call = self._calls[address] = (
+                channel, channel.unary_unary("/tensorflow.WorkerService/GetStatus"))
+        future = call[1].future(b"", timeout=self.wait)
+        future.add_done_callback(lambda f: done(self.answered(f)))
+
+    def answered(self, future) -> bool:
+        """Anything but a missed deadline: an answer, or an error from a host that is up."""
+        try:
+            error = future.exception()
+        except self._grpc.FutureCancelledError:  # the watch closed its channels
+            return True
+        return error is None or error.code() != self._grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def close(self):
+        for channel, _ in self._calls.values():
+            channel.close()
+        self._calls = {}
