@@ -26,9 +26,11 @@ stderr directly, past any filter of this process.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -60,8 +62,9 @@ def who_restarts(environ=None) -> str:
             "then its loop waits")
 
 
-class WorkerWatch:
-    """While active, names the workers that answer no request for `timeout` seconds.
+class Liveness:
+    """While active, names the workers that answer no request for `timeout` seconds (in
+    the process `WorkerWatch` starts: `main`).
 
     Args:
         workers: `{"worker:i": "host:port"}` (TF_CONFIG's workers).
@@ -72,10 +75,12 @@ class WorkerWatch:
             ends, within `wait` seconds (tests pass their own; by default gRPC, `GrpcAsk`).
         clock: `time.monotonic`, or a test's.
         environ: where `who_restarts` looks (os.environ).
+        events: where `named NAME` and `back NAME` lines go, for the coordinator's filter
+            of TensorFlow's lines (`WorkerWatch`), or None.
     """
 
     def __init__(self, workers, timeout=DEFAULT_SECS, *, out=None, ask=None,
-                 clock=time.monotonic, environ=None, wait=ASK_WAIT):
+                 clock=time.monotonic, environ=None, wait=ASK_WAIT, events=None):
         self.workers = dict(workers)
         self.timeout = timeout
         self.wait = wait  # a request's deadline
@@ -87,10 +92,9 @@ class WorkerWatch:
         self._ok = {}          # name -> when the newest request it answered was sent
         self._missed = {}      # name -> when the newest request it missed was sent
         self._named = {}       # name -> when it was named (until it answers again)
-        self._quiet = {}       # name -> until when TensorFlow's lines about it are dropped
+        self._events = events
         self._done = threading.Event()
         self._thread = None
-        self._filter = _DropLinesAbout(self)
 
     @property
     def active(self) -> bool:
@@ -105,7 +109,6 @@ class WorkerWatch:
         self._ok = {name: now for name in self.workers}   # as if each had just answered
         self._missed = {}
         self._done.clear()
-        logging.getLogger("tensorflow").addFilter(self._filter)
         self._thread = threading.Thread(target=self._run, name="kerastrain-liveness",
                                         daemon=True)
         self._thread.start()
@@ -116,7 +119,6 @@ class WorkerWatch:
             self._done.set()
             self._thread.join(timeout=5)
             self._thread = None
-            logging.getLogger("tensorflow").removeFilter(self._filter)
             close = getattr(self._ask, "close", None)
             if close is not None:
                 close()
@@ -156,23 +158,26 @@ class WorkerWatch:
 
     def check(self, now) -> list[str]:
         """Name the workers silent for `timeout` s (once until they answer); their names."""
-        named, silent = [], 0.0
+        named, back, silent = [], [], 0.0
         with self._lock:
             for name in self.workers:
                 since = self._named.get(name)
                 if since is not None:
                     if self._ok[name] > since:   # back (restarted, or thawed)
                         del self._named[name]
-                        self._quiet[name] = now + QUIET_AFTER
+                        back.append(name)
                     continue
                 if self.silence(name) >= self.timeout:
                     self._named[name] = now
-                    self._quiet[name] = float("inf")
                     named.append(name)
                     silent = max(silent, self.silence(name))
             others = [n for n in self.workers if n not in self._named]
         if named:
-            self._say(self.line(named, silent, others))
+            self._say(self._out or sys.stderr, self.line(named, silent, others))
+        for word, names in (("named", named), ("back", back)):
+            for name in names:
+                if self._events is not None:
+                    self._say(self._events, f"{word} {name}")
         return named
 
     def line(self, named, silent, others) -> str:
@@ -182,20 +187,94 @@ class WorkerWatch:
                 f"{where}; {who_restarts(self._environ)} (frozen_worker_timeout="
                 f"{self.timeout:g})")
 
+    @staticmethod
+    def _say(out, line):
+        try:
+            out.write(line + "\n")
+            out.flush()
+        except (OSError, ValueError):
+            pass
+
+
+class WorkerWatch:
+    """While active, a process of its own watches the workers (`Liveness`), and TensorFlow's
+    Python lines about a worker it named are dropped here.
+
+    A process, not a thread: TensorFlow registers each new function with every worker
+    while holding the GIL (`TFE_ContextAddFunction`), and that call waits for ever on a
+    frozen worker (seen: a freeze while the first loops were traced); no thread of this
+    process could then run, nor say anything. The watcher writes its line to this process's
+    stderr, which it shares, and ends when this process does (its stdin closes).
+
+    Args:
+        workers: `{"worker:i": "host:port"}`; none: a watch that does nothing.
+        timeout: `frozen_worker_timeout`; None: a watch that does nothing.
+    """
+
+    def __init__(self, workers, timeout=DEFAULT_SECS, *, clock=time.monotonic):
+        self.workers = dict(workers)
+        self.timeout = timeout
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._quiet = {}       # name -> until when TensorFlow's lines about it are dropped
+        self._filter = _DropLinesAbout(self)
+        self._process = None
+        self._reader = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.timeout and self.workers)
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        job = json.dumps({"workers": self.workers, "timeout": self.timeout})
+        # This kerastrain, wherever it was imported from (a checkout, an install).
+        package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "kerastrain.loop.liveness", job], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=path))
+        self._reader = threading.Thread(target=self._read, args=(self._process.stdout,),
+                                        name="kerastrain-liveness", daemon=True)
+        self._reader.start()
+        logging.getLogger("tensorflow").addFilter(self._filter)
+        return self
+
+    def __exit__(self, *exc):
+        if self._process is not None:
+            logging.getLogger("tensorflow").removeFilter(self._filter)
+            self._process.stdin.close()   # it ends when its stdin does
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._reader.join(timeout=5)
+            self._process = None
+        return False
+
+    def _read(self, stream):
+        for line in stream:
+            self.event(line.strip())
+        stream.close()
+
+    def event(self, line, now=None):
+        """`named NAME`: drop TensorFlow's lines about it; `back NAME`: a minute more."""
+        word, _, name = line.partition(" ")
+        now = self._clock() if now is None else now
+        with self._lock:
+            if word == "named":
+                self._quiet[name] = float("inf")
+            elif word == "back":
+                self._quiet[name] = now + QUIET_AFTER
+
     def quiet_about(self, text, now=None) -> bool:
         """Whether `text` (a TensorFlow log record) is about a worker named frozen lately."""
         now = self._clock() if now is None else now
         with self._lock:
             names = [n for n, until in self._quiet.items() if now <= until]
         return any(_mentions(text, name, self.workers[name]) for name in names)
-
-    def _say(self, line):
-        out = self._out or sys.stderr
-        try:
-            out.write(line + "\n")
-            out.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def _mentions(text, name, address) -> bool:
@@ -205,7 +284,7 @@ def _mentions(text, name, address) -> bool:
 
 
 class _DropLinesAbout(logging.Filter):
-    """Drops TensorFlow's Python log records about workers a `WorkerWatch` named."""
+    """Drops TensorFlow's Python log records about workers a `WorkerWatch` saw named."""
 
     def __init__(self, watch):
         super().__init__()
@@ -252,3 +331,16 @@ class GrpcAsk:
         for channel, _ in self._calls.values():
             channel.close()
         self._calls = {}
+
+
+def main(argv=None):
+    """The watcher process: `python -m kerastrain.loop.liveness JOB` (`WorkerWatch`)."""
+    job = json.loads((argv or sys.argv)[1])
+    watch = Liveness(job["workers"], job["timeout"], out=sys.stderr, events=sys.stdout)
+    with watch:
+        for _ in sys.stdin:   # until the coordinator closes it, or ends
+            pass
+
+
+if __name__ == "__main__":
+    main()

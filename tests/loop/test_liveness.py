@@ -19,8 +19,9 @@ WORKERS = {"worker:0": "127.0.0.1:1000", "worker:1": "127.0.0.1:1001"}
 
 def _watch(timeout=30.0, environ=None):
     out = io.StringIO()
-    watch = liveness.WorkerWatch(WORKERS, timeout, out=out, ask=lambda *a: None, clock=lambda: 0.0,
-                                 environ=environ or {"KERASTRAIN_LAUNCHER_PID": "1"}, wait=5.0)
+    watch = liveness.Liveness(WORKERS, timeout, out=out, ask=lambda *a: None, clock=lambda: 0.0,
+                              environ=environ or {"KERASTRAIN_LAUNCHER_PID": "1"}, wait=5.0,
+                              events=io.StringIO())
     watch._ok = {name: 0.0 for name in WORKERS}   # as `__enter__` starts it, at time 0
     return watch, out
 
@@ -91,34 +92,41 @@ def test_launch_reads_both_lines_that_name_stuck_workers():
 
 
 def test_tensorflows_lines_about_the_named_worker_are_dropped_and_others_kept():
+    """The watcher process says `named worker:1`, then `back worker:1`; the coordinator
+    drops TensorFlow's records about worker:1 until a minute after it is back."""
     watch, _ = _watch(timeout=10.0)
     for t in range(0, 6):
         _second(watch, float(t))
     assert watch.check(10.0) == ["worker:1"]
+    _second(watch, 20.0, frozen=())
+    watch.check(20.0)
+    assert watch._events.getvalue() == "named worker:1\nback worker:1\n"
+    coordinator = liveness.WorkerWatch(WORKERS, 10.0)
     about_1 = ("Worker /job:worker/replica:0/task:1 failed with UnavailableError():recvmsg:"
                "Connection reset by peer\nAdditional GRPC error information from remote target "
                "/job:worker/replica:0/task:1 while calling /tensorflow.eager.EagerService/Enqueue")
-    assert watch.quiet_about(about_1, now=11.0)
-    assert watch.quiet_about("failed to connect to all addresses; last error: UNKNOWN: "
-                             "ipv4:127.0.0.1:1001: Connection refused", now=11.0)
-    assert not watch.quiet_about("Worker /job:worker/replica:0/task:0 failed", now=11.0)
-    _second(watch, 20.0, frozen=())   # back: its lines are dropped a minute more
-    watch.check(20.0)
-    assert watch.quiet_about(about_1, now=20.0 + liveness.QUIET_AFTER)
-    assert not watch.quiet_about(about_1, now=21.0 + liveness.QUIET_AFTER)
-    # Through the `tensorflow` logger while the watch is active.
+    assert not coordinator.quiet_about(about_1, now=10.0)
+    coordinator.event("named worker:1", now=10.0)
+    assert coordinator.quiet_about(about_1, now=11.0)
+    assert coordinator.quiet_about("failed to connect to all addresses; last error: UNKNOWN: "
+                                   "ipv4:127.0.0.1:1001: Connection refused", now=11.0)
+    assert not coordinator.quiet_about("Worker /job:worker/replica:0/task:0 failed", now=11.0)
+    coordinator.event("back worker:1", now=20.0)   # a minute more
+    assert coordinator.quiet_about(about_1, now=20.0 + liveness.QUIET_AFTER)
+    assert not coordinator.quiet_about(about_1, now=21.0 + liveness.QUIET_AFTER)
+    # Through the `tensorflow` logger.
     records = []
     handler = logging.Handler()
     handler.emit = records.append
     tf_logger = logging.getLogger("tensorflow")
     tf_logger.addHandler(handler)
-    tf_logger.addFilter(watch._filter)
+    tf_logger.addFilter(coordinator._filter)
     try:
-        watch._quiet["worker:1"] = float("inf")
+        coordinator.event("named worker:1")
         tf_logger.error("Worker %s failed with %r", "/job:worker/replica:0/task:1", "x")
         tf_logger.error("Worker %s failed with %r", "/job:worker/replica:0/task:0", "x")
     finally:
-        tf_logger.removeFilter(watch._filter)
+        tf_logger.removeFilter(coordinator._filter)
         tf_logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == [
         "Worker /job:worker/replica:0/task:0 failed with 'x'"]
@@ -128,7 +136,7 @@ def test_off_or_without_workers_the_watch_starts_nothing():
     before = threading.active_count()
     for watch in (liveness.WorkerWatch(WORKERS, None), liveness.WorkerWatch({}, 30.0)):
         with watch:
-            assert not watch.active and watch._thread is None
+            assert not watch.active and watch._process is None
     assert threading.active_count() == before
 
 
@@ -171,9 +179,9 @@ def test_grpc_requests_a_stopped_server_misses_and_a_closed_port_refuses():
         assert done.wait(10), results
         assert results == {"hanging": False, "closed": True}
         out = io.StringIO()
-        watch = liveness.WorkerWatch({"worker:0": f"127.0.0.1:{port}",
-                                      "worker:1": f"127.0.0.1:{_free_port()}"}, 1.5, out=out,
-                                     environ={}, wait=0.5)
+        watch = liveness.Liveness({"worker:0": f"127.0.0.1:{port}",
+                                   "worker:1": f"127.0.0.1:{_free_port()}"}, 1.5, out=out,
+                                  environ={}, wait=0.5)
         with watch:
             deadline = time.monotonic() + 20
             while "answered nothing" not in out.getvalue() and time.monotonic() < deadline:
@@ -186,3 +194,32 @@ def test_grpc_requests_a_stopped_server_misses_and_a_closed_port_refuses():
         answer.set()
         ask.close()
         server.stop(0)
+
+
+def test_the_watcher_process_says_the_line_on_this_processs_stderr_and_ends_with_it(tmp_path):
+    """A coordinator whose threads are all blocked (TensorFlow holding the GIL) still gets
+    the line: the watcher is a process of its own, writing to the stderr they share. A
+    listener that never answers stands for a stopped worker."""
+    import subprocess
+    import sys
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)   # connections complete in the kernel; nothing is ever read
+    address = f"127.0.0.1:{silent.getsockname()[1]}"
+    code = ("import sys, time\n"
+            "from kerastrain.loop import liveness\n"
+            f"with liveness.WorkerWatch({{'worker:0': '127.0.0.1:1', 'worker:1': {address!r}}}, "
+            "2.0) as w:\n"
+            "    time.sleep(6)\n"
+            "print('quiet', w.quiet_about('/job:worker/replica:0/task:1'), flush=True)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60, env={**__import__("os").environ,
+                                               "KERASTRAIN_LAUNCHER_PID": "1"})
+    finally:
+        silent.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("answered nothing") == 1, done.stderr
+    assert done.stderr.startswith("kerastrain: worker:1 answered nothing for "), done.stderr
+    assert "its steps now run on worker:0; kerastrain launch ends it" in done.stderr
+    assert done.stdout == "quiet True\n"
