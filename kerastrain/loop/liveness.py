@@ -228,7 +228,9 @@ class WorkerWatch:
     def __enter__(self):
         if not self.active:
             return self
-        job = json.dumps({"workers": self.workers, "timeout": self.timeout})
+        # A short bound gets a shorter deadline, or the first miss alone would outlast it.
+        job = json.dumps({"workers": self.workers, "timeout": self.timeout,
+                          "wait": min(ASK_WAIT, self.timeout / 3)})
         # This kerastrain, wherever it was imported from (a checkout, an install).
         package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
@@ -336,7 +338,8 @@ class GrpcAsk:
 def main(argv=None):
     """The watcher process: `python -m kerastrain.loop.liveness JOB` (`WorkerWatch`)."""
     job = json.loads((argv or sys.argv)[1])
-    watch = Liveness(job["workers"], job["timeout"], out=sys.stderr, events=sys.stdout)
+    watch = Liveness(job["workers"], job["timeout"], out=sys.stderr, events=sys.stdout,
+                     wait=job["wait"])
     with watch:
         for _ in sys.stdin:   # until the coordinator closes it, or ends
             pass

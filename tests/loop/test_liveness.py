@@ -210,7 +210,7 @@ def test_the_watcher_process_says_the_line_on_this_processs_stderr_and_ends_with
             "from kerastrain.loop import liveness\n"
             f"with liveness.WorkerWatch({{'worker:0': '127.0.0.1:1', 'worker:1': {address!r}}}, "
             "2.0) as w:\n"
-            "    time.sleep(6)\n"
+            "    time.sleep(8)\n"
             "print('quiet', w.quiet_about('/job:worker/replica:0/task:1'), flush=True)\n")
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
