@@ -56,8 +56,9 @@ def who_restarts(environ=None) -> str:
     if environ.get(LAUNCHER_PID):
         return "kerastrain launch ends it and starts it again"
     if environ.get(HEARTBEAT):
+        # Its heartbeat file is stale after 60 s; 3 failed probes 30 s apart (`manifests`).
         return ("its pod's liveness probe ends it and Kubernetes starts it again (within "
-                "about 90 s)")
+                "about 150 s of the freeze)")
     return ("nothing here can end it: end its process (or host) and start it again; until "
             "then its loop waits")
 
