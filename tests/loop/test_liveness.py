@@ -1,6 +1,7 @@
 """A parameter-server worker that answers no request is named within seconds
 (`kerastrain.loop.liveness`); the job on real processes is in tests/cli/test_clusters.py."""
 
+import contextlib
 import io
 import logging
 import socket
@@ -223,3 +224,32 @@ def test_the_watcher_process_says_the_line_on_this_processs_stderr_and_ends_with
     assert done.stderr.startswith("kerastrain: worker:1 answered nothing for "), done.stderr
     assert "its steps now run on worker:0; kerastrain launch ends it" in done.stderr
     assert done.stdout == "quiet True\n"
+
+
+def test_the_option_is_checked_and_the_ps_mode_watches_tf_configs_workers(monkeypatch):
+    """`frozen_worker_timeout`, a `ps` strategy option: seconds > 0 or null, refused with the
+    value received; the parameter-server mode watches TF_CONFIG's workers with it (30 s when
+    unset), the other kinds nothing."""
+    import json
+    import types
+
+    from kerastrain.distribute import strategies
+    from kerastrain.loop import modes
+
+    for bad in (0, -1, "30", True, float("inf")):
+        with pytest.raises(ValueError) as raised:
+            strategies.normalize({"name": "ps", "frozen_worker_timeout": bad})
+        assert str(raised.value) == (
+            "Strategy option `frozen_worker_timeout` must be a number of seconds > 0, or null "
+            f"(never). Received: frozen_worker_timeout={bad!r}")
+    assert strategies.normalize({"name": "ps", "frozen_worker_timeout": None})[1] == {
+        "frozen_worker_timeout": None}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"],
+                    "ps": ["127.0.0.1:4"]}, "task": {"type": "chief", "index": 0}}))
+    for options, timeout in (({}, 30.0), ({"frozen_worker_timeout": 12}, 12), (
+            {"frozen_worker_timeout": None}, None)):
+        watch = modes.ParameterServers(types.SimpleNamespace(options=options)).worker_watch()
+        assert (watch.workers, watch.timeout) == (
+            {"worker:0": "127.0.0.1:2", "worker:1": "127.0.0.1:3"}, timeout)
+    assert isinstance(modes.Synchronous(None).worker_watch(), contextlib.nullcontext)
