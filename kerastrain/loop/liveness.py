@@ -6,10 +6,11 @@ host cut off the network) fails nothing: its loop waits for ever, and so does ev
 fetched after it. The stall watch (`kerastrain.loop.stalls`) ends such a job only at its
 bound, 5 minutes or more under `stall_timeout="auto"`.
 
-While a coordinator trains, a thread here asks every worker's server for its status
-(`tensorflow.WorkerService/GetStatus`, an empty request its gRPC threads answer at once, so
-a worker busy with a long step answers as an idle one does: no step time enters the bound)
-every second, each request with a deadline. A worker whose requests all miss their deadline
+While a coordinator trains, a process it starts (`WorkerWatch`, running `Liveness`) asks every
+worker's server for its status (`tensorflow.WorkerService/GetStatus`, an empty request its gRPC
+threads answer at once, so a worker busy with a long step answers as an idle one does: steps
+of 26 s on both cores, answers within 23 ms, measured 2026-11-28; no step time enters the
+bound) every second, each request with a deadline. A worker whose requests all miss their deadline
 for `frozen_worker_timeout` seconds (a strategy option, 30 by default) is named in one line,
 once until it answers again. A refused connection is an answer (its host is up; the worker
 is gone or restarting, which the coordinator handles). The line says who ends it: `kerastrain
