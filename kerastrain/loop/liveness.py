@@ -51,17 +51,18 @@ STUCK = re.compile(r"kerastrain: (?:stalled: .* waits on )?((?:worker:\d+)(?:, w
 HEARTBEAT = "KERASTRAIN_HEARTBEAT"  # set in exported Kubernetes jobs (`stalls.start_heartbeat`)
 
 
-def who_restarts(environ=None) -> str:
-    """What ends a frozen worker of this job, so that its loop runs elsewhere, in words."""
+def who_restarts(environ=None) -> tuple[bool, str]:
+    """What ends a frozen worker of this job, so that its loop runs elsewhere: (at once?,
+    in words)."""
     environ = os.environ if environ is None else environ
     if environ.get(LAUNCHER_PID):
-        return "kerastrain launch ends it and starts it again"
+        return True, "kerastrain launch ends it and starts it again"
     if environ.get(HEARTBEAT):
         # Its heartbeat file is stale after 60 s; 3 failed probes 30 s apart (`manifests`).
-        return ("its pod's liveness probe ends it and Kubernetes starts it again (within "
-                "about 150 s of the freeze)")
-    return ("nothing here can end it: end its process (or host) and start it again; until "
-            "then its loop waits")
+        return False, ("its pod's liveness probe ends it and Kubernetes starts it again "
+                       "(within about 150 s of the freeze)")
+    return False, ("nothing here can end it: end its process (or host) and start it again; "
+                   "until then its loop waits")
 
 
 class Liveness:
@@ -183,11 +184,13 @@ class Liveness:
         return named
 
     def line(self, named, silent, others) -> str:
-        where = (f"its steps now run on {', '.join(others)}" if others else
-                 "no other worker answers: training waits for one")
+        # Its loop moves once it is ended (its connection breaks), not when it is named.
+        at_once, who = who_restarts(self._environ)
+        where = ("no other worker answers: training waits for one" if not others else
+                 f"its steps now run on {', '.join(others)}" if at_once else
+                 f"its steps run on {', '.join(others)} once it is ended")
         return (f"kerastrain: {', '.join(named)} answered nothing for {silent:.0f} s (frozen?): "
-                f"{where}; {who_restarts(self._environ)} (frozen_worker_timeout="
-                f"{self.timeout:g})")
+                f"{where}; {who} (frozen_worker_timeout={self.timeout:g})")
 
     @staticmethod
     def _say(out, line):

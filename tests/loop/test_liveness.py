@@ -73,8 +73,9 @@ def test_a_slow_or_refusing_worker_and_a_starved_watch_name_nobody():
 def test_the_line_says_who_restarts_the_worker_and_when_no_other_is_left():
     watch, _ = _watch(environ={"KERASTRAIN_HEARTBEAT": "/tmp/alive"})
     assert watch.line(["worker:1"], 31, ["worker:0"]).endswith(
-        "its steps now run on worker:0; its pod's liveness probe ends it and Kubernetes starts "
-        "it again (within about 150 s of the freeze) (frozen_worker_timeout=30)")
+        "its steps run on worker:0 once it is ended; its pod's liveness probe ends it and "
+        "Kubernetes starts it again (within about 150 s of the freeze) "
+        "(frozen_worker_timeout=30)")
     alone, _ = _watch(environ={"X": "1"})
     line = alone.line(["worker:0", "worker:1"], 30, [])
     assert line.startswith("kerastrain: worker:0, worker:1 answered nothing for 30 s (frozen?): "
@@ -189,7 +190,7 @@ def test_grpc_requests_a_stopped_server_misses_and_a_closed_port_refuses():
                 time.sleep(0.1)
         assert out.getvalue().startswith("kerastrain: worker:0 answered nothing for "), \
             out.getvalue()
-        assert "its steps now run on worker:1" in out.getvalue()
+        assert "its steps run on worker:1 once it is ended" in out.getvalue()
     finally:
         hang.set()
         answer.set()
