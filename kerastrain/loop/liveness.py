@@ -186,9 +186,10 @@ class Liveness:
     def line(self, named, silent, others) -> str:
         # Its loop moves once it is ended (its connection breaks), not when it is named.
         at_once, who = who_restarts(self._environ)
+        on = ", ".join(others) if len(others) <= 3 else f"the {len(others)} other workers"
         where = ("no other worker answers: training waits for one" if not others else
-                 f"its steps now run on {', '.join(others)}" if at_once else
-                 f"its steps run on {', '.join(others)} once it is ended")
+                 f"its steps now run on {on}" if at_once else
+                 f"its steps run on {on} once it is ended")
         return (f"kerastrain: {', '.join(named)} answered nothing for {silent:.0f} s (frozen?): "
                 f"{where}; {who} (frozen_worker_timeout={self.timeout:g})")
 

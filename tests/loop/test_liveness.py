@@ -82,6 +82,8 @@ def test_the_line_says_who_restarts_the_worker_and_when_no_other_is_left():
                            "no other worker answers: training waits for one; nothing here can "
                            "end it: end its process (or host) and start it again")
     assert liveness.STUCK.search(line).group(1) == "worker:0, worker:1"
+    many = alone.line(["worker:7"], 30, [f"worker:{i}" for i in range(7)])
+    assert "its steps run on the 7 other workers once it is ended;" in many
 
 
 def test_launch_reads_both_lines_that_name_stuck_workers():
