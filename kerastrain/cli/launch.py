@@ -34,7 +34,7 @@ CHIEF_NOTICE_SECS = 90.0   # for the chief to report a lost parameter server its
 
 # What faulthandler.dump_traceback_later writes first (the stall watch's backstop).
 _BACKSTOP = re.compile(r"^Timeout \(\d+:\d\d:\d\d\)!$")
-# The lines a coordinator writes naming stuck workers (`liveness.WorkerWatch`, `stalls.StallWatch`).
+# The lines a coordinator writes naming stuck workers (`liveness`, `stalls.StallWatch`).
 _STUCK = liveness.STUCK
 
 

@@ -36,9 +36,9 @@ from kerastrain.data import policy as input_policies
 from kerastrain.data import service as service_lib
 from kerastrain.distribute.ps import inputs as ps_inputs
 from kerastrain.loop import driver as driver_lib
+from kerastrain.loop import liveness
 from kerastrain.loop import preemption
 from kerastrain.loop import ps_driver
-from kerastrain.loop import liveness
 from kerastrain.loop import stalls
 from kerastrain.loop import tuning as tuning_lib
 from kerastrain.step import loops as loops_lib
