@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import re
+import select
 import subprocess
 import sys
 import threading
@@ -210,7 +211,8 @@ class WorkerWatch:
     while holding the GIL (`TFE_ContextAddFunction`), and that call waits for ever on a
     frozen worker (seen: a freeze while the first loops were traced); no thread of this
     process could then run, nor say anything. The watcher writes its line to this process's
-    stderr, which it shares, and ends when this process does (its stdin closes).
+    stderr, which it shares, and ends when this process does (its stdin closes, or its parent
+    changes).
 
     Args:
         workers: `{"worker:i": "host:port"}`; none: a watch that does nothing.
@@ -236,7 +238,7 @@ class WorkerWatch:
             return self
         # A short bound gets a shorter deadline, or the first miss alone would outlast it.
         job = json.dumps({"workers": self.workers, "timeout": self.timeout,
-                          "wait": min(ASK_WAIT, self.timeout / 3)})
+                          "wait": min(ASK_WAIT, self.timeout / 3), "parent": os.getpid()})
         # This kerastrain, wherever it was imported from (a checkout, an install).
         package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
@@ -346,9 +348,14 @@ def main(argv=None):
     job = json.loads((argv or sys.argv)[1])
     watch = Liveness(job["workers"], job["timeout"], out=sys.stderr, events=sys.stdout,
                      wait=job["wait"])
+    parent = job["parent"]   # not its getppid() now: the parent may be gone already
     with watch:
-        for _ in sys.stdin:   # until the coordinator closes it, or ends
-            pass
+        # Until the coordinator closes stdin, or ends: a process it forked (a data loader)
+        # may hold stdin open after it, so the parent's death counts too.
+        while os.getppid() == parent:
+            ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+            if ready and not sys.stdin.readline():
+                return
 
 
 if __name__ == "__main__":

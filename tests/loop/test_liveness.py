@@ -256,3 +256,39 @@ def test_the_option_is_checked_and_the_ps_mode_watches_tf_configs_workers(monkey
         assert (watch.workers, watch.timeout) == (
             {"worker:0": "127.0.0.1:2", "worker:1": "127.0.0.1:3"}, timeout)
     assert isinstance(modes.Synchronous(None).worker_watch(), contextlib.nullcontext)
+
+
+def test_the_watcher_ends_with_its_coordinator_even_when_a_fork_holds_its_stdin():
+    """The coordinator killed with SIGKILL while a process it forked lives on (holding the
+    watcher's stdin open): the watcher sees its parent change and ends within seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    code = ("import os, sys, time\n"
+            "from kerastrain.loop import liveness\n"
+            "w = liveness.WorkerWatch({'worker:0': '127.0.0.1:1'}, 30.0).__enter__()\n"
+            "if os.fork() == 0:\n"
+            "    time.sleep(30); os._exit(0)\n"
+            "print(w._process.pid, flush=True)\n"   # once the fork holds the pipe
+            "time.sleep(60)\n")
+    coordinator = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                   text=True, start_new_session=True)
+    try:
+        watcher = int(coordinator.stdout.readline())
+        coordinator.kill()
+        coordinator.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(watcher, 0)
+            except ProcessLookupError:
+                break
+            with open(f"/proc/{watcher}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the watcher outlived its coordinator by 10 s")
+    finally:
+        os.killpg(coordinator.pid, signal.SIGKILL)
