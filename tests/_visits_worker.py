@@ -114,8 +114,8 @@ def main():
                             accumulation=case.get("accumulation"),
                             steps_per_execution=case["steps_per_loop"]
                             if case.get("sleep_per_loop") else 1)
-        trainer = kt.Trainer(model, strategy={"name": "ps", "num_workers": 2,
-                                                       "num_ps": 1},
+        trainer = kt.Trainer(model, strategy={"name": "ps", "num_workers": 2, "num_ps": 1,
+                                              **case.get("strategy", {})},
                              seed=0, verbose=0, steps_per_loop=case["steps_per_loop"],
                              model_dir=case.get("model_dir"), shard=case.get("shard", "auto"))
         layer = trainer.model.get_layer("count_ids")

@@ -24,7 +24,7 @@ from kerastrain.cli import faults as faults_lib
 from kerastrain.cli import frozen
 from kerastrain.cli.interrupts import Interrupts
 from kerastrain.cli.tasks import chief_of
-from kerastrain.loop import stalls
+from kerastrain.loop import liveness, stalls
 from kerastrain.distribute import network as network_lib
 
 WORKER_RESTARTS = 3        # per parameter-server worker and job attempt
@@ -34,9 +34,8 @@ CHIEF_NOTICE_SECS = 90.0   # for the chief to report a lost parameter server its
 
 # What faulthandler.dump_traceback_later writes first (the stall watch's backstop).
 _BACKSTOP = re.compile(r"^Timeout \(\d+:\d\d:\d\d\)!$")
-# The line `stalls.StallWatch` writes on a coordinator that found stuck workers.
-_STUCK = re.compile(r"kerastrain: stalled: .* waits on ((?:worker:\d+)(?:, worker:\d+)*), "
-                    r"which answer")
+# The lines a coordinator writes naming stuck workers (`liveness`, `stalls.StallWatch`).
+_STUCK = liveness.STUCK
 
 
 class Launcher:

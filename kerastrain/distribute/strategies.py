@@ -14,7 +14,7 @@ from kerastrain.distribute import user_scope
 from kerastrain.distribute.devices import (  # configure_cpu_devices: public here too
     configure_cpu_devices, gpus, local_devices, on_one_device)
 from kerastrain.distribute.ps import partitioning
-from kerastrain._options import is_int
+from kerastrain._options import is_int, is_number
 
 logger = logging.getLogger("kerastrain")
 
@@ -96,6 +96,13 @@ def _check_devices(key, value):
         raise ValueError(f"Strategy option `{key}` must be a non-empty list of device strings "
                          f"such as ['/gpu:0', '/gpu:1']. Received: {key}={value!r}")
     return list(value)
+
+
+def _check_seconds(key, value):
+    if value is not None and not is_number(value, above=0):
+        raise ValueError(f"Strategy option `{key}` must be a number of seconds > 0, or null "
+                         f"(never). Received: {key}={value!r}")
+    return value
 
 
 def _check_partitioner(key, value):
@@ -393,10 +400,13 @@ _LOCAL_PS_CACHE: dict = {}
 @_register("ps", num_workers=_check_int("num_workers", 1), num_ps=_check_int("num_ps", 1),
            num_gpus_per_worker=_check_int("num_gpus_per_worker", 0), cluster_resolver=_RESOLVER,
            variable_partitioner=_check_partitioner,
-           network=_check_choice(*network_lib.NETWORKS))
+           network=_check_choice(*network_lib.NETWORKS),
+           frozen_worker_timeout=_check_seconds)
 def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=None,
               cluster_resolver="tf_config", variable_partitioner=None,
-              network=network_lib.PRIVATE):
+              network=network_lib.PRIVATE, frozen_worker_timeout=None):
+    # `frozen_worker_timeout` is the coordinator's (kerastrain.loop.liveness), read from
+    # `BuiltStrategy.options` by the parameter-server mode.
     import tensorflow as tf
 
     from kerastrain import _compat

@@ -295,9 +295,11 @@ class Controller:
         timeout = self.stall_timeout
         if timeout == "auto" and not self.mode.peers_can_stall:
             timeout = None
-        # A stuck worker of a ps cluster can be named, and restarted.
+        # A stuck worker of a ps cluster can be named, and restarted: within seconds by the
+        # mode's worker watch, at the stall bound by the stall watch's probe.
         with stalls.StallWatch(timeout, what=f"training under {self.strategy_name}",
-                               probe=self.mode.stall_probe()) as watch, self.beats.to(watch):
+                               probe=self.mode.stall_probe()) as watch, \
+                self.mode.worker_watch(), self.beats.to(watch):
             yield watch
 
     def _say_tuning(self, training, steps_per_loop):

@@ -37,6 +37,7 @@ from kerastrain.data import service as service_lib
 from kerastrain.data.ps import workers as ps_data
 from kerastrain.distribute.ps import inputs as ps_inputs
 from kerastrain.loop import driver as driver_lib
+from kerastrain.loop import liveness
 from kerastrain.loop import preemption
 from kerastrain.loop import ps_driver
 from kerastrain.loop import stalls
@@ -139,6 +140,11 @@ class Synchronous:
     def stall_probe(self):
         """`() -> workers that answer no request`, or None where none can be named."""
         return None
+
+    def worker_watch(self):
+        """A context that names workers answering no request while it is active (a
+        `liveness.WorkerWatch`), where a coordinator depends on them; else nothing."""
+        return contextlib.nullcontext()
 
     # -- input ----------------------------------------------------------------------------
 
@@ -285,6 +291,11 @@ class ParameterServers(Synchronous):
         if not workers:
             return None
         return functools.partial(stalls.unanswering_workers, workers)
+
+    def worker_watch(self):
+        # TF_CONFIG's workers (none in an in-process cluster: they cannot freeze alone).
+        return liveness.WorkerWatch(stalls.cluster_workers(), self.built.options.get(
+            "frozen_worker_timeout", liveness.DEFAULT_SECS))
 
 
 def for_strategy(built):

@@ -336,6 +336,45 @@ def test_a_ps_job_survives_a_killed_worker_then_a_killed_ps_and_every_process_ex
     assert not [p for p in run.pids() if _alive(p)]
 
 
+@pytest.mark.multiprocess
+def test_a_frozen_ps_worker_is_named_within_its_bound_ended_restarted_and_the_job_finishes(
+        tmp_path):
+    """worker:1 stopped (SIGSTOP) mid-epoch. The chief names it once its status requests have
+    missed their deadlines for `frozen_worker_timeout` (5 s here, 30 by default), whatever
+    `stall_timeout` ("auto": 5 minutes); the launcher kills it and starts it again, its loop
+    runs on worker:0, and the job ends at the exact step, with no restart of the job, no
+    TensorFlow error record about the worker and no process left."""
+    run = Launch([PS_RECIPE, "--workers", "2", "--ps", "1", *_sets([
+        "trainer.epochs=3", "data.train.args.num_examples=8192",
+        "data.validation.args.num_examples=512", "trainer.steps_per_loop=4",
+        "trainer.verbose=2", "checkpoints.every_steps=8", "tensorboard=false",
+        "strategy.frozen_worker_timeout=5", f"trainer.model_dir={tmp_path}"])])
+    run.wait_for(r"\[chief:0\] kerastrain: checkpoint saved at step 16\b")
+    worker = int(re.search(r"started worker:1 \(pid (\d+)\)", run.text).group(1))
+    os.kill(worker, signal.SIGSTOP)
+    frozen = time.monotonic()
+    named = run.wait_for(r"\[chief:0\] kerastrain: worker:1 answered nothing for (\d+) s "
+                         r"\(frozen\?\): its steps now run on worker:0; kerastrain launch ends "
+                         r"it and starts it again \(frozen_worker_timeout=5\)", timeout=60)
+    # Its requests go every second with a deadline of 5 / 3 s: named 5 to 7 s after the
+    # freeze on an idle machine; the margin is for a busy one.
+    assert time.monotonic() - frozen < 5 + 20, run.text[-4000:]
+    assert 5 <= int(named.group(1)) <= 11, named.group(0)
+    assert run.finish(timeout=240) == 0, run.text[-6000:]
+    assert f"[launch] worker:1 answers the chief no request: ending it (pid {worker})" in run.text
+    assert "[launch] worker:1 exited with signal SIGKILL; restarting it (1/3)" in run.text
+    assert run.text.count("answered nothing") == 1
+    assert "stalled" not in run.text and "restarting every task" not in run.text
+    assert "failed with UnavailableError" not in run.text   # TensorFlow's block about it
+    assert "step 96," in run.wait_for(r"\[chief:0\] kerastrain: done:").string  # 3 x 32 steps
+    assert "[launch] job finished: chief:0 exited with 0" in run.text
+    pids = run.pids()
+    deadline = time.monotonic() + 10
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], run.text[-3000:]
+
+
 def _interrupt_and_check(run, signum=signal.SIGINT, code=130):
     """Send `signum`; the launcher must exit with `code` and leave no task alive."""
     run.process.send_signal(signum)

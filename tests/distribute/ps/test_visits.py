@@ -219,3 +219,48 @@ def test_a_worker_killed_mid_epoch_repeats_only_its_loop_in_flight_and_says_so(
     # The count of a step that was cut between the model's update and the step counter's
     # may differ by that one batch.
     assert abs(extra.sum() - repeated * batch) <= batch, (extra.sum(), reported, chief.text[-3000:])
+
+
+def test_a_frozen_worker_named_then_restarted_repeats_only_its_loop_in_flight(
+        tmp_path, tf_config_cluster):
+    """Worker 1 stopped (SIGSTOP) at a random point. The chief names it once it has answered
+    nothing for `frozen_worker_timeout`; then this test does what `kerastrain launch` does
+    on that line: kills it and starts it again at its address. Its loop runs again on
+    worker 0 at the same positions: no id is skipped, the ids trained twice are those of
+    the steps that loop had run, as many as the log says, and the job is not restarted."""
+    import random
+
+    cluster = tf_config_cluster(chief=1, worker=2, ps=1)
+    servers = [cluster.serve(task, index, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for task, index in (("ps", 0), ("worker", 0), ("worker", 1))]
+    marker, loop, batch = tmp_path / "started", 8, 8
+    case = {"form": "numpy", "steps_per_loop": loop, "steps_per_epoch": 256, "epochs": 2,
+            "batch": batch, "started_marker": str(marker),
+            "strategy": {"frozen_worker_timeout": 6}}
+    chief = helpers.Child(["tests/_visits_worker.py", json.dumps({"n": 2048, "cases": [case]}),
+                           str(tmp_path / "out")], env={"TF_CONFIG": cluster.tf_config("chief", 0)})
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert chief.process.poll() is None and time.monotonic() < deadline, chief.text
+        time.sleep(0.05)
+    time.sleep(random.uniform(0.5, 2.0))
+    servers[2].send_signal(signal.SIGSTOP)
+    frozen = time.monotonic()
+    # No launcher here: the line says nobody ends it, and the steps move once it is ended.
+    chief.wait_for(r"kerastrain: worker:1 answered nothing for \d+ s \(frozen\?\): its steps "
+                   r"run on worker:0 once it is ended; nothing here can end it", timeout=60)
+    assert time.monotonic() - frozen < 6 + 20
+    servers[2].kill()
+    servers[2].wait()
+    cluster.serve("worker", 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert chief.finish(timeout=400) == 0, chief.text[-5000:]
+    (result,) = json.loads((tmp_path / "out.json").read_text())
+    assert result["global_step"] == 512
+    extra = np.asarray(result["total"]) - 2      # 2 epochs of one pass each
+    assert extra.min() == 0, "ids never trained: %s" % np.flatnonzero(extra < 0)[:20]
+    assert extra.sum() <= loop * batch, np.unique(extra, return_counts=True)
+    reported = re.findall(r"so (\d+) step\(s\) \(their batches\) were trained twice", chief.text)
+    repeated = sum(int(r) for r in reported)
+    assert abs(extra.sum() - repeated * batch) <= batch, (extra.sum(), reported, chief.text[-3000:])
+    assert chief.text.count("answered nothing") == 1
+    assert "failed with UnavailableError" not in chief.text and "stalled" not in chief.text
