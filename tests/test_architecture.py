@@ -199,7 +199,7 @@ TENSORFLOW_FREE = ("kerastrain.cli.command", "kerastrain.cli.config", "kerastrai
                    "kerastrain.loop.stalls", "kerastrain.io.files", "kerastrain._options",
                    "kerastrain.distribute.cluster", "kerastrain.distribute.network",
                    "kerastrain.io.locks", "kerastrain.cli.hosts", "kerastrain.cli.ray_cluster",
-                   "kerastrain.cli.script", "kerastrain.loop.liveness")
+                   "kerastrain.cli.script", "kerastrain.loop.ps.liveness")
 
 
 def test_the_command_lines_modules_import_without_tensorflow():

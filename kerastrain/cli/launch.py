@@ -24,7 +24,8 @@ from kerastrain.cli import faults as faults_lib
 from kerastrain.cli import frozen
 from kerastrain.cli.interrupts import Interrupts
 from kerastrain.cli.tasks import chief_of
-from kerastrain.loop import liveness, stalls
+from kerastrain.loop import stalls
+from kerastrain.loop.ps import liveness
 from kerastrain.distribute import network as network_lib
 
 WORKER_RESTARTS = 3        # per parameter-server worker and job attempt

@@ -16,7 +16,7 @@ over the data produces every example exactly once, whichever consumer reads it.
   lost mid-pass takes the splits it was processing with it).
 - Parameter servers: with `steps_per_epoch=None` an epoch is one pass, a job
   (`job_name` "<prefix>/pass/<k>") that every ps worker reads to its end
-  (`ps_driver.PSDriver.run_pass`: once one worker's reader has ended, every other
+  (`loop.ps.driver.PSDriver.run_pass`: once one worker's reader has ended, every other
   worker runs loops until its reader has too, so the batches a worker held are
   trained in their own epoch): each example once per epoch, and the examples
   trained are counted as above. With `steps_per_epoch` set (or gradient
@@ -302,7 +302,7 @@ class Service:
 
     def pass_fn(self, dataset):
         """A function building one ps worker's dataset: a new job of one pass, which every
-        worker reads to its end (epochs of one pass, `ps_driver.PSDriver.run_pass`). Job
+        worker reads to its end (epochs of one pass, `loop.ps.driver.PSDriver.run_pass`). Job
         names are never reused: a finished job's name would give a new reader nothing."""
         import tensorflow as tf
         from kerastrain import _compat

@@ -405,7 +405,7 @@ _LOCAL_PS_CACHE: dict = {}
 def _build_ps(num_workers=None, num_ps=None, num_gpus_per_worker=0, cpu_devices=None,
               cluster_resolver="tf_config", variable_partitioner=None,
               network=network_lib.PRIVATE, frozen_worker_timeout=None):
-    # `frozen_worker_timeout` is the coordinator's (kerastrain.loop.liveness), read from
+    # `frozen_worker_timeout` is the coordinator's (kerastrain.loop.ps.liveness), read from
     # `BuiltStrategy.options` by the parameter-server mode.
     import tensorflow as tf
 

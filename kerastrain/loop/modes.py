@@ -11,7 +11,7 @@ Trainer wires the same pieces in the same order and never tests which strategy i
   length; TensorFlow's `PreemptionCheckpointHandler` owns SIGTERM; a lost peer is one error.
   NumPy orders share a seed; each task predicts alone; the tf.data service is refused.
 - `ParameterServers`: loops scheduled on workers by a `ClusterCoordinator`
-  (`ps_driver.PSDriver`); a loop at most one worker's share of an epoch; results arrive after
+  (`ps.driver.PSDriver`); a loop at most one worker's share of an epoch; results arrive after
   joins (running summaries are not timed); evaluation runs on the chief; a stall names the
   worker that does not answer. Workers build their input from graphs, take batches in turn
   and may train the exact positions the coordinator hands out.
@@ -37,11 +37,11 @@ from kerastrain.data import service as service_lib
 from kerastrain.data.ps import workers as ps_data
 from kerastrain.distribute.ps import inputs as ps_inputs
 from kerastrain.loop import driver as driver_lib
-from kerastrain.loop import liveness
 from kerastrain.loop import preemption
-from kerastrain.loop import ps_driver
 from kerastrain.loop import stalls
 from kerastrain.loop import tuning as tuning_lib
+from kerastrain.loop.ps import driver as ps_driver
+from kerastrain.loop.ps import liveness
 from kerastrain.step import loops as loops_lib
 from kerastrain.step import own_step
 from kerastrain.step import policy as step_policies

@@ -6,7 +6,7 @@ import numpy as np
 
 from kerastrain.data.trainer_inputs import FitInputs
 from kerastrain.loop import driver
-from kerastrain.loop import ps_driver as ps_driver_lib
+from kerastrain.loop.ps import driver as ps_driver_lib
 
 
 class FakeCoordinator:

@@ -1,5 +1,5 @@
 """A parameter-server worker that answers no request is named within seconds
-(`kerastrain.loop.liveness`); the job on real processes is in tests/cli/test_clusters.py."""
+(`kerastrain.loop.ps.liveness`); the job on real processes is in tests/cli/test_clusters.py."""
 
 import contextlib
 import io
@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from kerastrain.cli import launch
-from kerastrain.loop import liveness
+from kerastrain.loop.ps import liveness
 
 WORKERS = {"worker:0": "127.0.0.1:1000", "worker:1": "127.0.0.1:1001"}
 
@@ -211,7 +211,7 @@ def test_the_watcher_process_says_the_line_on_this_processs_stderr_and_ends_with
     silent.listen(8)   # connections complete in the kernel; nothing is ever read
     address = f"127.0.0.1:{silent.getsockname()[1]}"
     code = ("import sys, time\n"
-            "from kerastrain.loop import liveness\n"
+            "from kerastrain.loop.ps import liveness\n"
             f"with liveness.WorkerWatch({{'worker:0': '127.0.0.1:1', 'worker:1': {address!r}}}, "
             "2.0) as w:\n"
             "    time.sleep(8)\n"
@@ -266,7 +266,7 @@ def test_the_watcher_ends_with_its_coordinator_even_when_a_fork_holds_its_stdin(
     import subprocess
     import sys
     code = ("import os, sys, time\n"
-            "from kerastrain.loop import liveness\n"
+            "from kerastrain.loop.ps import liveness\n"
             "w = liveness.WorkerWatch({'worker:0': '127.0.0.1:1'}, 30.0).__enter__()\n"
             "if os.fork() == 0:\n"
             "    time.sleep(30); os._exit(0)\n"

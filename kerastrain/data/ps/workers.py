@@ -97,7 +97,7 @@ class WorkerInput(distributed.DistributedInput):
     def drains(self) -> bool:
         """Through the tf.data service, where the workers read shared jobs (parameter
         servers): an epoch of `steps_per_epoch=None` is one pass of a job every worker
-        reads to its end (`ps_driver.PSDriver.run_pass`)."""
+        reads to its end (`loop.ps.driver.PSDriver.run_pass`)."""
         return self._service is not None and self._policy.service == policy_lib.WORKERS
 
     def pass_iterators(self):

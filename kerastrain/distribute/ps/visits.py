@@ -125,7 +125,7 @@ class Reader:
         self._finish = finish or (lambda element: element)
         self.count = len(sizes)
         self.element_spec = element_spec
-        # Global batches scheduled on this input so far (`ps_driver.PSDriver.cursor`), kept
+        # Global batches scheduled on this input so far (`loop.ps.driver.PSDriver.cursor`), kept
         # here so that a later fit goes on from it.
         self.cursor = 0
         self._loops = {}

@@ -9,7 +9,7 @@ logger = logging.getLogger("kerastrain")
 
 
 class DataPosition:
-    """The data position of a `ps_driver.PSDriver`, as `SyncDriver` keeps its own.
+    """The data position of a `ps.driver.PSDriver`, as `SyncDriver` keeps its own.
 
     With exact visits (`kerastrain.distribute.ps.visits`), the global batches scheduled
     since the first pass began (`cursor`), kept by the input's reader between fits; for

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerastrain.loop.driver import LoopResult, _tasks, cluster_errors, loop_size
-from kerastrain.loop.ps_position import DataPosition
+from kerastrain.loop.ps.position import DataPosition
 
 logger = logging.getLogger("kerastrain")
 

@@ -243,7 +243,7 @@ class WorkerWatch:
         package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "kerastrain.loop.liveness", job], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "kerastrain.loop.ps.liveness", job], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=path))
         self._reader = threading.Thread(target=self._read, args=(self._process.stdout,),
                                         name="kerastrain-liveness", daemon=True)
@@ -344,7 +344,7 @@ class GrpcAsk:
 
 
 def main(argv=None):
-    """The watcher process: `python -m kerastrain.loop.liveness JOB` (`WorkerWatch`)."""
+    """The watcher process: `python -m kerastrain.loop.ps.liveness JOB` (`WorkerWatch`)."""
     job = json.loads((argv or sys.argv)[1])
     watch = Liveness(job["workers"], job["timeout"], out=sys.stderr, events=sys.stdout,
                      wait=job["wait"])
