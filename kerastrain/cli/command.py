@@ -15,6 +15,7 @@ from kerastrain.cli.config import RecipeError  # pure Python: no TensorFlow
 from kerastrain.cli.training import RecipeRunError  # pure Python too
 from kerastrain.io.files import DiskFull  # pure Python: no TensorFlow
 from kerastrain.loop.stalls import LostPeer  # pure Python too
+from kerastrain.cli.tune.space import SpaceError  # pure Python too
 
 
 def _bench(args):
@@ -197,6 +198,27 @@ def _train(args, recipe, text):
     return 0
 
 
+def _tune(args):
+    """`kerastrain tune`: a sweep (kerastrain.cli.tune.sweep), 0 when a trial completed."""
+    if args.ray:
+        raise ValueError("`kerastrain tune --ray` is not supported yet: trials run as local "
+                         "processes, `parallel` at once, each pinned to its share of this "
+                         "machine's cores. Received: --ray. Drop it (docs/sweeps.md, "
+                         "\"What is not supported\").")
+    for flag, value in (("--trials", args.trials), ("--parallel", args.parallel)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1. Received: {flag} {value}")
+    from kerastrain.cli.tune import sweep
+    found = sweep.Sweep(args.recipe, args.space, sets=args.set, sweep_dir=args.sweep_dir,
+                        trials=args.trials, parallel=args.parallel, mlflow=args.mlflow,
+                        say=lambda line: print(line, flush=True))
+    try:
+        result = found.run()
+    except KeyboardInterrupt:
+        return 130
+    return 0 if result.best is not None else 1
+
+
 def _launch(args):
     from kerastrain.cli import launch
     if args.max_restarts < 0:
@@ -357,11 +379,16 @@ def main(argv=None) -> int:
             return _launch(args)
         if args.command in ("run", "validate"):
             return _run(args, train=args.command == "run")
+        if args.command == "tune":
+            return _tune(args)
     except LostPeer as e:  # a cluster fault, not a usage error: the launcher restarts on it
         print(f"kerastrain: error: {e}", file=sys.stderr)
         return 1
     except RecipeError as e:  # every problem in the recipe, one per line
         print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
+        return 2
+    except SpaceError as e:  # every problem in the search space, one per line
+        print(f"kerastrain: {args.space}: {e}", file=sys.stderr)
         return 2
     except RecipeRunError as e:  # the user's code or a recipe value failed: by its key
         shown = _traceback(args, e.error)
