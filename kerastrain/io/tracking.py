@@ -67,6 +67,30 @@ class MLflowOptions:
         return _options.coerce(cls, value, "mlflow")
 
 
+# The run record on a local disk is read and written with Python's own files: a process that
+# trains nothing (`kerastrain tune`'s, holding a sweep's parent run) never loads TensorFlow,
+# whose file system `files` uses for URLs.
+def _read_record(path):
+    if files.is_url(path):
+        return files.read_text(path)
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _write_record(path, text):
+    if files.is_url(path):
+        files.makedirs(os.path.dirname(path))
+        files.write_text(path, text)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)   # whole, as files.write_text writes
+
+
 class MLflowWriter(MetricWriter):
     """Scalars as MLflow metrics (each at its step), hyperparameters as params, the export as
     artifacts; one MLflow run per `model_dir`, continued when the run resumes.
@@ -135,7 +159,7 @@ class MLflowWriter(MetricWriter):
     def _continued(self, run_dir, uri):
         """This model_dir's MLflow run in this store, marked running again; else None."""
         record = self._record(run_dir)
-        text = record and files.read_text(record)
+        text = record and _read_record(record)
         if not text:
             return None
         saved = json.loads(text)
@@ -161,8 +185,7 @@ class MLflowWriter(MetricWriter):
         run = self._client.create_run(experiment_id, run_name=name, tags=tags)
         record = self._record(run_dir)
         if record is not None:
-            files.makedirs(files.join(run_dir, "mlflow"))
-            files.write_text(record, json.dumps(
+            _write_record(record, json.dumps(
                 {"tracking_uri": uri, "run_id": run.info.run_id}) + "\n")
         logger.info("mlflow: run %r (%s) in experiment %r at %s", run.info.run_name,
                     run.info.run_id, self.options.experiment, uri)

@@ -58,6 +58,8 @@ class Loop:
                                           self.sweep.command(number, values, directory,
                                                              self.parent))
         pruned = process.pruned_before() if resumed else None
+        if resumed:
+            process.skip_decided()
         if pruned is not None:   # decided before the sweep stopped, not yet told
             self.free.insert(0, slot)
             self.study.tell(number, "PRUNED")
@@ -107,7 +109,7 @@ class Loop:
         process.decide(epoch, prune)
         if prune:
             self.sweep.say(f"trial {number} pruned at epoch {epoch}: "
-                           f"{self.study.why_pruned(number, epoch, value)}")
+                           f"{self.study.why_pruned(number, epoch)}")
         else:
             self.sweep.say(f"trial {number} epoch {epoch}: {metric} {value:.4g}")
 

@@ -12,11 +12,12 @@ import glob
 import json
 import math
 import os
+import socket
 import time
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import summary_v2 as hp
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 from kerastrain.cli import recipes
 from kerastrain.cli.tune import space as space_lib
@@ -26,13 +27,19 @@ HPARAMS = "hparams"   # each trial's HParams session: trial-N/hparams
 
 def _write(directory, summaries):
     """A new event file in `directory` holding `summaries` ((step, Summary) pairs), replacing
-    the event files a run of the sweep before wrote there."""
+    the event files a run of the sweep before wrote there. (TensorBoard's `EventFileWriter`
+    would import TensorFlow to make the folder: its `RecordWriter` writes the same records.)"""
     os.makedirs(directory, exist_ok=True)
     for old in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
         os.remove(old)
-    writer = EventFileWriter(directory)
-    for step, summary in summaries:
-        writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+    now = time.time()
+    path = os.path.join(directory, f"events.out.tfevents.{now:.0f}.{socket.gethostname()}."
+                                   f"{os.getpid()}.kerastrain-tune")
+    writer = RecordWriter(open(path, "wb"))
+    events = [event_pb2.Event(wall_time=now, file_version="brain.Event:2")] + [
+        event_pb2.Event(wall_time=now, step=step, summary=summary) for step, summary in summaries]
+    for event in events:
+        writer.write(event.SerializeToString())
     writer.close()
 
 

@@ -130,18 +130,20 @@ class Study:
             self._reported[number][epoch] = value
         return trial.should_prune()
 
-    def why_pruned(self, number, epoch, value) -> str:
-        """The pruner's reason in words, from the other trials' values at this epoch."""
-        others = [t.intermediate_values[epoch] for t in self.trials("COMPLETE", "PRUNED")
-                  if t.number != number and epoch in t.intermediate_values]
-        metric = self.space.metric
+    def why_pruned(self, number, epoch) -> str:
+        """The pruner's reason in words: Optuna's median pruner compares the trial's best value
+        so far with the median of the completed trials' values at this epoch."""
+        others = [t.intermediate_values[epoch] for t in self.trials("COMPLETE")
+                  if epoch in t.intermediate_values]
+        metric, maximize = self.space.metric, self.space.direction == "maximize"
+        best = (max if maximize else min)(self._reported[number].values())
         if self.space.pruner["name"] == "median" and others:
-            side = "above" if self.space.direction == "minimize" else "below"
-            return (f"{metric} {value:.4g} {side} the median {statistics.median(others):.4g} "
-                    f"of {len(others)} trial{'s' if len(others) != 1 else ''} at that epoch")
+            return (f"{metric} {best:.4g} {'below' if maximize else 'above'} the median "
+                    f"{statistics.median(others):.4g} of {len(others)} completed "
+                    f"trial{'s' if len(others) != 1 else ''} at that epoch")
         factor = self.space.pruner.get("reduction_factor", 3)
-        return (f"{metric} {value:.4g} not among the best 1/{factor} of the {len(others) + 1} "
-                "trials at that epoch (successive halving)")
+        return (f"{metric} {best:.4g} not among the best 1/{factor} of the trials at that "
+                "epoch (successive halving)")
 
     def tell(self, number, state, value=None):
         """End a trial: state "COMPLETE" (with its value), "PRUNED" or "FAIL"."""

@@ -152,13 +152,19 @@ class Sweep:
         if parent is not None:
             parent.set_tags({"best_trial": top.number, f"best_{self.space.metric}": top.value,
                              **{f"best.{k}": v for k, v in top.params.items()}})
-        self.say(f"kerastrain tune: best recipe: {path} (kerastrain run {os.path.relpath(path)}"
-                 f"); compare the trials: tensorboard --logdir {os.path.relpath(self.sweep_dir)}"
+        self.say(f"kerastrain tune: best recipe: {path} (kerastrain run {_shown(path)}); "
+                 f"compare the trials: tensorboard --logdir {_shown(self.sweep_dir)}"
                  " (HParams)" + (f"; MLflow run {parent.run_id} at {parent.tracking_uri}"
                                  if parent is not None else ""))
         return SweepResult(self.sweep_dir, {
             "trial": top.number, "value": top.value, "values": dict(top.params),
             "directory": top.user_attrs.get("directory")}, path, counts)
+
+
+def _shown(path):
+    """A path as a user would type it here: relative below the working directory."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def _refuse_other_sweeps(sweep_dir, identity):

@@ -122,6 +122,11 @@ class TrialProcess:
         if prune:
             self.pruned_at = epoch
 
+    def skip_decided(self):
+        """A resumed trial: the epochs a sweep before answered are not read again."""
+        self._seen.update(e for e in self.epochs() if os.path.exists(
+            verdict_path(self.directory, e)))
+
     def pruned_before(self):
         """The epoch a verdict of an earlier sweep pruned this trial at, or None."""
         for epoch in sorted(self.epochs()):
