@@ -268,3 +268,20 @@ def test_the_shipped_space_checks_against_the_quickstart_recipe():
     space.check_recipe(shipped, tree, positions)
     assert {p.key for p in shipped.params} == {LR, "model.args.hidden"}
     assert glob.glob(os.path.join(helpers.REPO, "docs", "sweeps.md"))
+
+
+def test_a_launched_cluster_per_trial_is_kerastrain_launch_with_its_flags(tmp_path, capsys):
+    from kerastrain.cli.tune import sweep
+    recipe = write(tmp_path, "recipe.yaml", RECIPE + "strategy: multi_worker_mirrored\n")
+    space = {"params": {LR: [0.01, 0.1]}, "launch": {"workers": 2},
+             "sweep_dir": str(tmp_path / "sweep")}
+    argv = sweep.Sweep(recipe, space).command(3, {LR: 0.1}, str(tmp_path / "t3"), None)
+    assert argv[2:7] == ["kerastrain.cli", "launch", recipe, "--workers", "2"]
+    assert f"{LR}=0.1" in argv and f"trainer.model_dir=\"{tmp_path / 't3'}\"" in argv
+    # A cluster the recipe's strategy cannot use is refused before anything runs.
+    space_file = write(tmp_path, "space.yaml", f"params:\n  {LR}: [0.01, 0.1]\n"
+                                               f"launch: {{workers: 2, ps: 1}}\n")
+    assert cli.main(["tune", recipe, "--space", space_file]) == 2
+    err = capsys.readouterr().err
+    assert "space.yaml:3: launch: --ps 1 gives parameter servers to a recipe whose strategy " \
+           "is 'multi_worker_mirrored'" in err, err

@@ -102,7 +102,15 @@ def table(trials, space, counts) -> list:
     return lines
 
 
-def best_recipe(recipe_path, sets, best, sweep_dir, metric) -> str:
+def runs(launch):
+    """The command that runs a trial's recipe: `kerastrain run`, or launch with its flags."""
+    if launch is None:
+        return "kerastrain run"
+    return f"kerastrain launch --workers {launch['workers']}" + (
+        f" --ps {launch['ps']}" if launch["ps"] else "") + (" --chief" if launch["chief"] else "")
+
+
+def best_recipe(recipe_path, sets, best, sweep_dir, metric, launch=None) -> str:
     """`best.yaml`: the recipe (its includes merged, the sweep's `--set`s applied) with the best
     trial's values and a model_dir of its own, headed by where it came from. Checked here as
     `kerastrain run` will check it."""
@@ -119,7 +127,7 @@ def best_recipe(recipe_path, sets, best, sweep_dir, metric) -> str:
         f"# It is {recipe_path}" + (f" with --set {' --set '.join(sets)}" if sets else "") +
         " (includes merged) and these values:",
         *[f"#   {k}: {shown(v)}" for k, v in best.params.items()],
-        "# `kerastrain run` on this file trains it afresh in trainer.model_dir below; builders",
-        "# are imported from the working directory first, as for the recipe it came from.",
+        f"# `{runs(launch)}` on this file trains it afresh in trainer.model_dir below;",
+        "# builders are imported from the working directory first, as for the recipe it came from.",
     ]
     return "\n".join(head) + "\n" + recipes.dump(tree)

@@ -41,7 +41,9 @@ KEYS = {
     "pruner": "median, successive_halving or none, or {name: ..., **options}",
     "sweep_dir": "the sweep's folder: study.db, a folder per trial, best.yaml",
     "first_trials": "values to try first: a list of {recipe key: value}",
+    "launch": "{workers: N, ps: M, chief: false}: each trial a local cluster (kerastrain launch)",
 }
+LAUNCH = {"workers": 1, "ps": 0, "chief": False}
 
 
 class SpaceError(ValueError):
@@ -98,6 +100,7 @@ class Space:
     pruner: Mapping = dataclasses.field(default_factory=lambda: {"name": "median"})
     sweep_dir: str | None = None
     first_trials: tuple = ()
+    launch: Mapping | None = None
     source: str = "space"
     positions: Mapping = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -107,7 +110,7 @@ class Space:
     def identity(self) -> dict:
         """What makes two sweeps the same search (the rest may change between runs of it)."""
         return {"params": {p.key: p.describe() for p in self.params},
-                "objective": f"{self.direction} {self.metric}"}
+                "objective": f"{self.direction} {self.metric}", "launch": self.launch}
 
 
 def default_sweep_dir(space_path) -> str:
@@ -178,7 +181,8 @@ class _Reader:
             pruner=self.named("pruner", tree.get("pruner", "median"), PRUNERS),
             sweep_dir=sweep_dir, source=source, positions=self.positions)
         space = dataclasses.replace(space, first_trials=self.first(tree.get("first_trials"),
-                                                                   params))
+                                                                   params),
+                                    launch=self.launch(tree.get("launch")))
         if self.problems:
             raise SpaceError(self.problems)
         return space
@@ -267,6 +271,22 @@ class _Reader:
                 self.add((key, option), "expected an int >= " + (
                     "0" if option in ("seed", "startup_trials", "warmup_epochs") else "1"), given)
         return dict(options)
+
+    def launch(self, value):
+        """`launch:` (or null): the cluster `kerastrain launch` starts for each trial."""
+        if value is None:
+            return None
+        if not isinstance(value, Mapping) or set(value) - set(LAUNCH):
+            self.add(("launch",), "expected {workers: N, ps: M, chief: true/false} (the flags "
+                                  "of kerastrain launch)", value)
+            return None
+        launch = {**LAUNCH, **value}
+        for key, minimum in (("workers", 1), ("ps", 0)):
+            if not is_int(launch[key], minimum):
+                self.add(("launch", key), f"expected an int >= {minimum}", launch[key])
+        if not isinstance(launch["chief"], bool):
+            self.add(("launch", "chief"), "expected true or false", launch["chief"])
+        return launch
 
     def first(self, value, params) -> tuple:
         if value is None:

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 
-from kerastrain.cli import recipes
+from kerastrain.cli import manifests, recipes
 from kerastrain.io import locks
 from kerastrain.cli.tune import records
 from kerastrain.cli.tune.loop import Loop
@@ -66,6 +66,9 @@ class Sweep:
         if self.space.sweep_dir is None:
             raise ValueError("A sweep needs a folder: give `sweep_dir` (in the space or as an "
                              "argument). Received: sweep_dir=None")
+        if self.space.launch is not None:   # as `kerastrain launch` would refuse it, once
+            manifests.check_ps_for(self.recipe.strategy["name"], self.space.launch["ps"],
+                                   command=f"{self.space.where('launch')}: launch")
         self.tree, self.sweep_dir = tree, os.path.abspath(self.space.sweep_dir)
         self.mlflow = bool(mlflow or self.recipe.mlflow)
         self.identity = {"recipe": json.loads(json.dumps(tree)), **self.space.identity()}
@@ -99,7 +102,7 @@ class Sweep:
                 **options, "tracking_uri": parent.tracking_uri, "run_name": f"trial-{number}",
                 "experiment": parent.options.experiment, "parent_run_id": parent.run_id}))
         return trials_lib.command(self.recipe_path, self.sets, values, directory,
-                                  self.tree.get("callbacks"), extra)
+                                  self.tree.get("callbacks"), extra, self.space.launch)
 
     def trial_epochs(self, values) -> int:
         return values.get("trainer.epochs", self.recipe.trainer.epochs)
@@ -145,14 +148,15 @@ class Sweep:
         top = best[0]
         path = os.path.join(self.sweep_dir, "best.yaml")
         text = records.best_recipe(self.recipe_path, self.sets, top, self.sweep_dir,
-                                   self.space.metric)
+                                   self.space.metric, self.space.launch)
         with open(path + ".tmp", "w") as f:
             f.write(text)
         os.replace(path + ".tmp", path)
         if parent is not None:
             parent.set_tags({"best_trial": top.number, f"best_{self.space.metric}": top.value,
                              **{f"best.{k}": v for k, v in top.params.items()}})
-        self.say(f"kerastrain tune: best recipe: {path} (kerastrain run {_shown(path)}); "
+        self.say(f"kerastrain tune: best recipe: {path} ({records.runs(self.space.launch)} "
+                 f"{_shown(path)}); "
                  f"compare the trials: tensorboard --logdir {_shown(self.sweep_dir)}"
                  " (HParams)" + (f"; MLflow run {parent.run_id} at {parent.tracking_uri}"
                                  if parent is not None else ""))

@@ -172,14 +172,21 @@ class TrialProcess:
         return (errors or lines or [""])[-1][:400]
 
 
-def command(recipe, sets, values, directory, callbacks, extra_sets=()) -> list:
+def command(recipe, sets, values, directory, callbacks, extra_sets=(), launch=None) -> list:
     """`python -m kerastrain.cli run RECIPE` with the user's `--set`s, then the trial's values,
-    folder and reporter, as `--set`s (so the recipe's schema checks them as it checks any)."""
+    folder and reporter, as `--set`s (so the recipe's schema checks them as it checks any);
+    with `launch` ({workers, ps, chief}), `kerastrain launch RECIPE --workers N ...` instead:
+    a local cluster of processes per trial, all on the trial's cores."""
     reporter = {"name": "kerastrain.cli.tune.report:Reporter", "directory": directory}
     overrides = list(sets) + [space.override(k, v) for k, v in values.items()] + [
         space.override("trainer.model_dir", directory),
         space.override("callbacks", list(callbacks or []) + [reporter]), *extra_sets]
     argv = [sys.executable, "-m", "kerastrain.cli", "run", recipe]
+    if launch is not None:
+        argv[3:4] = ["launch"]
+        argv += ["--workers", str(launch["workers"])] + (
+            ["--ps", str(launch["ps"])] if launch["ps"] else []) + (
+            ["--chief"] if launch["chief"] else [])
     for item in overrides:
         argv += ["--set", item]
     return argv
