@@ -42,8 +42,9 @@ def _sampler(options, seen):
 def _pruner(options):
     optuna = _optuna()
     if options["name"] == "median":
+        # Steps are epochs counted from 1; Optuna prunes from step == n_warmup_steps on.
         return optuna.pruners.MedianPruner(n_startup_trials=options.get("startup_trials", 2),
-                                           n_warmup_steps=options.get("warmup_epochs", 0))
+                                           n_warmup_steps=options.get("warmup_epochs", 0) + 1)
     if options["name"] == "successive_halving":
         return optuna.pruners.SuccessiveHalvingPruner(
             min_resource=options.get("min_epochs", 1),
@@ -136,14 +137,16 @@ class Study:
         others = [t.intermediate_values[epoch] for t in self.trials("COMPLETE")
                   if epoch in t.intermediate_values]
         metric, maximize = self.space.metric, self.space.direction == "maximize"
+        value = self._reported[number][epoch]
         best = (max if maximize else min)(self._reported[number].values())
+        said = f"{metric} {value:.4g}" + (f" (best so far {best:.4g})" if best != value else "")
         if self.space.pruner["name"] == "median" and others:
-            return (f"{metric} {best:.4g} {'below' if maximize else 'above'} the median "
+            return (f"{said} {'below' if maximize else 'above'} the median "
                     f"{statistics.median(others):.4g} of {len(others)} completed "
                     f"trial{'s' if len(others) != 1 else ''} at that epoch")
         factor = self.space.pruner.get("reduction_factor", 3)
-        return (f"{metric} {best:.4g} not among the best 1/{factor} of the trials at that "
-                "epoch (successive halving)")
+        return (f"{said}: not among the best 1/{factor} of the trials at that epoch "
+                "(successive halving)")
 
     def tell(self, number, state, value=None):
         """End a trial: state "COMPLETE" (with its value), "PRUNED" or "FAIL"."""
