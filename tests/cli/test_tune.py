@@ -271,7 +271,9 @@ def test_the_shipped_space_checks_against_the_quickstart_recipe():
 
 
 def test_a_launched_cluster_per_trial_is_kerastrain_launch_with_its_flags(tmp_path, capsys):
+    import kerastrain
     from kerastrain.cli.tune import sweep
+    assert kerastrain.Sweep is sweep.Sweep   # the Python API, beside Trainer
     recipe = write(tmp_path, "recipe.yaml", RECIPE + "strategy: multi_worker_mirrored\n")
     space = {"params": {LR: [0.01, 0.1]}, "launch": {"workers": 2},
              "sweep_dir": str(tmp_path / "sweep")}
