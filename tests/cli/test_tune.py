@@ -144,7 +144,7 @@ sweep_dir: {sweep_dir}
 
 def test_a_sweep_killed_with_sigkill_resumes_where_it_was(tmp_path):
     sweep_dir = str(tmp_path / "sweep")
-    recipe = write(tmp_path, "recipe.yaml", RECIPE.replace("epochs: 2", "epochs: 3"))
+    recipe = write(tmp_path, "recipe.yaml", RECIPE.replace("epochs: 2", "epochs: 4"))
     space = write(tmp_path, "space.yaml", f"""\
 params:
   {LR}: {{float: [1.0e-3, 0.1], log: true}}
@@ -158,7 +158,9 @@ sweep_dir: {sweep_dir}
     first = helpers.Child(args)
     try:
         first.wait_for(r"^trial 0 done")
-        first.wait_for(r"^trial 1 epoch 2:")   # its checkpoints of epochs 1 and 2 are written
+        # Its checkpoints of epochs 1 and 2 are written; two epochs, each waiting for the
+        # sweep's verdict, and the end of its process are still ahead of it.
+        first.wait_for(r"^trial 1 epoch 2:")
         first.process.send_signal(signal.SIGKILL)
     finally:
         first.finish(timeout=60)
@@ -176,14 +178,14 @@ sweep_dir: {sweep_dir}
     assert {t.number: t.params for t in trials} == values   # the same values, run once
     assert sorted(n for n in os.listdir(sweep_dir) if not n.startswith("events.out")) == [
         "best.yaml", "study.db", "sweep.json", "trial-0", "trial-1"]
-    # Trial 0 ran once; trial 1 went on from its checkpoint: no epoch of it trained twice
-    # from scratch (epoch 1 was never redone), and epoch 3 came after the restart.
+    # Trial 0 ran once; trial 1 went on from its checkpoint: epoch 1 was never trained again,
+    # and it ran to its end after the restart.
     headers = [open(os.path.join(sweep_dir, f"trial-{n}", "trial.log")).read().count(
         "# kerastrain tune,") for n in (0, 1)]
     assert headers == [1, 2]
-    assert epochs_of(os.path.join(sweep_dir, "trial-0")) == [1, 2, 3]
+    assert epochs_of(os.path.join(sweep_dir, "trial-0")) == [1, 2, 3, 4]
     resumed = epochs_of(os.path.join(sweep_dir, "trial-1"))
-    assert resumed.count(1) == 1 and resumed[-1] == 3, resumed
+    assert resumed.count(1) == 1 and resumed[-1] == 4, resumed
 
 
 BAD_SPACES = [
