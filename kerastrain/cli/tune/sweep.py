@@ -206,7 +206,13 @@ def _difference(old, new, prefix=""):
 def _claim(sweep_dir, identity):
     """The folder's lock (one sweep at a time on it), and its sweep.json."""
     os.makedirs(sweep_dir, exist_ok=True)
-    lock = locks.ModelDirLock(sweep_dir).acquire()
+    try:
+        lock = locks.ModelDirLock(sweep_dir).acquire()
+    except locks.ModelDirInUse as e:
+        raise locks.ModelDirInUse(
+            f"Another sweep is running in {sweep_dir}: two would start the same trials. "
+            f"Wait for it to end (or stop it: the same command resumes it). The folder's "
+            f"lock says: {e}") from None
     record = os.path.join(sweep_dir, "sweep.json")
     if not os.path.exists(record):
         with open(record + ".tmp", "w") as f:
