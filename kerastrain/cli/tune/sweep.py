@@ -137,7 +137,8 @@ class Sweep:
                 f"{self.space.sampler['name']}, pruner {self.space.pruner['name']}")
 
     def _finish(self, study, parent, loop) -> SweepResult:
-        counts = {s.lower(): len(study.trials(s)) for s in ("COMPLETE", "PRUNED", "FAIL")}
+        counts = {word: len(study.trials(state)) for state, word in (
+            ("COMPLETE", "complete"), ("PRUNED", "pruned"), ("FAIL", "failed"))}
         said = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no trial ended"
         best = study.best()
         if not best:
