@@ -133,7 +133,9 @@ def load(path_or_tree, *, trials=None, parallel=None, sweep_dir=None) -> Space:
         try:
             tree, positions = recipes.load_file(path_or_tree)
         except RecipeError as e:   # unreadable or not YAML: the same words, about a space
-            raise SpaceError(e.problems) from None
+            raise SpaceError([dataclasses.replace(p, message=p.message.replace(
+                "a recipe needs at least `model:` and `data:` sections",
+                "a search space needs at least `params:`")) for p in e.problems]) from None
         source = os.path.relpath(path_or_tree)
     for key, value in (("trials", trials), ("parallel", parallel), ("sweep_dir", sweep_dir)):
         if value is not None:

@@ -19,7 +19,7 @@ import json
 import os
 
 from kerastrain.cli import manifests, recipes
-from kerastrain.io import locks
+from kerastrain.io import locks, tracking   # no TensorFlow; MLflow only once a writer opens
 from kerastrain.cli.tune import records
 from kerastrain.cli.tune.loop import Loop
 from kerastrain.cli.tune import space as space_lib
@@ -82,9 +82,8 @@ class Sweep:
             study = study_lib.Study(self.sweep_dir, self.space)
             parent = self._open_mlflow() if self.mlflow else None
             self.say(self._opening(study))
-            loop = Loop(self, study, parent)
-            loop.run()
-            return self._finish(study, parent, loop)
+            Loop(self, study, parent).run()
+            return self._finish(study, parent)
         finally:
             if parent is not None:
                 parent.close()
@@ -110,13 +109,12 @@ class Sweep:
     # -- the sweep's own lines and records --------------------------------------------------
 
     def _open_mlflow(self):
-        from kerastrain.io.tracking import MLflowWriter   # MLflow loads only when asked for
         options = self.recipe.mlflow if isinstance(self.recipe.mlflow, dict) else {}
         params = {f"space.{p.key}": p.describe() for p in self.space.params}
         params.update({"recipe": self.recipe_path, "objective": self.identity["objective"],
                        "sampler": self.space.sampler["name"],
                        "pruner": self.space.pruner["name"]})
-        writer = MLflowWriter(options.get("tracking_uri"),
+        writer = tracking.MLflowWriter(options.get("tracking_uri"),
                               experiment=options.get("experiment", "kerastrain"),
                               run_name=os.path.basename(self.sweep_dir), log_export=False,
                               params=params)
@@ -136,7 +134,7 @@ class Sweep:
                 f"{self.space.direction} {self.space.metric}; sampler "
                 f"{self.space.sampler['name']}, pruner {self.space.pruner['name']}")
 
-    def _finish(self, study, parent, loop) -> SweepResult:
+    def _finish(self, study, parent) -> SweepResult:
         counts = {word: len(study.trials(state)) for state, word in (
             ("COMPLETE", "complete"), ("PRUNED", "pruned"), ("FAIL", "failed"))}
         said = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no trial ended"
