@@ -228,6 +228,24 @@ def test_a_bad_space_is_refused_with_its_line_before_anything_runs(
     assert not os.path.exists(tmp_path / "sweep")   # nothing ran, nothing was made
 
 
+def test_every_problem_of_a_space_is_reported_at_once_in_the_files_order(tmp_path, capsys):
+    recipe = write(tmp_path, "recipe.yaml", RECIPE)
+    space = write(tmp_path, "space.yaml", f"""\
+params:
+  model.argz.hidden: [64, 128]
+  {LR}: {{float: [1.0e-4, 1.0e-2], log: true}}
+  data.batch_size: [0, 32]
+trials: 8
+parallel: 2
+sampler: tpee
+""")
+    assert cli.main(["tune", recipe, "--space", space]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"kerastrain: {space}: 3 problems in the search space:"
+    assert [re.match(r"  .*space\.yaml:(\d+): ([\w.]+):", line).groups() for line in lines[1:]] == [
+        ("2", "params.model.argz.hidden"), ("4", "params.data.batch_size"), ("7", "sampler")]
+
+
 def test_a_folder_of_another_search_or_of_no_sweep_is_refused(tmp_path, capsys):
     recipe = write(tmp_path, "recipe.yaml", RECIPE)
     sweep_dir = tmp_path / "sweep"

@@ -121,11 +121,13 @@ def default_sweep_dir(space_path) -> str:
     return os.path.join("runs", f"{name}-sweep")
 
 
-def load(path_or_tree, *, trials=None, parallel=None, sweep_dir=None) -> Space:
-    """Read and check a space file (or a mapping); the arguments override its keys.
+def load(path_or_tree, *, recipe=None, trials=None, parallel=None, sweep_dir=None) -> Space:
+    """Read and check a space file (or a mapping); the arguments override its keys. With
+    `recipe` ((tree, positions) of `recipes.read`), each value is checked against it too
+    (`check_recipe`), and every problem of both kinds is reported at once.
 
     Raises:
-        SpaceError: every problem, each with its file:line and key.
+        SpaceError: every problem, each with its file:line and key, in the file's order.
     """
     if isinstance(path_or_tree, Mapping):
         tree, positions, source = copy.deepcopy(dict(path_or_tree)), {}, "space"
@@ -142,7 +144,18 @@ def load(path_or_tree, *, trials=None, parallel=None, sweep_dir=None) -> Space:
             tree = tree if isinstance(tree, dict) else {}
             tree[key] = value
             positions[(key,)] = f"--{key.replace('_', '-')} {value}"
-    return _Reader(positions, source).space(tree, source, path_or_tree)
+    reader = _Reader(positions, source)
+    space = reader.space(tree, source, path_or_tree)
+    problems = reader.problems + (_recipe_problems(space, *recipe) if recipe else [])
+    if problems:
+        raise SpaceError(sorted(problems, key=_line))
+    return space
+
+
+def _line(problem):
+    """A problem's line in the file, for the order of the report (others last)."""
+    line = problem.where.rsplit(":", 1)[-1]
+    return int(line) if line.isdigit() else 1 << 30
 
 
 class _Reader:
@@ -185,9 +198,7 @@ class _Reader:
         space = dataclasses.replace(space, first_trials=self.first(tree.get("first_trials"),
                                                                    params),
                                     launch=self.launch(tree.get("launch")))
-        if self.problems:
-            raise SpaceError(self.problems)
-        return space
+        return space   # `load` raises with every problem
 
     def params(self, value) -> tuple:
         if not isinstance(value, Mapping) or not value:
@@ -331,6 +342,12 @@ def check_recipe(space: Space, tree, positions, *, imports=True):
     Raises:
         SpaceError: each value refused, at the space's line of its param, with the recipe's words.
     """
+    problems = _recipe_problems(space, tree, positions, imports=imports)
+    if problems:
+        raise SpaceError(problems)
+
+
+def _recipe_problems(space, tree, positions, *, imports=True) -> list:
     problems = []
     for param in space.params:
         for value in param.probes:
@@ -346,11 +363,10 @@ def check_recipe(space: Space, tree, positions, *, imports=True):
                                         f"{said}"))
                 break   # one value's words are enough for the key
     data = tree.get("data") if isinstance(tree.get("data"), Mapping) else {}
-    if space.metric.startswith("val_") and not (data.get("validation") or
+    if str(space.metric).startswith("val_") and not (data.get("validation") or
                                                 data.get("validation_split")):
         problems.append(Problem("objective.metric", space.where("objective", "metric"), (
             f"{space.metric!r} is measured on validation data, and the recipe has none: "
             "give it data.validation (or data.validation_split), or choose a training metric "
             f"(e.g. {space.metric[4:]!r})")))
-    if problems:
-        raise SpaceError(problems)
+    return problems

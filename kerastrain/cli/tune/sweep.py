@@ -61,8 +61,8 @@ class Sweep:
         tree, positions = recipes.read(self.recipe_path, self.sets)
         recipes.import_from(self.recipe_path)   # the builders, as `kerastrain run` finds them
         self.recipe, _ = recipes.check(tree, positions)
-        self.space = space_lib.load(space, trials=trials, parallel=parallel, sweep_dir=sweep_dir)
-        space_lib.check_recipe(self.space, tree, positions)
+        self.space = space_lib.load(space, recipe=(tree, positions), trials=trials,
+                                    parallel=parallel, sweep_dir=sweep_dir)
         if self.space.sweep_dir is None:
             raise ValueError("A sweep needs a folder: give `sweep_dir` (in the space or as an "
                              "argument). Received: sweep_dir=None")
