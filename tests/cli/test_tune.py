@@ -75,22 +75,24 @@ sweep_dir: {sweep_dir}
     assert code == 0, out
     assert "absl" not in out, out   # the sweep's own process never loads TensorFlow
     lines = out.splitlines()
-    # Parallel: trials 0 and 1 both started before either ended, each pinned to one core.
-    started = [i for i, line in enumerate(lines) if re.match(r"trial [01] started on core \d:", line)]
+    # Parallel: trials 0 and 1 both started before either ended, each pinned to its own half
+    # of the cores (one each on 2 cores), where TensorFlow saw that many and no more.
+    started = {int(m.group(1)): (i, set(m.group(2).split(","))) for i, line in enumerate(lines)
+               for m in [re.match(r"trial ([01]) started on cores? ([\d,]+):", line)] if m}
     ended = [i for i, line in enumerate(lines) if re.match(r"trial [01] done", line)]
-    assert len(started) == 2 and max(started) < min(ended), out
-    cores = {re.search(r"on core (\d)", lines[i]).group(1) for i in started}
-    assert cores == {"0", "1"}, out
-    for number in (0, 1):
+    assert len(started) == 2 and max(i for i, _ in started.values()) < min(ended), out
+    assert not started[0][1] & started[1][1], out
+    for number, (_, cores) in started.items():
         log = open(os.path.join(sweep_dir, f"trial-{number}", "trial.log")).read()
-        assert "(1 core(s) for this process)" in log, log   # TensorFlow saw its share only
+        assert f"({len(cores)} core(s) for this process)" in log, log
     # Pruning: one line with the reason; the run ended cleanly after that epoch.
     pruned = [line for line in lines if line.startswith("trial 2 pruned")]
     assert len(pruned) == 1 and re.fullmatch(
         r"trial 2 pruned at epoch 1: val_loss [\d.]+ above the median [\d.]+ of [12] completed "
         r"trials? at that epoch", pruned[0]), out
     assert epochs_of(os.path.join(sweep_dir, "trial-2")) == [1]
-    assert "kerastrain: done: 1 epoch" in open(os.path.join(sweep_dir, "trial-2", "trial.log")).read()
+    log = open(os.path.join(sweep_dir, "trial-2", "trial.log")).read()
+    assert "kerastrain: done: 1 epoch" in log and "ended early at epoch 1 of 2" in log, log
     states = {t.number: t.state.name for t in study(sweep_dir).trials}
     assert states == {0: "COMPLETE", 1: "COMPLETE", 2: "PRUNED"}
 

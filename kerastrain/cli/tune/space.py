@@ -7,7 +7,7 @@
     objective: {metric: val_loss, direction: minimize}
     trials: 12
     parallel: 2
-    sampler: tpe                              # or random, or {name: tpe, seed: 0, startup_trials: 4}
+    sampler: tpe                  # or random, or {name: tpe, seed: 0, startup_trials: 4}
     pruner: median                            # median, successive_halving or none
 
 Every problem is reported at once with its file:line and key (`SpaceError`); a value the
