@@ -141,7 +141,7 @@ sweep_dir: {sweep_dir}
     assert "callbacks" not in tree and "mlflow" not in tree   # the user's recipe, not the trial's
     assert cli.main(["run", best_yaml]) == 0
     assert "kerastrain: done: 2 epochs" in capsys.readouterr().out
-    assert os.path.exists(os.path.join(sweep_dir, "best", "recipe.yaml"))
+    assert os.path.exists(os.path.join(sweep_dir, f"best-trial-{best.number}", "recipe.yaml"))
 
 
 def test_a_sweep_killed_with_sigkill_resumes_where_it_was(tmp_path):
@@ -309,3 +309,13 @@ def test_a_launched_cluster_per_trial_is_kerastrain_launch_with_its_flags(tmp_pa
     err = capsys.readouterr().err
     assert "space.yaml:3: launch: --ps 1 gives parameter servers to a recipe whose strategy " \
            "is 'multi_worker_mirrored'" in err, err
+
+
+def test_a_different_best_yaml_is_kept_not_overwritten(tmp_path):
+    from kerastrain.cli.tune import records
+    path = str(tmp_path / "best.yaml")
+    records.write_kept(path, "a: 1\n")
+    records.write_kept(path, "a: 1\n")            # the same best again: nothing kept twice
+    records.write_kept(path, "a: 2\n")            # a later best: the earlier one is kept
+    assert sorted(os.listdir(tmp_path)) == ["best.yaml", "best.yaml.previous-1"]
+    assert open(path + ".previous-1").read() == "a: 1\n" and open(path).read() == "a: 2\n"

@@ -115,7 +115,10 @@ def best_recipe(recipe_path, sets, best, sweep_dir, metric, launch=None) -> str:
     trial's values and a model_dir of its own, headed by where it came from. Checked here as
     `kerastrain run` will check it."""
     tree, positions = recipes.read(recipe_path, sets)
-    values = dict(best.params, **{"trainer.model_dir": os.path.join(sweep_dir, "best")})
+    # A folder of this trial's own: a later best (the sweep resumed with more trials) trains in
+    # another, never resuming this one's checkpoints with other values.
+    values = dict(best.params, **{"trainer.model_dir": os.path.join(
+        sweep_dir, f"best-trial-{best.number}")})
     tree, positions = space_lib.with_values(tree, positions, values)
     recipes.check(tree, positions)
     epochs = max(best.intermediate_values, default=0)
@@ -131,3 +134,20 @@ def best_recipe(recipe_path, sets, best, sweep_dir, metric, launch=None) -> str:
         "# builders are imported from the working directory first, as for the recipe it came from.",
     ]
     return "\n".join(head) + "\n" + recipes.dump(tree)
+
+
+def write_kept(path, text):
+    """Write `path` whole; a different file already there (an earlier best, or one edited
+    since) is kept as `path.previous-N` first."""
+    if os.path.exists(path):
+        with open(path) as f:
+            if f.read() == text:
+                return path
+        n = 1
+        while os.path.exists(f"{path}.previous-{n}"):
+            n += 1
+        os.rename(path, f"{path}.previous-{n}")
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    return path

@@ -148,9 +148,7 @@ class Sweep:
         path = os.path.join(self.sweep_dir, "best.yaml")
         text = records.best_recipe(self.recipe_path, self.sets, top, self.sweep_dir,
                                    self.space.metric, self.space.launch)
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
+        records.write_kept(path, text)
         if parent is not None:
             parent.set_tags({"best_trial": top.number, f"best_{self.space.metric}": top.value,
                              **{f"best.{k}": v for k, v in top.params.items()}})
