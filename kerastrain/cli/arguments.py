@@ -49,6 +49,7 @@ COMMAND_EXAMPLES = {
   kerastrain tune recipes/quickstart.yaml --space recipes/quickstart.space.yaml --trials 20   # go on
   kerastrain tune recipes/digits.yaml --space my.space.yaml --parallel 2 --mlflow
   kerastrain tune recipes/quickstart.yaml --space s.yaml --set trainer.epochs=2 --sweep-dir runs/s2
+  kerastrain tune recipes/quickstart.yaml --space recipes/quickstart.space.yaml --ray   # Ray actors
 """,
     "quickstart": """
   kerastrain quickstart                          # auto strategy on this machine
@@ -221,8 +222,12 @@ def _add_tune(sub):
     tune.add_argument("--mlflow", action="store_true",
                       help="an MLflow run for the sweep with a child run per trial (also "
                            "when the recipe has `mlflow:`)")
-    tune.add_argument("--ray", action="store_true",
-                      help="not supported yet: trials run as local processes")
+    tune.add_argument(
+        "--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+        help="run each trial in a Ray actor (pip install 'kerastrain[ray]'): alone, on a Ray "
+             "cluster started here in a private network namespace; with an ADDRESS ('auto', "
+             "host:port), on that running cluster, whose every node must see the sweep folder "
+             "and the recipe at the same paths")
     tune.add_argument("-v", "--verbose", action="store_true",
                       help="a traceback with errors that are otherwise one line")
 

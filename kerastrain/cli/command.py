@@ -200,23 +200,35 @@ def _train(args, recipe, text):
 
 def _tune(args):
     """`kerastrain tune`: a sweep (kerastrain.cli.tune.sweep), 0 when a trial completed."""
-    if args.ray:
-        raise ValueError("`kerastrain tune --ray` is not supported yet: trials run as local "
-                         "processes, `parallel` at once, each pinned to its share of this "
-                         "machine's cores. Received: --ray. Drop it (docs/sweeps.md, "
-                         "\"What is not supported\").")
     for flag, value in (("--trials", args.trials), ("--parallel", args.parallel)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1. Received: {flag} {value}")
+    if args.ray == "local":   # as `launch --ray`: Ray's services reachable from nothing outside
+        _isolate_for_ray(args)
     from kerastrain.cli.tune import sweep
     found = sweep.Sweep(args.recipe, args.space, sets=args.set, sweep_dir=args.sweep_dir,
                         trials=args.trials, parallel=args.parallel, mlflow=args.mlflow,
-                        say=lambda line: print(line, flush=True))
+                        ray=args.ray, say=lambda line: print(line, flush=True))
     try:
         result = found.run()
     except KeyboardInterrupt:
         return 130
     return 0 if result.best is not None else 1
+
+
+def _isolate_for_ray(args):
+    """Before any thread starts (the recipe's modules import NumPy): this process, the Ray
+    cluster it starts and every trial in a private network namespace (loopback only)."""
+    import io
+
+    from kerastrain.cli import isolation, recipes
+    said = io.StringIO()
+    isolation.isolate("private", recipes.read(args.recipe, args.set)[0], out=said)
+    for line in said.getvalue().splitlines():
+        print(line.replace("[launch] network: every task", "kerastrain tune: network: every "
+                           "trial and Ray").replace("[launch] ", "kerastrain tune: ").replace(
+            "; --network host turns this off", "; --ray ADDRESS (a running Ray cluster) does "
+            "not isolate"), flush=True)
 
 
 def _launch(args):

@@ -56,15 +56,18 @@ def epochs_of(trial_dir):
 def test_parallel_trials_pruning_hparams_mlflow_and_a_best_recipe_that_runs(tmp_path, capsys):
     sweep_dir = str(tmp_path / "sweep")
     recipe = write(tmp_path, "recipe.yaml", RECIPE)
-    # Two sound learning rates run at once; the third (10: Adam's steps blow the weights up)
-    # starts when one of them is done, and is pruned at its first epoch.
+    # Two trials of one sound learning rate run at once: the same values and seed train to the
+    # same losses, so whichever ends first, the other is never worse than the median (a median
+    # pruner prunes what is strictly worse) however the two interleave. The third (10: Adam's
+    # steps blow the weights up) starts when one of them is done and is pruned at its first
+    # epoch.
     space = write(tmp_path, "space.yaml", f"""\
 params:
   {LR}: {{float: [1.0e-4, 10.0], log: true}}
   model.args.hidden: [4, 8]
 first_trials:
   - {{{LR}: 0.05, model.args.hidden: 8}}
-  - {{{LR}: 0.03, model.args.hidden: 4}}
+  - {{{LR}: 0.05, model.args.hidden: 8}}
   - {{{LR}: 10.0, model.args.hidden: 4}}
 trials: 3
 parallel: 2
@@ -268,9 +271,26 @@ def test_a_folder_of_another_search_or_of_no_sweep_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert ("holds a sweep of another search" in err and
             'params: model.args.hidden "one of 4, 16" before, "one of 4, 8" now' in err), err
-    assert cli.main(["tune", recipe, "--space", space, "--ray"]) == 2
-    assert "`kerastrain tune --ray` is not supported yet" in capsys.readouterr().err
     assert sorted(os.listdir(sweep_dir)) == ["sweep.json"]
+
+
+def test_trials_run_in_ray_actors_with_ray(tmp_path):
+    pytest.importorskip("ray", reason="Ray is an optional extra (the test extra installs it)")
+    sweep_dir = str(tmp_path / "sweep")
+    recipe = write(tmp_path, "recipe.yaml", RECIPE)
+    space = write(tmp_path, "space.yaml", f"params:\n  {LR}: [0.01, 0.05]\n"
+                                          f"first_trials: [{{{LR}: 0.01}}, {{{LR}: 0.05}}]\n"
+                                          f"trials: 2\nparallel: 2\nsweep_dir: {sweep_dir}\n")
+    code, out = tune(recipe, space, "--ray")
+    assert code == 0, out
+    assert "kerastrain tune: network: every trial and Ray runs in one private network " \
+        "namespace" in out, out
+    assert sorted(re.findall(r"^trial (\d) started in the Ray actor of slot (\d)", out, re.M)) \
+        == [("0", "0"), ("1", "1")], out
+    assert {t.number: t.state.name for t in study(sweep_dir).trials} == {
+        0: "COMPLETE", 1: "COMPLETE"}
+    log = open(os.path.join(sweep_dir, "trial-1", "trial.log")).read()
+    assert "Ray actor slot-1" in log and "kerastrain: done: 2 epochs" in log, log
 
 
 def test_cores_are_shared_out_between_trials():

@@ -20,8 +20,9 @@ POLL_SECONDS = 0.1   # between reads of the running trials' epoch files (a few s
 class Loop:
     """Runs a sweep's trials (`Sweep.run` makes one; `run()` returns when none is left)."""
 
-    def __init__(self, sweep, study, parent=None):
+    def __init__(self, sweep, study, parent=None, ray=None):
         self.sweep, self.study, self.parent, self.space = sweep, study, parent, sweep.space
+        self.ray = ray   # RayHosts with an actor per slot (`--ray`), or None: local processes
         self.slots = trials_lib.core_slots(self.space.parallel)
         self.free = list(range(len(self.slots)))
         self.running = {}   # number -> (TrialProcess, slot)
@@ -54,9 +55,10 @@ class Loop:
         directory = os.path.join(self.sweep.sweep_dir, f"trial-{number}")
         self.study.set_directory(number, directory)
         slot = self.free.pop(0)
-        process = trials_lib.TrialProcess(number, values, directory, self.slots[slot],
-                                          self.sweep.command(number, values, directory,
-                                                             self.parent))
+        process = trials_lib.TrialProcess(
+            number, values, directory, self.slots[slot],
+            self.sweep.command(number, values, directory, self.parent),
+            ray=None if self.ray is None else (self.ray, f"slot-{slot}"))
         pruned = process.pruned_before() if resumed else None
         if resumed:
             process.skip_decided()
@@ -71,9 +73,11 @@ class Loop:
         self.running[number] = (process, slot)
         names = records.short_names(list(values))
         shown = ", ".join(f"{names[k]}={records.shown(v)}" for k, v in values.items())
-        self.sweep.say(f"trial {number} {'resumed' if resumed else 'started'} on core"
-                       f"{'s' if len(process.cores) > 1 else ''} "
-                       f"{','.join(map(str, process.cores))}: {shown} ({directory})")
+        where = (f"on core{'s' if len(process.cores) > 1 else ''} "
+                 f"{','.join(map(str, process.cores))}" if self.ray is None else
+                 f"in the Ray actor of slot {slot}")
+        self.sweep.say(f"trial {number} {'resumed' if resumed else 'started'} {where}: "
+                       f"{shown} ({directory})")
 
     def _poll(self, number):
         process, slot = self.running[number]

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 
-from kerastrain.cli import manifests, recipes
+from kerastrain.cli import manifests, ray_cluster, recipes
 from kerastrain.io import locks, tracking   # no TensorFlow; MLflow only once a writer opens
 from kerastrain.cli.tune import records
 from kerastrain.cli.tune.loop import Loop
@@ -47,6 +47,8 @@ class Sweep:
         sets: `--set key=value` overrides for every trial, applied before the trial's values.
         sweep_dir, trials, parallel: override the space's keys.
         mlflow: a parent MLflow run with a child per trial (also when the recipe has `mlflow:`).
+        ray: run each trial in a Ray actor: "local" (a Ray cluster started here) or a running
+            cluster's address, whose every node sees the sweep folder at the same path.
         say: where the sweep's lines go.
 
     Raises:
@@ -56,8 +58,8 @@ class Sweep:
     """
 
     def __init__(self, recipe, space, *, sets=(), sweep_dir=None, trials=None, parallel=None,
-                 mlflow=False, say=print):
-        self.recipe_path, self.sets, self.say = str(recipe), list(sets), say
+                 mlflow=False, ray=None, say=print):
+        self.recipe_path, self.sets, self.say, self.ray = str(recipe), list(sets), say, ray
         tree, positions = recipes.read(self.recipe_path, self.sets)
         recipes.import_from(self.recipe_path)   # the builders, as `kerastrain run` finds them
         self.recipe, _ = recipes.check(tree, positions)
@@ -77,16 +79,20 @@ class Sweep:
     def run(self) -> SweepResult:
         """Run the trials still to run (all, or what a sweep before left), then say the best."""
         lock = _claim(self.sweep_dir, self.identity)
-        parent = None
+        parent = hosts = None
         try:
             study = study_lib.Study(self.sweep_dir, self.space)
             parent = self._open_mlflow() if self.mlflow else None
             self.say(self._opening(study))
-            Loop(self, study, parent).run()
+            if self.ray is not None:   # an actor per slot, each running its trials in turn
+                hosts = ray_cluster.RayHosts([f"slot-{i}" for i in range(self.space.parallel)],
+                                             address=None if self.ray == "local" else self.ray)
+            Loop(self, study, parent, hosts).run()
             return self._finish(study, parent)
         finally:
-            if parent is not None:
-                parent.close()
+            for opened in (hosts, parent):
+                if opened is not None:
+                    opened.close()
             lock.release()
 
     # -- what trials get ----------------------------------------------------------------------
@@ -125,12 +131,15 @@ class Sweep:
         held = study.trials("COMPLETE", "PRUNED", "FAIL")
         running = study.trials("RUNNING")
         slots = trials_lib.core_slots(self.space.parallel)
+        where = (f"on cores {' | '.join(','.join(map(str, s)) for s in slots)}"
+                 if self.ray is None else f"in Ray actors ({self.ray})")
         start = (f"resuming the sweep in {self.sweep_dir}: {len(held)} trial(s) kept, "
                  f"{len(running)} interrupted (run again in their folders, from their "
                  "checkpoints)" if held or running else f"sweep in {self.sweep_dir}")
-        return (f"kerastrain tune: {start}; {self.space.trials} trials of {self.recipe_path} "
+        n = self.space.trials
+        return (f"kerastrain tune: {start}; {n} trial{'s' if n != 1 else ''} of {self.recipe_path} "
                 f"over {', '.join(p.key for p in self.space.params)}; {self.space.parallel} at "
-                f"once on cores {' | '.join(','.join(map(str, s)) for s in slots)}; "
+                f"once {where}; "
                 f"{self.space.direction} {self.space.metric}; sampler "
                 f"{self.space.sampler['name']}, pruner {self.space.pruner['name']}")
 

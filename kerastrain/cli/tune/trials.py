@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 from kerastrain._lifetime import LAUNCHER_PID
@@ -66,9 +68,10 @@ class TrialProcess:
         argv: its command line (`kerastrain run ...`).
     """
 
-    def __init__(self, number, values, directory, cores, argv):
+    def __init__(self, number, values, directory, cores, argv, ray=None):
         self.number, self.values, self.directory = number, dict(values), directory
         self.cores, self.argv = tuple(cores), list(argv)
+        self.ray = ray   # (RayHosts, the slot's actor name): the run is that actor's child
         self.pruned_at = None
         self.failure = None   # why the sweep ends it as failed, whatever its exit code
         self._process = self._log = None
@@ -87,11 +90,25 @@ class TrialProcess:
                    **{LAUNCHER_PID: str(os.getpid())})
         env.pop("TF_CONFIG", None)   # a trial is a run of its own, never a task of a cluster
         self._log = open(self.log_path, "a")
-        self._log.write(f"# kerastrain tune, {time.strftime('%Y-%m-%d %H:%M:%S')}, cores "
-                        f"{list(self.cores)}: {subprocess.list2cmdline(self.argv)}\n")
+        where = f"cores {list(self.cores)}" if self.ray is None else \
+            f"Ray actor {self.ray[1]}, {threads} thread(s)"
+        self._log.write(f"# kerastrain tune, {time.strftime('%Y-%m-%d %H:%M:%S')}, {where}: "
+                        f"{subprocess.list2cmdline(self.argv)}\n")
         self._log.flush()
         self.started = time.monotonic()
-        self._process = _spawn(self.argv, self.cores, env, self._log)
+        if self.ray is None:
+            self._process = _spawn(self.argv, self.cores, env, self._log)
+            return
+        hosts, name = self.ray
+        self._process = hosts.popen(name, self.argv, env=env)
+        self._copier = threading.Thread(target=self._copy, daemon=True)
+        self._copier.start()
+
+    def _copy(self):
+        """A Ray trial's output, as its actor hands it over, into its log."""
+        for line in self._process.stdout:
+            self._log.write(line)
+            self._log.flush()
 
     def epochs(self) -> dict:
         """Epoch -> logs of every whole line the trial wrote (across its restarts)."""
@@ -139,9 +156,11 @@ class TrialProcess:
         return None
 
     def poll(self):
-        """The exit code once the process has ended, else None."""
+        """The exit code once the process has ended (and its output is in its log), else None."""
         code = self._process.poll()
         if code is not None and self._log is not None:
+            if self.ray is not None:
+                self._copier.join(timeout=10)
             self._log.close()
             self._log = None
         return code
@@ -150,12 +169,14 @@ class TrialProcess:
         """Ask the run to stop (SIGINT: as Ctrl-C, its checkpoint stays), then kill it."""
         if self._process is None or self._process.poll() is not None:
             return
-        self._process.send_signal(2)
+        send = self._process.send_signal if self.ray is None else \
+            self._process.signal_group   # through its actor
+        send(signal.SIGINT)
         try:
             self._process.wait(timeout)
         except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+            send(signal.SIGKILL)
+            self._process.wait(timeout)
         self.poll()
 
     def seconds(self) -> float:
