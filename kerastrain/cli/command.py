@@ -206,11 +206,14 @@ def _tune(args):
     if args.ray == "local":   # as `launch --ray`: Ray's services reachable from nothing outside
         _isolate_for_ray(args)
     from kerastrain.cli.tune import sweep
-    found = sweep.Sweep(args.recipe, args.space, sets=args.set, sweep_dir=args.sweep_dir,
-                        trials=args.trials, parallel=args.parallel, mlflow=args.mlflow,
-                        ray=args.ray, say=lambda line: print(line, flush=True))
     try:
+        found = sweep.Sweep(args.recipe, args.space, sets=args.set, sweep_dir=args.sweep_dir,
+                            trials=args.trials, parallel=args.parallel, mlflow=args.mlflow,
+                            ray=args.ray, say=lambda line: print(line, flush=True))
         result = found.run()
+    except ImportError as e:   # an optional extra (Optuna; MLflow, Ray when asked for)
+        print(f"kerastrain: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return 0 if result.best is not None else 1

@@ -27,6 +27,11 @@ def _optuna():
     return optuna
 
 
+def require_optuna():
+    """Raise the ImportError that says how to install Optuna, if it is missing."""
+    _optuna()
+
+
 def _sampler(options, seen):
     """Optuna's sampler for `sampler:`. A seeded sampler is seeded with `seed + trials the study
     holds`, so that a resumed sweep does not propose the first values again."""

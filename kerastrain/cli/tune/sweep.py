@@ -60,6 +60,7 @@ class Sweep:
     def __init__(self, recipe, space, *, sets=(), sweep_dir=None, trials=None, parallel=None,
                  mlflow=False, ray=None, say=print):
         self.recipe_path, self.sets, self.say, self.ray = str(recipe), list(sets), say, ray
+        study_lib.require_optuna()   # a missing extra is said before anything else
         tree, positions = recipes.read(self.recipe_path, self.sets)
         recipes.import_from(self.recipe_path)   # the builders, as `kerastrain run` finds them
         self.recipe, _ = recipes.check(tree, positions)
