@@ -39,6 +39,7 @@ _EXPORTS = {
     "MultiWriter": "kerastrain.io.summaries",
     "Preempted": "kerastrain.loop.preemption",
     "ServiceOptions": "kerastrain.data.service",
+    "Sweep": "kerastrain.cli.tune.sweep",
     "TensorBoardOptions": "kerastrain.io.monitor",
     "TensorBoardWriter": "kerastrain.io.summaries",
     "TooManyRecoveries": "kerastrain.loop.recovery",

@@ -199,7 +199,9 @@ TENSORFLOW_FREE = ("kerastrain.cli.command", "kerastrain.cli.config", "kerastrai
                    "kerastrain.loop.stalls", "kerastrain.io.files", "kerastrain._options",
                    "kerastrain.distribute.cluster", "kerastrain.distribute.network",
                    "kerastrain.io.locks", "kerastrain.cli.hosts", "kerastrain.cli.ray_cluster",
-                   "kerastrain.cli.script", "kerastrain.loop.ps.liveness")
+                   "kerastrain.cli.script", "kerastrain.loop.ps.liveness",
+                   "kerastrain.cli.tune.space", "kerastrain.cli.tune.study",
+                   "kerastrain.cli.tune.trials")
 
 
 def test_the_command_lines_modules_import_without_tensorflow():
@@ -348,8 +350,9 @@ def test_the_trainer_asks_its_mode_instead_of_testing_the_strategy():
 
 
 def test_optional_extras_are_imported_by_one_module_each_and_only_when_used():
-    """Without an extra installed nothing imports it: MLflow only in io/tracking.py and Ray
-    only in cli/ray_cluster.py, each inside functions (never when the module loads)."""
+    """Without an extra installed nothing imports it: MLflow only in io/tracking.py, Ray
+    only in cli/ray_cluster.py and Optuna only in cli/tune/study.py, each inside functions
+    (never when the module loads)."""
     package = PACKAGE
     importers = {}
     for path in package.rglob("*.py"):
@@ -357,11 +360,12 @@ def test_optional_extras_are_imported_by_one_module_each_and_only_when_used():
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            for extra in {n.split(".")[0] for n in names} & {"mlflow", "ray"}:
+            for extra in {n.split(".")[0] for n in names} & {"mlflow", "ray", "optuna"}:
                 importers.setdefault(extra, {}).setdefault(
                     path.relative_to(package).as_posix(), []).append(node.col_offset)
     assert set(importers["mlflow"]) == {"io/tracking.py"}
     assert set(importers["ray"]) == {"cli/ray_cluster.py"}
+    assert set(importers["optuna"]) == {"cli/tune/study.py"}
     assert all(offset > 0 for found in importers.values() for offsets in found.values()
                for offset in offsets)   # never at module level
 

@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   kerastrain quickstart --strategy mirrored --cpu-devices 2
   kerastrain quickstart --strategy ps --epochs 2 --steps-per-epoch 50
   kerastrain quickstart --model-dir runs/quick   # checkpoints, export; tensorboard --logdir runs/quick/logs
+  kerastrain tune recipes/quickstart.yaml --space recipes/quickstart.space.yaml   # a sweep
   kerastrain info                                # what "auto" would choose here
   kerastrain bench --quick                       # the speed table on this machine (~3 min)
 """
@@ -42,6 +43,13 @@ COMMAND_EXAMPLES = {
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --network multihost --fault "freeze worker:1 at step 32 for 60s"   # rehearse
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --ray   # each task a Ray actor (pip install 'kerastrain[ray]')
   kerastrain launch train.py --workers 2 --ray   # your script's Trainer on each task
+""",
+    "tune": """
+  kerastrain tune recipes/quickstart.yaml --space recipes/quickstart.space.yaml
+  kerastrain tune recipes/quickstart.yaml --space recipes/quickstart.space.yaml --trials 20   # go on
+  kerastrain tune recipes/digits.yaml --space my.space.yaml --parallel 2 --mlflow
+  kerastrain tune recipes/quickstart.yaml --space s.yaml --set trainer.epochs=2 --sweep-dir runs/s2
+  kerastrain tune recipes/quickstart.yaml --space recipes/quickstart.space.yaml --ray   # Ray actors
 """,
     "quickstart": """
   kerastrain quickstart                          # auto strategy on this machine
@@ -112,6 +120,7 @@ def parser():
         help="do not import the recipe's modules (no code of theirs runs): check everything "
              "else, and list the import paths whose existence and arguments went unchecked")
     _add_launch(sub)
+    _add_tune(sub)
     _add_export(sub)
     quick = sub.add_parser(
         "quickstart", help="train the built-in example model for real on this machine",
@@ -188,6 +197,39 @@ def _add_launch(sub):
              "then SIGCONT), 'partition worker:0 at 30s for 20s' (multihost: its link down), "
              "'kill ps:0 at 40s'; 'at step N' waits for a checkpoint of step N instead of a "
              "clock started with the tasks")
+
+
+def _add_tune(sub):
+    """`kerastrain tune RECIPE --space SPACE ...`."""
+    tune = _recipe_command(
+        sub, "tune", "search recipe values (learning rate, width, ...) with trials that are runs",
+        "A sweep: each trial is `kerastrain run RECIPE` with values from the search space "
+        "(checked as --set values are), in a folder of its own under the sweep's folder, "
+        "several at once on shares of the cores; bad trials are pruned at an epoch's end; "
+        "the study (Optuna, SQLite) lives in the sweep's folder, so the same command again "
+        "resumes a stopped sweep. Prints the best trials and writes best.yaml. Needs the "
+        "`tune` extra (pip install 'kerastrain[tune]'). See docs/sweeps.md.")
+    tune.add_argument("--space", required=True, metavar="SPACE.yaml",
+                      help="the search space: params, objective, trials, parallel, sampler, "
+                           "pruner, sweep_dir")
+    tune.add_argument("--sweep-dir", default=None,
+                      help="the sweep's folder (default: the space's sweep_dir, else "
+                           "runs/<space name>-sweep)")
+    tune.add_argument("--trials", type=int, default=None,
+                      help="trials in all (overrides the space's; raise it to go on)")
+    tune.add_argument("--parallel", type=int, default=None,
+                      help="trials at once (overrides the space's)")
+    tune.add_argument("--mlflow", action="store_true",
+                      help="an MLflow run for the sweep with a child run per trial (also "
+                           "when the recipe has `mlflow:`)")
+    tune.add_argument(
+        "--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+        help="run each trial in a Ray actor (pip install 'kerastrain[ray]'): alone, on a Ray "
+             "cluster started here in a private network namespace; with an ADDRESS ('auto', "
+             "host:port), on that running cluster, whose every node must see the sweep folder "
+             "and the recipe at the same paths")
+    tune.add_argument("-v", "--verbose", action="store_true",
+                      help="a traceback with errors that are otherwise one line")
 
 
 def _add_export(sub):

@@ -15,6 +15,7 @@ from kerastrain.cli.config import RecipeError  # pure Python: no TensorFlow
 from kerastrain.cli.training import RecipeRunError  # pure Python too
 from kerastrain.io.files import DiskFull  # pure Python: no TensorFlow
 from kerastrain.loop.stalls import LostPeer  # pure Python too
+from kerastrain.cli.tune.space import SpaceError  # pure Python too
 
 
 def _bench(args):
@@ -197,6 +198,42 @@ def _train(args, recipe, text):
     return 0
 
 
+def _tune(args):
+    """`kerastrain tune`: a sweep (kerastrain.cli.tune.sweep), 0 when a trial completed."""
+    for flag, value in (("--trials", args.trials), ("--parallel", args.parallel)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1. Received: {flag} {value}")
+    if args.ray == "local":   # as `launch --ray`: Ray's services reachable from nothing outside
+        _isolate_for_ray(args)
+    from kerastrain.cli.tune import sweep
+    try:
+        found = sweep.Sweep(args.recipe, args.space, sets=args.set, sweep_dir=args.sweep_dir,
+                            trials=args.trials, parallel=args.parallel, mlflow=args.mlflow,
+                            ray=args.ray, say=lambda line: print(line, flush=True))
+        result = found.run()
+    except ImportError as e:   # an optional extra (Optuna; MLflow, Ray when asked for)
+        print(f"kerastrain: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0 if result.best is not None else 1
+
+
+def _isolate_for_ray(args):
+    """Before any thread starts (the recipe's modules import NumPy): this process, the Ray
+    cluster it starts and every trial in a private network namespace (loopback only)."""
+    import io
+
+    from kerastrain.cli import isolation, recipes
+    said = io.StringIO()
+    isolation.isolate("private", recipes.read(args.recipe, args.set)[0], out=said)
+    for line in said.getvalue().splitlines():
+        print(line.replace("[launch] network: every task", "kerastrain tune: network: every "
+                           "trial and Ray").replace("[launch] ", "kerastrain tune: ").replace(
+            "; --network host turns this off", "; --ray ADDRESS (a running Ray cluster) does "
+            "not isolate"), flush=True)
+
+
 def _launch(args):
     from kerastrain.cli import launch
     if args.max_restarts < 0:
@@ -357,11 +394,16 @@ def main(argv=None) -> int:
             return _launch(args)
         if args.command in ("run", "validate"):
             return _run(args, train=args.command == "run")
+        if args.command == "tune":
+            return _tune(args)
     except LostPeer as e:  # a cluster fault, not a usage error: the launcher restarts on it
         print(f"kerastrain: error: {e}", file=sys.stderr)
         return 1
     except RecipeError as e:  # every problem in the recipe, one per line
         print(f"kerastrain: {args.recipe}: {e}", file=sys.stderr)
+        return 2
+    except SpaceError as e:  # every problem in the search space, one per line
+        print(f"kerastrain: {args.space}: {e}", file=sys.stderr)
         return 2
     except RecipeRunError as e:  # the user's code or a recipe value failed: by its key
         shown = _traceback(args, e.error)

@@ -45,10 +45,14 @@ class MLflowOptions:
     experiment: str = option("kerastrain", "the MLflow experiment the run belongs to")
     run_name: str | None = option(None, "the MLflow run's name; null: the model_dir's name")
     log_export: bool = option(True, "the chief's export (model.keras, saved_model) as artifacts")
+    parent_run_id: str | None = option(
+        None, "the MLflow run this one is a child of (`kerastrain tune` sets it: a trial under "
+              "its sweep's run); null: none")
 
     def __post_init__(self):
         _optional_text("tracking_uri")(self.tracking_uri)
         _optional_text("run_name")(self.run_name)
+        _optional_text("parent_run_id")(self.parent_run_id)
         if not (isinstance(self.experiment, str) and self.experiment):
             raise ValueError("`experiment` must be a non-empty string. "
                              f"Received: experiment={self.experiment!r}")
@@ -63,12 +67,36 @@ class MLflowOptions:
         return _options.coerce(cls, value, "mlflow")
 
 
+# The run record on a local disk is read and written with Python's own files: a process that
+# trains nothing (`kerastrain tune`'s, holding a sweep's parent run) never loads TensorFlow,
+# whose file system `files` uses for URLs.
+def _read_record(path):
+    if files.is_url(path):
+        return files.read_text(path)
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _write_record(path, text):
+    if files.is_url(path):
+        files.makedirs(os.path.dirname(path))
+        files.write_text(path, text)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)   # whole, as files.write_text writes
+
+
 class MLflowWriter(MetricWriter):
     """Scalars as MLflow metrics (each at its step), hyperparameters as params, the export as
     artifacts; one MLflow run per `model_dir`, continued when the run resumes.
 
     Args:
-        tracking_uri, experiment, run_name, log_export: as `MLflowOptions`.
+        tracking_uri, experiment, run_name, log_export, parent_run_id: as `MLflowOptions`.
         params: values logged as the run's params at the start (the recipe's, flattened, under
             `kerastrain run`); TensorBoard's `hparams` are logged too.
 
@@ -78,8 +106,9 @@ class MLflowWriter(MetricWriter):
     """
 
     def __init__(self, tracking_uri=None, *, experiment="kerastrain", run_name=None,
-                 log_export=True, params=None):
-        self.options = MLflowOptions(tracking_uri, experiment, run_name, log_export)
+                 log_export=True, parent_run_id=None, params=None):
+        self.options = MLflowOptions(tracking_uri, experiment, run_name, log_export,
+                                     parent_run_id)
         if params is not None and not isinstance(params, Mapping):
             raise ValueError("`params` must map names to values (logged as MLflow params). "
                              f"Received: params={params!r}")
@@ -130,7 +159,7 @@ class MLflowWriter(MetricWriter):
     def _continued(self, run_dir, uri):
         """This model_dir's MLflow run in this store, marked running again; else None."""
         record = self._record(run_dir)
-        text = record and files.read_text(record)
+        text = record and _read_record(record)
         if not text:
             return None
         saved = json.loads(text)
@@ -151,11 +180,12 @@ class MLflowWriter(MetricWriter):
         name = self.options.run_name or (
             os.path.basename(run_dir.rstrip("/")) if run_dir else None)
         tags = {"kerastrain.model_dir": run_dir} if run_dir else {}
+        if self.options.parent_run_id:   # MLflow's own tag: the UI nests the run under it
+            tags["mlflow.parentRunId"] = self.options.parent_run_id
         run = self._client.create_run(experiment_id, run_name=name, tags=tags)
         record = self._record(run_dir)
         if record is not None:
-            files.makedirs(files.join(run_dir, "mlflow"))
-            files.write_text(record, json.dumps(
+            _write_record(record, json.dumps(
                 {"tracking_uri": uri, "run_id": run.info.run_id}) + "\n")
         logger.info("mlflow: run %r (%s) in experiment %r at %s", run.info.run_name,
                     run.info.run_id, self.options.experiment, uri)
@@ -193,6 +223,11 @@ class MLflowWriter(MetricWriter):
                    for k, v in scalars.items()]
         for i in range(0, len(metrics), _METRICS_PER_CALL):
             self._client.log_batch(self.run_id, metrics=metrics[i:i + _METRICS_PER_CALL])
+
+    def set_tags(self, tags):
+        """Tags on the run (unlike params, a tag takes a new value: a sweep's best so far)."""
+        for key, value in tags.items():
+            self._client.set_tag(self.run_id, str(key), str(value)[:_PARAM_CHARS])
 
     def write_export(self, directory):
         if self.options.log_export:

@@ -14,7 +14,9 @@ from kerastrain.cli import config, template
 from kerastrain.cli import recipes
 from kerastrain.cli import training
 
-RECIPES = sorted(glob.glob(os.path.join(helpers.REPO, "recipes", "*.yaml")))
+# Search spaces for `kerastrain tune` (`*.space.yaml`) are no recipes: tests/cli/test_tune.py.
+RECIPES = sorted(p for p in glob.glob(os.path.join(helpers.REPO, "recipes", "*.yaml"))
+                 if not p.endswith(".space.yaml"))
 
 BASE = helpers.TINY_RECIPE
 
