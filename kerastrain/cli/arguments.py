@@ -166,6 +166,10 @@ def _add_launch(sub):
                              "(--set data.service=grpc://...)")
     launch.add_argument("--max-restarts", type=int, default=0,
                         help="restart the whole job this many times after a failure")
+    launch.add_argument("-v", "--verbose", action="store_true",
+                        help="every task's output raw: TensorFlow's own lines (its start-up, "
+                             "its gRPC errors about a restarting worker, which the launcher "
+                             "otherwise tells in one line) and each task's `run -v`")
     launch.add_argument("--dry-run", action="store_true",
                         help="print each task's TF_CONFIG and command; start nothing")
     launch.add_argument(

@@ -243,7 +243,7 @@ def _launch_job(args, launch, interrupts):
     spec = tasks_lib.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
                                   multihost=multihost or bool(args.ray))
     service_tasks, sets = tasks_lib.service_tasks(args.service_workers, args.set, multihost)
-    tasks = service_tasks + tasks_lib.tasks_for(spec, args.recipe, sets)
+    tasks = service_tasks + tasks_lib.tasks_for(spec, args.recipe, sets, args.verbose)
     from kerastrain.cli.faults import parse_fault
     faults = [parse_fault(text, tasks, multihost) for text in args.fault]
     if args.dry_run:
@@ -256,7 +256,7 @@ def _launch_job(args, launch, interrupts):
                                      address=None if args.ray == "local" else args.ray)
         spec = tasks_lib.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
                                       hosts=hosts)
-        tasks = tasks_lib.tasks_for(spec, args.recipe, sets)
+        tasks = tasks_lib.tasks_for(spec, args.recipe, sets, args.verbose)
     elif multihost:  # only model_dir is shared storage, as on a cluster
         if model_dir:
             os.makedirs(model_dir, exist_ok=True)
@@ -266,7 +266,8 @@ def _launch_job(args, launch, interrupts):
         isolation.warn_if_exposed(spec, network)
     try:
         return launch.Launcher(tasks, max_restarts=args.max_restarts, interrupts=interrupts,
-                               hosts=hosts, faults=faults, model_dir=model_dir).run()
+                               hosts=hosts, faults=faults, model_dir=model_dir,
+                               verbose=args.verbose).run()
     finally:
         if hosts is not None:
             hosts.close()

@@ -22,6 +22,7 @@ import time
 from kerastrain._lifetime import LAUNCHER_PID
 from kerastrain.cli import faults as faults_lib
 from kerastrain.cli import frozen
+from kerastrain.cli.outages import Outages
 from kerastrain.cli.interrupts import Interrupts
 from kerastrain.cli.tasks import chief_of
 from kerastrain.loop import stalls
@@ -43,7 +44,7 @@ class Launcher:
     """Runs one job's tasks as child processes and decides when it is over."""
 
     def __init__(self, tasks, *, out=None, env=None, max_restarts=0, poll_secs=0.2,
-                 interrupts=None, hosts=None, faults=(), model_dir=None):
+                 interrupts=None, hosts=None, faults=(), model_dir=None, verbose=False):
         self.tasks = tasks
         self.hosts = hosts          # a hosts.Hosts: each task a host of its own
         self.faults = list(faults)
@@ -51,13 +52,19 @@ class Launcher:
         self.interrupts = interrupts
         self.out = out or sys.stdout
         self.env = dict(os.environ if env is None else env)
-        if env is None and not _tf_log_level_set_by_user():
+        if verbose:  # everything every task's TensorFlow says, as it says it
+            self.env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+            self.env.pop("KERASTRAIN_TF_CPP_MIN_LOG_LEVEL", None)
+        elif env is None and not _tf_log_level_set_by_user():
             # Set by `import kerastrain` in this process, not by the user: each task's
             # command line then holds TensorFlow's start-up lines back itself.
             self.env.pop("TF_CPP_MIN_LOG_LEVEL", None)
         self.max_restarts = max_restarts
         self.poll_secs = poll_secs
         self.parameter_servers = any(t.type == "ps" for t in tasks)
+        # TensorFlow's gRPC errors about a worker that died: one line each outage.
+        self.outages = None if verbose else Outages(
+            tasks, self.say, ips=hosts.addresses if hosts is not None else None)
         self._lock = threading.Lock()
         self._threads = []
         self._ended_by = None  # the task whose exit ended the last attempt, if not the chief
@@ -73,16 +80,25 @@ class Launcher:
             print(f"[launch] {text}", file=self.out, flush=True)
 
     def _pump(self, task, stream):
+        sifted = self.outages is not None and task.type in ("chief", "worker")
         for line in iter(stream.readline, ""):
             if task.type == "chief" and self.parameter_servers:
                 self._restart_stuck(line)
             if _BACKSTOP.match(line):
                 task.backstop = True
-            with self._lock:
-                self.out.write(f"[{task.name}] {line}" if line.endswith("\n")
-                               else f"[{task.name}] {line}\n")
-                self.out.flush()
+            self._write(task, self.outages.feed(task.name, line.rstrip("\n")) if sifted
+                        else [line.rstrip("\n")])
+            if self.outages is not None and task.type == "worker" and self.parameter_servers:
+                self.outages.heard(task, line)
+        if sifted:
+            self._write(task, self.outages.flush(task.name))
         stream.close()
+
+    def _write(self, task, lines):
+        if lines:
+            with self._lock:
+                self.out.write("".join(f"[{task.name}] {line}\n" for line in lines))
+                self.out.flush()
 
     def start(self, task):
         env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1",
@@ -166,6 +182,8 @@ class Launcher:
             if code and chief.pump is not None:
                 chief.pump.join(timeout=2)  # its last lines read (faulthandler's among them)
             frozen_note = frozen.note(self.tasks) if code else ""  # before the others stop
+            if self.outages is not None:
+                self.outages.at_end(f"{chief.name} exited")
             if code == stalls.STALLED:
                 self.say(f"a task stalled (exit {code}): no training progress within its "
                          "stall_timeout" + frozen_note)
@@ -179,6 +197,8 @@ class Launcher:
             return code
         finally:
             self.stop_all()
+            if self.outages is not None:  # blocks the others printed as they stopped
+                self.outages.at_end(f"{chief.name} exited")
 
     def _attempt(self, chief):
         while True:
@@ -205,6 +225,8 @@ class Launcher:
         if (task.type == "data_worker" or self.parameter_servers and task.type == "worker") \
                 and task.restarts < WORKER_RESTARTS:
             task.restarts += 1
+            if self.outages is not None and task.type == "worker":
+                self.outages.went_down(task, restarting=True)
             self.say(f"{task.name} exited with {_describe(code)}; restarting it "
                      f"({task.restarts}/{WORKER_RESTARTS})")
             self.start(task)

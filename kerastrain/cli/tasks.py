@@ -70,14 +70,16 @@ def is_script(recipe: str) -> bool:
     return recipe.endswith(".py")
 
 
-def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
-    """Every task runs the recipe (`kerastrain run` finds its role in TF_CONFIG), or the
-    script, whose `Trainer` reads TF_CONFIG; under ps a script's workers and ps tasks serve."""
+def tasks_for(spec: dict, recipe: str, sets=(), verbose: bool = False) -> list[Task]:
+    """Every task runs the recipe (`kerastrain run` finds its role in TF_CONFIG; `run -v`
+    with `verbose`), or the script, whose `Trainer` reads TF_CONFIG; under ps a script's
+    workers and ps tasks serve."""
     if is_script(recipe):
         command = [sys.executable, "-m", "kerastrain.cli.script", os.path.abspath(recipe)]
         server = [sys.executable, "-m", "kerastrain.cli.script", "--serve"]
     else:
-        command = [sys.executable, "-m", "kerastrain.cli", "run", recipe]
+        command = [sys.executable, "-m", "kerastrain.cli", "run", recipe] + \
+            (["-v"] if verbose else [])
         for item in sets:
             command += ["--set", item]
         server = command
