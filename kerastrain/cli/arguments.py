@@ -40,6 +40,7 @@ COMMAND_EXAMPLES = {
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --service-workers 2
   kerastrain launch recipes/parameter_server.yaml --workers 4 --ps 2 --dry-run   # TF_CONFIGs
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --network multihost --fault "freeze worker:1 at step 32 for 60s"   # rehearse
+  kerastrain launch recipes/multi_worker.yaml --workers 2:4 --capacity-file capacity.txt   # elastic
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --ray   # each task a Ray actor (pip install 'kerastrain[ray]')
   kerastrain launch train.py --workers 2 --ray   # your script's Trainer on each task
 """,
@@ -153,7 +154,15 @@ def _add_launch(sub):
         "--max-restarts allows. Ctrl-C stops every task. The exit code is the chief's. "
         "RECIPE may be a Python script (train.py) whose Trainer reads TF_CONFIG: it runs on "
         "every training task (under ps on the chief; workers and ps tasks serve).")
-    launch.add_argument("--workers", type=int, required=True, help="worker tasks")
+    launch.add_argument(
+        "--workers", required=True, metavar="N|MIN:MAX",
+        help="worker tasks; MIN:MAX makes the job elastic: it starts with what it can have up "
+             "to MAX and goes on at another size as workers are lost for good or come back, "
+             "as long as MIN hold (below, it stops with exit 69)")
+    launch.add_argument(
+        "--capacity-file", default=None, metavar="PATH",
+        help="an elastic job's capacity: a file holding how many workers the cluster can hold "
+             "now (read every 0.2 s; edit it to take workers away or give them back)")
     launch.add_argument("--ps", type=int, default=0,
                         help="parameter-server tasks (adds a chief: the coordinator)")
     launch.add_argument("--chief", action="store_true",

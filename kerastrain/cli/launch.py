@@ -20,6 +20,7 @@ import threading
 import time
 
 from kerastrain._lifetime import LAUNCHER_PID
+from kerastrain.cli import elastic as elastic_lib
 from kerastrain.cli import faults as faults_lib
 from kerastrain.cli import frozen
 from kerastrain.cli.outages import Outages
@@ -44,10 +45,12 @@ class Launcher:
     """Runs one job's tasks as child processes and decides when it is over."""
 
     def __init__(self, tasks, *, out=None, env=None, max_restarts=0, poll_secs=0.2,
-                 interrupts=None, hosts=None, faults=(), model_dir=None, verbose=False):
+                 interrupts=None, hosts=None, faults=(), model_dir=None, verbose=False,
+                 elastic=None):
         self.tasks = tasks
         self.hosts = hosts          # a hosts.Hosts: each task a host of its own
         self.faults = list(faults)
+        self.elastic = elastic      # an elastic.Elastic: `--workers MIN:MAX`
         self.model_dir = model_dir
         self.interrupts = interrupts
         self.out = out or sys.stdout
@@ -84,6 +87,8 @@ class Launcher:
         for line in iter(stream.readline, ""):
             if task.type == "chief" and self.parameter_servers:
                 self._restart_stuck(line)
+            if self.elastic is not None and task is chief_of(self.tasks):
+                self.elastic.heard(line.rstrip("\n"))
             if _BACKSTOP.match(line):
                 task.backstop = True
             self._write(task, self.outages.feed(task.name, line.rstrip("\n")) if sifted
@@ -179,6 +184,8 @@ class Launcher:
         chief = chief_of(self.tasks)
         try:
             code = self._attempt(chief)
+            if code == elastic_lib.RESIZE:
+                return code
             if code and chief.pump is not None:
                 chief.pump.join(timeout=2)  # its last lines read (faulthandler's among them)
             frozen_note = frozen.note(self.tasks) if code else ""  # before the others stop
@@ -202,13 +209,16 @@ class Launcher:
 
     def _attempt(self, chief):
         while True:
+            resized = self.elastic.poll(self) if self.elastic is not None else None
+            if resized is not None:
+                return resized
             code = chief.process.poll()
             if code is not None:
                 if code == 0:  # a failed chief's peers are stopped at once (run_once)
                     self._wait_for_the_rest(chief)
                 return code
             for task in self.tasks:
-                if task is chief or task.process.poll() is None:
+                if task is chief or task.out or task.process.poll() is None:
                     continue
                 failed = self._on_exit(task)
                 if failed is not None:
@@ -220,6 +230,10 @@ class Launcher:
         code = task.process.returncode
         if task.type == "evaluator":
             return None  # side-car: the job goes on without it
+        if self.elastic is not None and self.parameter_servers and task.type == "worker":
+            verdict = self.elastic.ps_worker_exited(self, task, WORKER_RESTARTS)
+            if verdict != "restart":
+                return verdict   # left out (None), or below MIN
         # Back at its address, a tf.data service worker lets the dispatcher's jobs end (its
         # splits are lost); a ps worker takes steps again (the coordinator retried its own).
         if (task.type == "data_worker" or self.parameter_servers and task.type == "worker") \
@@ -279,16 +293,23 @@ class Launcher:
         """
         own = self.interrupts is None
         self.interrupts = (self.interrupts or Interrupts().__enter__()).watch()
-        attempt = 0
+        attempt, started = 0, False
         faults = faults_lib.Faults(self.faults, tasks=self.tasks, say=self.say, hosts=self.hosts,
-                                   model_dir=self.model_dir)
+                                   model_dir=self.model_dir, elastic=self.elastic)
         try:
             while True:
                 # The fault plan's clock starts once the first attempt's tasks have.
-                code = self.run_once(on_started=None if attempt else faults.__enter__)
+                code = self.run_once(on_started=None if started else faults.__enter__)
+                started = True
                 if code == 0:
                     self.say(f"job finished: {chief_of(self.tasks).name} exited with 0")
                     return 0
+                verdict = "restart" if self.elastic is None else self.elastic.after(
+                    self, code, self._ended_by, attempt >= self.max_restarts)
+                if verdict == "stop":
+                    return elastic_lib.BELOW_MIN
+                if verdict == "resized":
+                    continue
                 if attempt >= self.max_restarts:
                     self.say(f"job failed: {self._ended_by or chief_of(self.tasks).name} "
                              "exited with "

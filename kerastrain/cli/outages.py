@@ -64,6 +64,7 @@ class Outages:
         self.tasks = {t.name: t for t in tasks}
         self.say = say
         self.clock = clock
+        self.ips = ips
         self.open = {}        # worker name -> its Outage, until it serves again
         self._holding = {}    # task name -> the Outage whose block it is printing, if held
         self._live = {}       # worker name -> the pid found alive after a block named it

@@ -32,6 +32,8 @@ class Task:
     restarts: int = 0
     backstop: bool = False  # its output had faulthandler's "Timeout (...)!": a blocked stall
     pump: threading.Thread | None = None  # copies its output
+    slot: str | None = None   # an elastic job's worker: the slot (host) it runs on
+    out: bool = False         # an elastic ps worker left out (lost, or its host removed)
 
     @property
     def name(self) -> str:
@@ -39,8 +41,8 @@ class Task:
 
     @property
     def host(self) -> str:
-        """Its host name in a multihost rehearsal."""
-        return hosts_lib.host_name(self.type, self.index)
+        """Its host name in a multihost rehearsal (an elastic job's worker: its slot's)."""
+        return self.slot or hosts_lib.host_name(self.type, self.index)
 
 
 def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
