@@ -196,7 +196,7 @@ class Elastic:
                 if stop is not None:
                     return stop
             elif task.slot in wanted and task.out and task.slot not in self.lost:
-                task.out, task.restarts = False, 0
+                task.out, task.restarts, task.late = False, 0, True
                 launcher.start(task)
                 launcher.say(f"{task.name} is back on {task.slot}; going on with "
                              f"{self._ps_size(launcher)} worker(s) (max {self.high})")
@@ -215,7 +215,7 @@ class Elastic:
     def _ps_out(self, launcher, task, why):
         task.out = True
         if launcher.outages is not None:
-            launcher.outages.went_down(task)
+            launcher.outages.went_down(task, while_=f"while it was out ({why})")
         size, step = self._ps_size(launcher), faults_lib.latest_step(self.model_dir)
         if size < self.low:
             launcher.say(self._below(f"{task.name} lost ({why})", size, step))

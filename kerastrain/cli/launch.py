@@ -177,7 +177,7 @@ class Launcher:
         """Start every task and wait for the job's end; return the chief's exit code."""
         self._ended_by = None
         for task in self.tasks:
-            task.restarts, task.backstop = 0, False
+            task.restarts, task.backstop, task.late = 0, False, False
             self.start(task)
         if on_started is not None:
             on_started()
@@ -243,6 +243,7 @@ class Launcher:
                 self.outages.went_down(task, restarting=True)
             self.say(f"{task.name} exited with {_describe(code)}; restarting it "
                      f"({task.restarts}/{WORKER_RESTARTS})")
+            task.late = True
             self.start(task)
             return None
         if code == 0 and not self.parameter_servers:
@@ -276,8 +277,11 @@ class Launcher:
         while time.monotonic() < deadline:
             # The evaluator too: it evaluates the last checkpoint, then sees the chief gone.
             # tf.data service servers serve until stopped (just after this).
+            # A worker started again late may never have seen the chief it watches for: it
+            # holds nothing, and is stopped with the servers.
             if all(t.process.poll() is not None for t in self.tasks
-                   if not t.type.startswith("data_") and t.type not in servers):
+                   if not t.type.startswith("data_") and t.type not in servers
+                   and not t.late):
                 return
             time.sleep(self.poll_secs)
         self.say(f"{chief.name} finished; tasks still running after {GRACE_SECS:.0f} s are "

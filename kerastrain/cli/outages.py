@@ -46,6 +46,7 @@ class Outage:
     pid: int
     since: float
     restarting: bool = False   # a ps worker the launcher restarts (else: the job stops)
+    while_: str = "while it restarted"   # what it was doing meanwhile, for the line
     lines: int = 0
     sources: set = dataclasses.field(default_factory=set)   # the tasks whose lines were held
 
@@ -79,11 +80,13 @@ class Outages:
                     if name:
                         self._by_address[f"{name}:{port}"] = task.name
 
-    def went_down(self, task, restarting=False):
-        """`task` exited (`restarting`: a ps worker the launcher restarts)."""
+    def went_down(self, task, restarting=False, while_=None):
+        """`task` exited (`restarting`: a ps worker the launcher restarts; `while_`: "while
+        its host was removed", for an elastic job's)."""
         outage = self.open.setdefault(task.name, Outage(task.name, task.process.pid,
                                                         self.clock()))
         outage.restarting = outage.restarting or restarting
+        outage.while_ = while_ or outage.while_
 
     def feed(self, source, line) -> list:
         """The lines of task `source` to print now, given its next `line` (the others are
@@ -158,7 +161,7 @@ class Outages:
             return
         del self.open[outage.task]
         self.say(self._line(outage, f"was unreachable for {self.clock() - outage.since:.1f} s "
-                                    "while it restarted"))
+                                    f"{outage.while_}"))
 
     def at_end(self, ended):
         """The attempt is over (`ended`: "chief:0 exited"): open outages said as they stand."""

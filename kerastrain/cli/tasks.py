@@ -34,6 +34,7 @@ class Task:
     pump: threading.Thread | None = None  # copies its output
     slot: str | None = None   # an elastic job's worker: the slot (host) it runs on
     out: bool = False         # an elastic ps worker left out (lost, or its host removed)
+    late: bool = False        # a ps worker started again during the attempt
 
     @property
     def name(self) -> str:

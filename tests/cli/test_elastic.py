@@ -1,0 +1,145 @@
+"""`kerastrain launch --workers MIN:MAX`: an elastic job on real processes, and its refusals."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import helpers
+from test_clusters import PS_RECIPE, QUICKSTART, Launch, _alive, _sets
+from kerastrain.cli import elastic
+
+# 2 epochs of 200 global batches of 16 (helpers.global_batch_dataset_fn: each worker takes its
+# share of every global batch, so the batches are one device's at every size). One step a
+# loop and a checkpoint every 10 steps keep a size change within an epoch.
+ELASTIC_RECIPE = """\
+model: {builder: helpers:build_model}
+data:
+  train: {builder: helpers:global_batch_dataset_fn, args: {n: 3200}}
+strategy: multi_worker_mirrored
+trainer: {epochs: 2, seed: 0, verbose: 2, steps_per_loop: 1, model_dir: MODEL_DIR}
+checkpoints: {every_steps: 10}
+tensorboard: false
+"""
+
+
+def _recipe(tmp_path):
+    recipe = tmp_path / "elastic.yaml"
+    recipe.write_text(ELASTIC_RECIPE.replace("MODEL_DIR", str(tmp_path / "run")))
+    return str(recipe)
+
+
+def _launch_cli(*args):
+    return subprocess.run([sys.executable, "-m", "kerastrain.cli", "launch", *args],
+                          capture_output=True, text=True, cwd=helpers.REPO,
+                          env=helpers.child_env(tests=True), timeout=120)
+
+
+@pytest.mark.parametrize("value", ["3:2", "0:2", "a:b", "2:", ":3", "0"])
+def test_bad_workers_values_are_refused_saying_the_form(value):
+    with pytest.raises(ValueError, match=re.escape(
+            f"`--workers` must be N or MIN:MAX with 1 <= MIN <= MAX (an elastic job: at least "
+            f"MIN workers, at most MAX). Received: --workers {value}")):
+        elastic.parse_workers(value)
+    assert elastic.parse_workers("2:4") == (2, 4) and elastic.parse_workers("3") == (3, 3)
+
+
+def test_what_an_elastic_launch_cannot_do_yet_is_refused_in_one_line(tmp_path):
+    done = _launch_cli(QUICKSTART, "--workers", "3:2", "--dry-run")
+    assert done.returncode == 2 and "Received: --workers 3:2" in done.stderr, done.stderr
+    done = _launch_cli(QUICKSTART, "--workers", "1:2", "--ray", "--dry-run")
+    assert done.returncode == 2 and "not yet with --ray. Received: --workers 1:2 with --ray" \
+        in done.stderr, done.stderr
+    done = _launch_cli(QUICKSTART, "--workers", "2", "--fault", "remove worker:1 at step 8",
+                       "--dry-run")
+    assert done.returncode == 2 and "`--fault remove` changes an elastic job's hosts: it " \
+        "needs `--workers MIN:MAX`" in done.stderr, done.stderr
+
+
+def test_below_min_at_the_start_starts_nothing(tmp_path):
+    capacity = tmp_path / "capacity"
+    capacity.write_text("1\n")
+    done = _launch_cli(_recipe(tmp_path), "--workers", "2:3", "--capacity-file", str(capacity))
+    assert done.returncode == elastic.BELOW_MIN, done.stdout + done.stderr
+    assert f"[launch] elastic: 1 worker(s) available (capacity file {capacity} says 1), below " \
+        "the minimum 2: not starting (exit 69)" in done.stdout, done.stdout
+    assert "started" not in done.stdout
+
+
+def _weights_match_one_device(model_dir, n=3200, atol=1e-5):
+    """The export holds what 2 epochs of `ELASTIC_RECIPE` give on one device: every global
+    batch trained once, in order, across the size changes."""
+    import keras
+
+    import kerastrain as kt
+    reference = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(n),
+                           strategy="one_device", seed=0, verbose=0, steps_per_loop=1)
+    reference.fit(epochs=2)
+    exported = keras.saving.load_model(os.path.join(model_dir, "export", "model.keras"))
+    for got, want in zip(exported.get_weights(), reference.model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+
+
+@pytest.mark.multiprocess
+def test_a_multi_worker_job_loses_a_host_for_good_goes_on_smaller_then_grows_back(tmp_path):
+    """2 workers; worker:1's host removed once a checkpoint of step 40 exists: the job restarts
+    at 1 worker from its last checkpoint; the host returns at step 120: every worker saves the
+    step it reached (SIGTERM) and the job restarts at 2 from exactly there. It ends at step
+    400 with one device's weights (the global batch is kept at every size)."""
+    run = Launch([_recipe(tmp_path), "--workers", "1:2", "--fault", "remove worker:1 at step 40",
+                  "--fault", "return worker:1 at step 120"])
+    assert run.finish() == 0, run.text[-6000:]
+    assert "[launch] elastic: 1 to 2 workers; starting with 2" in run.text
+    lost = re.search(r"\[launch\] worker:1 lost for good \(host worker-1 removed\); going on "
+                     r"with 1 worker\(s\) \(min 1\) from step (\d+)", run.text)
+    assert lost, run.text[-6000:]
+    assert f"kerastrain: resumed from {tmp_path}/run/checkpoints/ckpt-{lost.group(1)}: step " \
+        f"{lost.group(1)}" in run.text
+    assert "(1 workers from TF_CONFIG, this is worker:0)" in run.text
+    saved = re.search(r"\[worker:0\] kerastrain: SIGTERM in the cluster: all workers saved step "
+                      r"(\d+)", run.text)
+    assert saved, run.text[-6000:]
+    assert f"[launch] growing to 2 worker(s) (max 2) from step {saved.group(1)}" in run.text
+    assert run.text.count("(2 workers from TF_CONFIG, this is worker:1)") == 2
+    assert "step 400," in run.wait_for(r"\[worker:0\] kerastrain: done:").string
+    assert "restarting every task" not in run.text   # size changes are not --max-restarts
+    _weights_match_one_device(tmp_path / "run")
+    assert not [p for p in run.pids() if _alive(p)]
+
+
+@pytest.mark.multiprocess
+def test_a_ps_job_goes_on_without_a_worker_lost_for_good_and_ends_at_its_step(tmp_path):
+    """worker:1's host removed: it is not restarted, the coordinator runs its steps on
+    worker:0, and the job ends normally at the exact step count."""
+    run = Launch([PS_RECIPE, "--workers", "1:2", "--ps", "1",
+                  "--fault", "remove worker:1 at step 32", *_sets([
+                      "trainer.epochs=2", "data.train.args.num_examples=16384",
+                      "data.validation.args.num_examples=256", "trainer.verbose=2",
+                      "trainer.steps_per_loop=4", "checkpoints.every_steps=16",
+                      "tensorboard=false", f"trainer.model_dir={tmp_path}"])])
+    assert run.finish() == 0, run.text[-6000:]
+    assert re.search(r"\[launch\] worker:1 lost for good \(host worker-1 removed\); going on "
+                     r"with 1 worker\(s\) \(min 1\), no restart: the coordinator runs its steps "
+                     r"on the others \(last checkpoint: step \d+\)", run.text), run.text[-6000:]
+    assert "restarting it" not in run.text and run.text.count("started worker:1") == 1
+    assert "step 128," in run.wait_for(r"\[chief:0\] kerastrain: done:").string
+    assert "[launch] job finished: chief:0 exited with 0" in run.text
+
+
+@pytest.mark.multiprocess
+def test_below_min_while_running_stops_the_job_saying_where_it_resumes(tmp_path):
+    """`--workers 2:2` with a capacity file: once it says 1, the job stops with 69."""
+    capacity = tmp_path / "capacity"
+    capacity.write_text("2\n")
+    run = Launch([_recipe(tmp_path), "--workers", "2:2", "--capacity-file", str(capacity)])
+    run.wait_for(r"\[worker:0\] kerastrain: checkpoint saved at step 20\b")
+    capacity.write_text("1\n")
+    assert run.finish() == elastic.BELOW_MIN, run.text[-6000:]
+    assert re.search(rf"\[launch\] 1 worker\(s\) lost \(capacity file {capacity} says 1\); 1 "
+                     r"worker\(s\) left, below the minimum 2: stopping the job \(exit 69\); run "
+                     r"it again when workers are back: it resumes from step \d+", run.text), \
+        run.text[-4000:]
+    assert not [p for p in run.pids() if _alive(p)]
