@@ -215,7 +215,8 @@ def _add_export(sub):
     export.add_argument("recipe", help="the recipe's path as the tasks will see it")
     export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="overrides passed on to every task (repeatable)")
-    export.add_argument("--workers", type=int, default=1, help="k8s: worker replicas")
+    export.add_argument("--workers", default="1",
+                        help="k8s: worker replicas (a TFJob has a fixed size: no MIN:MAX)")
     export.add_argument("--ps", type=int, default=0, help="k8s: parameter-server replicas")
     export.add_argument("--chief", action="store_true", help="k8s: a separate chief replica")
     export.add_argument("--evaluator", action="store_true", help="k8s: a side-car evaluator")
@@ -227,4 +228,6 @@ def _add_export(sub):
                              "replica; model_dir goes on it (else model_dir must be a URL)")
     export.add_argument("--name", default=None, help="k8s: the TFJob's name")
     export.add_argument("--namespace", default=None, help="k8s: the TFJob's namespace")
-    export.add_argument("--nodes", type=int, default=2, help="slurm: nodes (one worker each)")
+    export.add_argument("--nodes", default="2",
+                        help="slurm: nodes (one worker each); MIN:MAX lets Slurm start the job, "
+                             "and restart it when requeued, on what it can give")

@@ -352,8 +352,13 @@ def _export(args):
     recipe, _ = recipes.load(args.recipe, args.set, imports=False)
     model_dir = recipe.trainer.model_dir
     if args.target == "k8s":
+        if not str(args.workers).isdigit():
+            raise ValueError(
+                "export k8s: `--workers` must be an int >= 1: a TFJob has a fixed size "
+                "(Kubeflow's elasticPolicy is the PyTorchJob's; the manifest's first lines say "
+                "how to change the size). Received: --workers " + str(args.workers))
         print(manifests.dump(manifests.tfjob(
-            args.recipe, workers=args.workers, ps=args.ps, chief=args.chief,
+            args.recipe, workers=int(args.workers), ps=args.ps, chief=args.chief,
             evaluator=args.evaluator, image=args.image or manifests.IMAGE, name=args.name,
             namespace=args.namespace, sets=args.set, model_dir=model_dir,
             volume=args.volume, strategy=recipe.strategy["name"])), end="")

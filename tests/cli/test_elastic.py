@@ -59,6 +59,24 @@ def test_what_an_elastic_launch_cannot_do_yet_is_refused_in_one_line(tmp_path):
         "needs `--workers MIN:MAX`" in done.stderr, done.stderr
 
 
+def test_exported_jobs_say_how_they_take_a_change_of_size(capsys):
+    """Slurm takes a node range (`--nodes=2-4`) and says what it does with it; a TFJob has a
+    fixed size, refuses MIN:MAX and says so in its first lines."""
+    from kerastrain.cli import command as cli
+    from kerastrain.cli import manifests
+    assert cli.main(["export", "slurm", "recipes/multi_worker.yaml", "--nodes", "2:4", "--set",
+                     "trainer.model_dir=/shared/run"]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --nodes=2-4" in script and "# Elastic: Slurm starts the job on 2 to 4 " \
+        "nodes" in script and "Not supported: resizing a running allocation" in script
+    assert cli.main(["export", "k8s", "recipes/multi_worker.yaml", "--workers", "2:4",
+                     "--volume", "runs"]) == 2
+    assert "a TFJob has a fixed size" in capsys.readouterr().err
+    assert cli.main(["export", "k8s", "recipes/multi_worker.yaml", "--workers", "2",
+                     "--volume", "runs"]) == 0
+    assert capsys.readouterr().out.startswith(manifests.K8S_SIZE_NOTE)
+
+
 def test_below_min_at_the_start_starts_nothing(tmp_path):
     capacity = tmp_path / "capacity"
     capacity.write_text("1\n")
