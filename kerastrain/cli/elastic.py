@@ -24,6 +24,8 @@ rerun resumes. Each change is said in one line. Pure Python, no TensorFlow.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import threading
@@ -32,6 +34,7 @@ import time
 from kerastrain.cli import faults as faults_lib
 from kerastrain.cli import hosts as hosts_lib
 from kerastrain.cli.outages import Outages
+from kerastrain.io import locks
 
 BELOW_MIN = 69      # EX_UNAVAILABLE: not enough workers to go on
 RESIZE = -1000      # an attempt ended by the launcher to change the job's size (never a real code)
@@ -266,11 +269,31 @@ class Elastic:
                          f"with {len(slots)} worker(s) (min {self.low}) from step {step}")
         elif len(slots) > len(before):
             launcher.say(f"growing to {len(slots)} worker(s) (max {self.high}) from step {step}")
+        self._clear_lock_of_the_gone(launcher)
         launcher.tasks[:] = self.build(slots)
         self.finishing = False
         if launcher.outages is not None:
             launcher.outages = Outages(launcher.tasks, launcher.say, ips=launcher.outages.ips)
         return "restart" if counted else "resized"
+
+    def _clear_lock_of_the_gone(self, launcher):
+        """The model_dir lock names the chief's host and pid; a chief that moves to another
+        host (its own removed) is refused a record from a host it cannot check
+        (`io/locks.py`). The launcher can: a record naming a task it started, on that task's
+        host, whose process it saw end, is stale, and removed (one line says so)."""
+        path = os.path.join(self.model_dir, locks.NAME) if self.model_dir else None
+        try:
+            with open(path) as f:
+                record = json.loads(f.read())
+        except (TypeError, OSError, ValueError):
+            return
+        for task in launcher.tasks:
+            if task.process is not None and task.process.pid == record.get("pid") and \
+                    task.host == record.get("host") and task.process.poll() is not None:
+                os.remove(path)
+                launcher.say(f"removed the model_dir lock left by {task.name} (pid "
+                             f"{task.process.pid} on host {task.host}, which has ended)")
+                return
 
     _gone_before = frozenset()
     _said_finishing = False

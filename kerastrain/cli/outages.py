@@ -29,8 +29,11 @@ _HEADER = re.compile(r"^(?:[EW]\d{4} [\d:.]+ +\d+ \S+\.cc:\d+\] |ERROR:tensorflo
 _CONTINUATION = re.compile(
     r"^(?:Additional GRPC error information from remote target |:\w+:Error received from peer"
     r"|This could happen if the remote target has been disconnected|It is treated as a "
-    r"transient connectivity failure|This derived error is ignored and not reported)")
-_TASK_PATH = re.compile(r"/job:(worker)/replica:\d+/task:(\d+)")
+    r"transient connectivity failure|This derived error is ignored and not reported"
+    # TensorFlow's coordination service: "... are unhealthy (stopped sending heartbeats):",
+    # then each task's name on a line, then what it makes of it.
+    r"|/job:\w+/replica:\d+/task:\d+$|The tasks have crashed\.)")
+_TASK_PATH = re.compile(r"/job:(worker)(?:/replica:\d+)?/task:(\d+)")
 _ADDRESS = re.compile(r"(?:ipv[46]:)?([\w.-]+:\d+)\b")
 # A header naming no worker that the next line may name ("Aborting RingReduce with
 # UNAVAILABLE: ...", then "Additional GRPC error information from remote target /job:...").

@@ -161,3 +161,44 @@ def test_below_min_while_running_stops_the_job_saying_where_it_resumes(tmp_path)
                      r"it again when workers are back: it resumes from step \d+", run.text), \
         run.text[-4000:]
     assert not [p for p in run.pids() if _alive(p)]
+
+
+@pytest.mark.multiprocess
+def test_a_multihost_rehearsal_removes_the_chiefs_host_for_good_and_goes_on_on_the_other(
+        tmp_path):
+    """Each worker a host of its own (`--network multihost`); worker:0's host, the chief's,
+    removed at step 40: the job goes on at 1 worker, which runs on host worker-1 (the slot
+    that is left, now worker:0), and ends at step 400 with one device's weights."""
+    run = Launch([_recipe(tmp_path), "--workers", "1:2", "--network", "multihost",
+                  "--fault", "remove worker:0 at step 40"])
+    assert run.finish() == 0, run.text[-6000:]
+    assert re.search(r"\[launch\] worker:0 lost for good \(host worker-0 removed\); going on "
+                     r"with 1 worker\(s\) \(min 1\) from step \d+", run.text), run.text[-6000:]
+    after = run.text.split("lost for good", 1)[1]
+    # The chief's lock names host worker-0, which the chief on worker-1 cannot check: the
+    # launcher, which saw that process end, removes it.
+    assert re.search(r"\[launch\] removed the model_dir lock left by worker:0 \(pid \d+ on "
+                     r"host worker-0, which has ended\)", after), after[:3000]
+    assert re.search(r"\[launch\] started worker:0 \(pid \d+\) on host worker-1 "
+                     r"\(198\.18\.0\.\d+\)", after), after[:3000]
+    assert "step 400," in run.wait_for(r"\[worker:0\] kerastrain: done:").string
+    _weights_match_one_device(tmp_path / "run")
+
+
+def test_the_slots_available_follow_the_fault_plan_the_capacity_file_and_lost_workers(
+        tmp_path):
+    capacity = tmp_path / "capacity"
+    job = elastic.Elastic(2, 4, build=None, capacity_file=str(capacity))
+    assert job.available() == ["worker-0", "worker-1", "worker-2", "worker-3"]  # no file yet
+    capacity.write_text("3\n")
+    assert job.available() == ["worker-0", "worker-1", "worker-2"]
+    job.gone["worker-1"] = "host worker-1 removed"
+    assert job.available() == ["worker-0", "worker-2", "worker-3"]
+    job.lost.add("worker-3")
+    assert job.available() == ["worker-0", "worker-2"]
+    assert job.why_fewer(["worker-1", "worker-3"]) == "host worker-1 removed; lost for good"
+    said = []
+    capacity.write_text("1\n")
+    assert job.first_slots(said.append) is None
+    assert said == [f"elastic: 1 worker(s) available (host worker-1 removed; lost for good), "
+                    f"below the minimum 2: not starting (exit 69)"]

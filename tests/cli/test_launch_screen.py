@@ -102,8 +102,18 @@ def test_a_worker_that_dies_without_the_launcher_knowing_yet_is_looked_up():
     assert outages.feed("worker:0", CHIEF_BLOCK[1]) == []
     assert outages.feed("worker:0", ring) == [] and outages.flush("worker:0") == [ring]
     assert outages.feed("worker:0", ring) == [] and outages.feed("worker:0", "x") == [ring, "x"]
+    # TensorFlow's coordination service names it as /job:worker/task:1, then on lines of
+    # their own.
+    unhealthy = ["E0000 00:00:1795850432.900201   27719 base_collective_executor.cc:252] "
+                 "BaseCollectiveExecutor::StartAbort UNAVAILABLE: Error reported from "
+                 "/job:worker/task:1: The following tasks are unhealthy (stopped sending "
+                 "heartbeats):", "/job:worker/replica:0/task:1", "The tasks have crashed. Check "
+                 "the task logs for an earlier error, or scheduler events (e.g. preemption, "
+                 "eviction) to debug further. [type.googleapis.com/tensorflow.Coordination"
+                 "ServiceError='']"]
+    assert [outages.feed("worker:0", line) for line in unhealthy] == [[]] * 3
     outages.at_end("chief:0 exited")
-    assert said == ["worker:1 (pid 12) exited: 3 line(s) of TensorFlow's gRPC errors about it "
+    assert said == ["worker:1 (pid 12) exited: 6 line(s) of TensorFlow's gRPC errors about it "
                     "on chief:0, worker:0 held back; `kerastrain launch -v` shows them"]
 
 
