@@ -1,4 +1,4 @@
-"""`kerastrain launch --workers MIN:MAX`: a job that goes on at another size when workers come and go.
+"""`kerastrain launch --workers MIN:MAX`: a job that goes on at another size as workers come and go.
 
 A spot cluster loses workers and gets them back in other numbers. The job has MAX worker
 *slots* (hosts `worker-0` ... `worker-{MAX-1}`); a slot is available unless the fault plan
@@ -240,20 +240,23 @@ class Elastic:
 
     # -- between attempts (multi-worker) ----------------------------------------------------
 
-    def after(self, launcher, code, ended_by, exhausted):
-        """An attempt ended with `code` (RESIZE: the launcher ended it), by task `ended_by`
-        (None: the chief). Returns "stop" (below MIN: said), "resized" (the tasks rebuilt at
-        the size available: not one of --max-restarts) or "restart" (as without MIN:MAX)."""
+    def after(self, launcher, code, exits, exhausted):
+        """An attempt ended with `code` (RESIZE: the launcher ended it); `exits`: each task's
+        exit code when it ended (None: still running). Returns "stop" (below MIN: said),
+        "resized" (the tasks rebuilt at the size available: not one of --max-restarts) or
+        "restart" (as without MIN:MAX)."""
         if self.ps:
             return "stop" if code == BELOW_MIN and self.stopped else "restart"
         before = [t.slot for t in launcher.tasks if t.type == "worker"]
         counted = code != RESIZE and not self.gone.keys() - self._gone_before
-        if counted and exhausted:   # the failed worker's slot is lost for good
-            failed = next((t for t in launcher.tasks if t.name == ended_by), None) or \
-                next(t for t in launcher.tasks if t.type == "worker" and t.index == 0)
-            self.lost.add(failed.slot)
-            self.gone.setdefault(failed.slot, f"{failed.name} failed after "
-                                              f"--max-restarts {launcher.max_restarts}")
+        # Past its restarts, a worker that a signal ended (killed, its host lost) is lost for
+        # good; one that exited with an error of its own fails the job, as without MIN:MAX.
+        killed = [t for t in launcher.tasks if t.type == "worker" and (exits.get(t.name) or 0) < 0]
+        if counted and exhausted and killed:
+            for task in killed:
+                self.lost.add(task.slot)
+                self.gone.setdefault(task.slot, f"{task.name} ended by a signal after "
+                                                f"--max-restarts {launcher.max_restarts}")
             counted = False
         slots, step = self.available(), faults_lib.latest_step(self.model_dir)
         self._gone_before = set(self.gone)

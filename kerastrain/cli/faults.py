@@ -29,7 +29,8 @@ class Fault:
     text: str
 
 
-_FAULT = re.compile(r"^(freeze|partition|kill|remove|return)\s+([a-z_]+:\d+)\s+at\s+(?:(\d+(?:\.\d+)?)s|"
+_FAULT = re.compile(r"^(freeze|partition|kill|remove|return)\s+([a-z_]+:\d+)\s+at\s+"
+                    r"(?:(\d+(?:\.\d+)?)s|"
                     r"step\s+(\d+))(?:\s+for\s+(\d+(?:\.\d+)?)s)?$")
 FAULT_FORM = ("'freeze TASK at Ns for Ns', 'partition TASK at Ns for Ns' or 'kill TASK at Ns' "
               "('at step N' instead of 'at Ns': once a checkpoint of step N or later is complete;"
@@ -59,7 +60,8 @@ def parse_fault(text: str, tasks, multihost: bool, elastic_max: int | None = Non
         raise ValueError(f"`--fault` names {task!r}, which this job does not have; its tasks "
                          f"are {', '.join(names)}. Received: {text!r}")
     if (duration is None) != (action in _NO_DURATION):
-        raise ValueError(f"`--fault` {action} {'takes no' if action in _NO_DURATION else 'needs a'} "
+        takes = "takes no" if action in _NO_DURATION else "needs a"
+        raise ValueError(f"`--fault` {action} {takes} "
                          f"duration ('for Ns'); the form is {FAULT_FORM}. Received: {text!r}")
     if action == "partition" and not multihost:
         raise ValueError("`--fault partition` cuts a host's own link, which only `--network "

@@ -71,6 +71,7 @@ class Launcher:
         self._lock = threading.Lock()
         self._threads = []
         self._ended_by = None  # the task whose exit ended the last attempt, if not the chief
+        self.exits = {}        # each task's exit code as the last attempt ended (None: running)
 
     # -- processes ---------------------------------------------------------------------
 
@@ -184,6 +185,8 @@ class Launcher:
         chief = chief_of(self.tasks)
         try:
             code = self._attempt(chief)
+            # Before the others are stopped: which tasks had ended, and how.
+            self.exits = {t.name: t.process.poll() for t in self.tasks if t.process}
             if code == elastic_lib.RESIZE:
                 return code
             if code and chief.pump is not None:
@@ -309,7 +312,7 @@ class Launcher:
                     self.say(f"job finished: {chief_of(self.tasks).name} exited with 0")
                     return 0
                 verdict = "restart" if self.elastic is None else self.elastic.after(
-                    self, code, self._ended_by, attempt >= self.max_restarts)
+                    self, code, self.exits, attempt >= self.max_restarts)
                 if verdict == "stop":
                     return elastic_lib.BELOW_MIN
                 if verdict == "resized":

@@ -170,8 +170,8 @@ class Outages:
         """The attempt is over (`ended`: "chief:0 exited"): open outages said as they stand."""
         for outage in list(self.open.values()):
             if outage.restarting:
-                self.say(self._line(outage, f"was still restarting ({self.clock() - outage.since:.1f}"
-                                            f" s) when {ended}"))
+                away = self.clock() - outage.since
+                self.say(self._line(outage, f"was still restarting ({away:.1f} s) when {ended}"))
             elif outage.lines:
                 self.say(f"{outage.task} (pid {outage.pid}) exited:{self._held(outage)}")
         self.open.clear()

@@ -202,3 +202,35 @@ def test_the_slots_available_follow_the_fault_plan_the_capacity_file_and_lost_wo
     assert job.first_slots(said.append) is None
     assert said == [f"elastic: 1 worker(s) available (host worker-1 removed; lost for good), "
                     f"below the minimum 2: not starting (exit 69)"]
+
+
+class _Launcher:
+    """What `Elastic.after` reads of a launcher."""
+
+    def __init__(self, tasks):
+        self.tasks, self.max_restarts, self.outages, self.said = tasks, 0, None, []
+
+    def say(self, text, act=None):
+        self.said.append(text)
+
+
+def test_past_its_restarts_a_killed_worker_is_lost_for_good_and_a_failing_job_fails():
+    """A worker that a signal ended (its host lost) shrinks the job; an error of the program's
+    own (exit 1 in every task) fails it as without MIN:MAX, instead of shrinking it to MIN."""
+    from kerastrain.cli.tasks import Task
+    built = []
+
+    def build(slots):
+        built.append(slots)
+        return [Task("worker", i, "", [], slot=slot) for i, slot in enumerate(slots)]
+
+    job = elastic.Elastic(1, 2, build=build)
+    launcher = _Launcher(build(["worker-0", "worker-1"]))
+    assert job.after(launcher, 1, {"worker:0": 1, "worker:1": 1}, exhausted=True) == "restart"
+    assert job.after(launcher, 1, {"worker:0": 1, "worker:1": -9}, exhausted=False) == "restart"
+    assert built[-1] == ["worker-0", "worker-1"] and not launcher.said
+    assert job.after(launcher, 1, {"worker:0": 1, "worker:1": -9}, exhausted=True) == "resized"
+    assert built[-1] == ["worker-0"]
+    assert launcher.said == ["worker:1 lost for good (worker:1 ended by a signal after "
+                             "--max-restarts 0); going on with 1 worker(s) (min 1) from step "
+                             "None"]
