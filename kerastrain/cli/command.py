@@ -242,8 +242,10 @@ def _launch_job(args, launch, interrupts):
     service_tasks, sets = tasks_lib.service_tasks(args.service_workers, args.set, multihost)
     # Under --ray the addresses come from the actors (below): host names stand in until then,
     # reserving no port here.
+    ray = {}   # the RayHosts, once made (below): where a resized job's tasks go
     elastic, slots = _elastic(args, script, model_dir, lambda slots: _tasks_on(
-        args, sets, service_tasks, slots, multihost=multihost))
+        args, sets, [] if ray else service_tasks, slots, multihost=multihost,
+        hosts=ray.get("hosts")))
     if not slots:
         return elastic_lib.BELOW_MIN
     tasks = _tasks_on(args, sets, service_tasks, slots, multihost=multihost or bool(args.ray))
@@ -256,8 +258,10 @@ def _launch_job(args, launch, interrupts):
     hosts = None
     if args.ray:   # the same tasks, each at a free port of the node its actor runs on
         from kerastrain.cli import ray_cluster
-        hosts = ray_cluster.RayHosts([t.host for t in tasks],
-                                     address=None if args.ray == "local" else args.ray)
+        names = [t.host for t in tasks] + [s for s in (elastic.slots if elastic else ())
+                                           if s not in slots]   # every host a slot may take
+        hosts = ray["hosts"] = ray_cluster.RayHosts(
+            names, address=None if args.ray == "local" else args.ray)
         tasks = _tasks_on(args, sets, [], slots, hosts=hosts)
     elif multihost:  # only model_dir is shared storage, as on a cluster
         if model_dir:
@@ -285,6 +289,8 @@ def _tasks_on(args, sets, service, slots, multihost=False, hosts=None):
                                   multihost=multihost, hosts=hosts)
     if multihost:   # each worker at its slot's host, which a resized job keeps
         spec["worker"] = [f"{slot}:{hosts_lib.PORT}" for slot in slots]
+    elif hosts is not None:   # Ray: a free port on the node of each slot's actor
+        spec["worker"] = [hosts.free_address(slot) for slot in slots]
     tasks = service + tasks_lib.tasks_for(spec, args.recipe, sets, args.verbose)
     for task, slot in zip([t for t in tasks if t.type == "worker"], slots):
         task.slot = slot
@@ -297,13 +303,13 @@ def _elastic(args, script, model_dir, build):
     low, high = elastic_lib.parse_workers(args.workers)
     if low == high and args.capacity_file is None:
         return None, [elastic_lib.slot_of(f"worker:{i}") for i in range(high)]
-    given = [flag for flag, value in (("--ray", args.ray), ("a script", script),
+    given = [flag for flag, value in (("a script", script),
                                       ("no trainer.model_dir", not script and not model_dir))
              if value]
     if given:
         raise ValueError(
             "An elastic job (`--workers MIN:MAX`, `--capacity-file`) resumes each new size "
-            "from the recipe's model_dir, which the launcher reads; not yet with --ray. "
+            "from the recipe's model_dir, which the launcher reads. "
             f"Received: --workers {args.workers} with {', '.join(given)}")
     elastic = elastic_lib.Elastic(low, high, build=build, ps=bool(args.ps),
                                   capacity_file=args.capacity_file, model_dir=model_dir)

@@ -50,9 +50,11 @@ def test_bad_workers_values_are_refused_saying_the_form(value):
 def test_what_an_elastic_launch_cannot_do_yet_is_refused_in_one_line(tmp_path):
     done = _launch_cli(QUICKSTART, "--workers", "3:2", "--dry-run")
     assert done.returncode == 2 and "Received: --workers 3:2" in done.stderr, done.stderr
-    done = _launch_cli(QUICKSTART, "--workers", "1:2", "--ray", "--dry-run")
-    assert done.returncode == 2 and "not yet with --ray. Received: --workers 1:2 with --ray" \
-        in done.stderr, done.stderr
+    script = tmp_path / "train.py"
+    script.write_text("")
+    done = _launch_cli(str(script), "--workers", "1:2", "--dry-run")
+    assert done.returncode == 2 and "resumes each new size from the recipe's model_dir, which " \
+        f"the launcher reads. Received: --workers 1:2 with a script" in done.stderr, done.stderr
     done = _launch_cli(QUICKSTART, "--workers", "2", "--fault", "remove worker:1 at step 8",
                        "--dry-run")
     assert done.returncode == 2 and "`--fault remove` changes an elastic job's hosts: it " \
