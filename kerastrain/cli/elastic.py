@@ -245,9 +245,15 @@ class Elastic:
         exit code when it ended (None: still running). Returns "stop" (below MIN: said),
         "resized" (the tasks rebuilt at the size available: not one of --max-restarts) or
         "restart" (as without MIN:MAX)."""
-        if self.ps:
-            return "stop" if code == BELOW_MIN and self.stopped else "restart"
         before = [t.slot for t in launcher.tasks if t.type == "worker"]
+        if self.ps:   # the job restarts (a ps failed) on the slots available now
+            if code == BELOW_MIN and self.stopped:
+                return "stop"
+            if self.available() != before and len(self.available()) >= self.low:
+                self._rebuild(launcher, self.available())
+                launcher.say(f"the job restarts with {len(self.available())} worker(s) (min "
+                             f"{self.low}, max {self.high}): the slots available now")
+            return "restart"
         counted = code != RESIZE and not self.gone.keys() - self._gone_before
         # Past its restarts, a worker that a signal ended (killed, its host lost) is lost for
         # good; one that exited with an error of its own fails the job, as without MIN:MAX.
@@ -273,11 +279,15 @@ class Elastic:
         elif len(slots) > len(before):
             launcher.say(f"growing to {len(slots)} worker(s) (max {self.high}) from step {step}")
         self._clear_lock_of_the_gone(launcher)
+        self._rebuild(launcher, slots)
+        return "restart" if counted else "resized"
+
+    def _rebuild(self, launcher, slots):
+        """The job's tasks at a new size, in place (the fault plan reads the same list)."""
         launcher.tasks[:] = self.build(slots)
         self.finishing = False
         if launcher.outages is not None:
             launcher.outages = Outages(launcher.tasks, launcher.say, ips=launcher.outages.ips)
-        return "restart" if counted else "resized"
 
     def _clear_lock_of_the_gone(self, launcher):
         """The model_dir lock names the chief's host and pid; a chief that moves to another

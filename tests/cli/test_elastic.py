@@ -236,3 +236,20 @@ def test_past_its_restarts_a_killed_worker_is_lost_for_good_and_a_failing_job_fa
     assert launcher.said == ["worker:1 lost for good (worker:1 ended by a signal after "
                              "--max-restarts 0); going on with 1 worker(s) (min 1) from step "
                              "None"]
+
+
+def test_a_ps_job_restarted_after_a_ps_failure_restarts_on_the_slots_available_then():
+    from kerastrain.cli.tasks import Task
+
+    def build(slots):
+        return [Task("chief", 0, "", [])] + [
+            Task("worker", i, "", [], slot=slot) for i, slot in enumerate(slots)]
+
+    job = elastic.Elastic(1, 2, build=build, ps=True)
+    launcher = _Launcher(build(["worker-0", "worker-1"]))
+    job.gone["worker-0"] = "host worker-0 removed"
+    assert job.after(launcher, 1, {}, exhausted=False) == "restart"
+    assert [(t.name, t.slot) for t in launcher.tasks] == [("chief:0", None),
+                                                         ("worker:0", "worker-1")]
+    assert launcher.said == ["the job restarts with 1 worker(s) (min 1, max 2): the slots "
+                             "available now"]
