@@ -215,6 +215,8 @@ class Launcher:
             resized = self.elastic.poll(self) if self.elastic is not None else None
             if resized is not None:
                 return resized
+            if self.outages is not None:
+                self.outages.tick()
             code = chief.process.poll()
             if code is not None:
                 if code == 0:  # a failed chief's peers are stopped at once (run_once)

@@ -40,6 +40,9 @@ _ADDRESS = re.compile(r"(?:ipv[46]:)?([\w.-]+:\d+)\b")
 _UNNAMED = re.compile(r"UNAVAILABLE|Socket closed|Connection reset|Connection refused")
 _SERVING = re.compile(r"kerastrain: serving (worker:\d+) on port")
 DECIDE_SECS = 1.0   # how long a block naming a live worker waits for the launcher to see it die
+# After a worker is back the chief's channel to it may still be backing off, and its errors go
+# on for a while: an outage is said once its worker is back and they stopped for this long.
+QUIET_SECS = 3.0
 
 
 @dataclasses.dataclass
@@ -52,6 +55,9 @@ class Outage:
     while_: str = "while it restarted"   # what it was doing meanwhile, for the line
     lines: int = 0
     sources: set = dataclasses.field(default_factory=set)   # the tasks whose lines were held
+    back: float | None = None   # when its worker served again
+    others: list = dataclasses.field(default_factory=list)   # the workers up as it went down
+    last: float = 0.0           # when a line about it was last held
 
 
 class Outages:
@@ -86,8 +92,14 @@ class Outages:
     def went_down(self, task, restarting=False, while_=None):
         """`task` exited (`restarting`: a ps worker the launcher restarts; `while_`: "while
         its host was removed", for an elastic job's)."""
-        outage = self.open.setdefault(task.name, Outage(task.name, task.process.pid,
-                                                        self.clock()))
+        if task.name in self.open and self.open[task.name].back is not None:
+            self._say_back(self.open.pop(task.name))   # back, and gone again
+        if task.name not in self.open:
+            away = {o.task for o in self.open.values() if o.back is None}
+            self.open[task.name] = Outage(task.name, task.process.pid, self.clock(), others=[
+                t.name for t in self.tasks.values() if t.type == "worker" and t is not task
+                and t.name not in away and t.process is not None and t.process.poll() is None])
+        outage = self.open[task.name]
         outage.restarting = outage.restarting or restarting
         outage.while_ = while_ or outage.while_
 
@@ -113,6 +125,7 @@ class Outages:
         return [pending] if pending is not None else []
 
     def _hold(self, source, outage, lines):
+        outage.last = self.clock()
         outage.lines += lines
         outage.sources.add(source)
         self._holding[source] = outage
@@ -146,8 +159,8 @@ class Outages:
             if task is None or task.process is None:
                 continue
             if self._live.get(name) != task.process.pid:  # not yet seen alive after a block
-                deadline = self.clock() + DECIDE_SECS
-                while task.process.poll() is None and self.clock() < deadline:
+                deadline = time.monotonic() + DECIDE_SECS   # real time: a real wait
+                while task.process.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.05)
             if task.process.poll() is None:
                 self._live[name] = task.process.pid
@@ -162,14 +175,25 @@ class Outages:
         outage = self.open.get(match.group(1)) if match else None
         if outage is None or task.process is None or task.process.pid == outage.pid:
             return
-        del self.open[outage.task]
-        self.say(self._line(outage, f"was unreachable for {self.clock() - outage.since:.1f} s "
+        outage.back = self.clock()
+
+    def tick(self):
+        """Called every poll: say the outages whose worker is back and whose errors stopped."""
+        now = self.clock()
+        for outage in [o for o in self.open.values() if o.back is not None
+                       and now - max(o.back, o.last) >= QUIET_SECS]:
+            self._say_back(self.open.pop(outage.task))
+
+    def _say_back(self, outage):
+        self.say(self._line(outage, f"was unreachable for {outage.back - outage.since:.1f} s "
                                     f"{outage.while_}"))
 
     def at_end(self, ended):
         """The attempt is over (`ended`: "chief:0 exited"): open outages said as they stand."""
         for outage in list(self.open.values()):
-            if outage.restarting:
+            if outage.back is not None:
+                self._say_back(outage)
+            elif outage.restarting:
                 away = self.clock() - outage.since
                 self.say(self._line(outage, f"was still restarting ({away:.1f} s) when {ended}"))
             elif outage.lines:
@@ -179,9 +203,9 @@ class Outages:
         self._pending.clear()
 
     def _line(self, outage, what):
-        others = [t.name for t in self.tasks.values() if t.type == "worker"
-                  and t.name != outage.task and t.name not in self.open
-                  and t.process is not None and t.process.poll() is None]
+        # The workers up as it went down, but those that went down while it was away.
+        away = {o.task for o in self.open.values() if o.since > outage.since}
+        others = [name for name in outage.others if name not in away]
         ran = f"its steps ran on {', '.join(others)}" if others else \
             "no other worker was up: the chief waited for it"
         return f"{outage.task} (pid {outage.pid}) {what}; {ran}" + (

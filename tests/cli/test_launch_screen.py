@@ -66,12 +66,16 @@ def test_the_chiefs_grpc_errors_about_a_restarting_worker_become_one_line():
     """Blocks naming worker:1, dead and restarted, are held; its `serving` line says the
     outage once, with how long, who ran its steps and how many lines were held. A block
     about a live worker, and the chief's own lines, pass on."""
-    clock = iter(range(100)).__next__
+    now = [0.0]
     said = []
+
+    def clock():
+        return now[0]
     chief, worker0, worker1 = _task("chief", 0, 1000, 10), _task("worker", 0, 2000, 11), \
         _task("worker", 1, 2001, 12, code=-9)
     outages = outages_lib.Outages([chief, worker0, worker1], said.append, clock=clock)
     outages.went_down(worker1, restarting=True)
+    now[0] = 1.0
     assert [outages.feed("chief:0", line) for line in CHIEF_BLOCK] == [[]] * 5
     saved = "kerastrain: checkpoint saved at step 8: ..."
     assert outages.feed("chief:0", saved) == [saved]
@@ -79,10 +83,15 @@ def test_the_chiefs_grpc_errors_about_a_restarting_worker_become_one_line():
     assert [outages.feed("chief:0", line) for line in (alive, CHIEF_BLOCK[1])] == [
         [alive], [CHIEF_BLOCK[1]]]
     worker1.process = _Process(13)
+    now[0] = 2.0
     outages.heard(worker1, "kerastrain: serving worker:1 on port 2001 of ...")
-    # (The clock ticks once a call: the live worker:0's block read it too.)
-    assert said == ["worker:1 (pid 12) was unreachable for 3.0 s while it restarted; its steps "
-                    "ran on worker:0 (5 line(s) of TensorFlow's gRPC errors about it on chief:0 "
+    # Back, but the chief's channel may still be backing off: its errors are held until they
+    # have stopped for QUIET_SECS, then the outage is said.
+    assert outages.feed("chief:0", CHIEF_BLOCK[3]) == [] and said == []
+    now[0] += outages_lib.QUIET_SECS
+    outages.tick()
+    assert said == ["worker:1 (pid 12) was unreachable for 2.0 s while it restarted; its steps "
+                    "ran on worker:0 (6 line(s) of TensorFlow's gRPC errors about it on chief:0 "
                     "held back; `kerastrain launch -v` shows them)"]
     outages.at_end("chief:0 exited")
     assert len(said) == 1
