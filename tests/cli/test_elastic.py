@@ -123,6 +123,7 @@ def test_a_multi_worker_job_loses_a_host_for_good_goes_on_smaller_then_grows_bac
                       r"(\d+)", run.text)
     assert saved, run.text[-6000:]
     assert f"[launch] growing to 2 worker(s) (max 2) from step {saved.group(1)}" in run.text
+    assert "WARNING:tensorflow" not in run.text   # its note on its own deprecated property
     assert run.text.count("(2 workers from TF_CONFIG, this is worker:1)") == 2
     assert "step 400," in run.wait_for(r"\[worker:0\] kerastrain: done:").string
     assert "restarting every task" not in run.text   # size changes are not --max-restarts
