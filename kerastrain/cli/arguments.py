@@ -200,7 +200,8 @@ def _add_launch(sub):
         help="a fault to rehearse (repeatable): 'freeze worker:1 at 20s for 60s' (SIGSTOP, "
              "then SIGCONT), 'partition worker:0 at 30s for 20s' (multihost: its link down), "
              "'kill ps:0 at 40s'; 'at step N' waits for a checkpoint of step N instead of a "
-             "clock started with the tasks")
+             "clock started with the tasks; with --workers MIN:MAX, 'remove worker:3 at step "
+             "40' (its host gone for good) and 'return worker:3 at step 80'")
 
 
 def _add_export(sub):
