@@ -21,6 +21,10 @@ _TF_LOG_LEVEL_SET_BY_USER = "TF_CPP_MIN_LOG_LEVEL" in _os.environ and \
 if not _TF_LOG_LEVEL_SET_BY_USER:
     _os.environ["TF_CPP_MIN_LOG_LEVEL"] = _os.environ[_SET_BY_KERASTRAIN] = "2"
     _logging.hold_tensorflow_startup()
+elif _os.environ["TF_CPP_MIN_LOG_LEVEL"].strip() in ("1", "2", "3"):
+    # The user's level, applied to the lines TensorFlow prints before it reads it (a shell,
+    # an image or a test harness that sets 2 would see them in every process otherwise).
+    _logging.hold_tensorflow_startup(int(_os.environ["TF_CPP_MIN_LOG_LEVEL"]))
 
 __version__ = "0.1.0"
 

@@ -62,19 +62,28 @@ _STARTUP_NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
     r"STDERR|[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] .*)$")
 _NO_CUDA = re.compile(r"^E\d{4} [\d:.]+ +\d+ cuda_\w+\.cc:\d+\] failed call to cuInit.*$")
+# A C++ line's severity, as TF_CPP_MIN_LOG_LEVEL counts it (absl's own notice is a warning).
+_SEVERITY = re.compile(r"^(?:([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] |(WARNING): All log messages "
+                       r"before absl::InitializeLog)")
+_LEVELS = {"I": 0, "W": 1, "WARNING": 1, "E": 2, "F": 3}
 
 _started = None   # set by a held start: {"gpus": [...], "cuda_failed": bool}
 _devices_said = False
+_level = 2        # TF_CPP_MIN_LOG_LEVEL the held start applies (kerastrain's, or the user's)
 
 
-def hold_tensorflow_startup():
+def hold_tensorflow_startup(level: int = 2):
     """Have TensorFlow, whoever imports it next, start with its C++ start-up lines held back.
 
-    Called by `import kerastrain` unless the user set `TF_CPP_MIN_LOG_LEVEL` (they see
-    TensorFlow as they asked) or TensorFlow is already imported (what it printed stays
-    printed). Nothing is imported now: an import hook waits for `tensorflow`, whether the
+    Called by `import kerastrain` unless the user set `TF_CPP_MIN_LOG_LEVEL` to 0 (they see
+    everything TensorFlow says) or TensorFlow is already imported (what it printed stays
+    printed). `level` is TF_CPP_MIN_LOG_LEVEL's value (kerastrain's 2, or the user's 1-3):
+    the start-up lines it would hide, had TensorFlow read it before printing them, are
+    dropped. Nothing is imported now: an import hook waits for `tensorflow`, whether the
     user's `import keras` or kerastrain loads it.
     """
+    global _level
+    _level = level
     if "tensorflow" not in sys.modules and not any(
             isinstance(finder, _HeldStart) for finder in sys.meta_path):
         sys.meta_path = [_HeldStart(), *sys.meta_path]
@@ -115,10 +124,18 @@ class _HeldLoader:
         _start_held(start)
 
 
+def _hidden_by_level(line) -> bool:
+    """A start-up line TF_CPP_MIN_LOG_LEVEL (`_level`) hides once TensorFlow has read it: the
+    lines its libraries print while they load come before (twice, as two of them, its core
+    and `_pywrap_profiler_plugin`, link absl of their own and each says them)."""
+    match = _SEVERITY.match(line)
+    return bool(match) and _LEVELS[match.group(1) or match.group(2)] < _level
+
+
 def _start_held(start):
     """`start()` (which loads TensorFlow and lists its GPUs) with stderr's file descriptor
-    captured; pass on every line but the start-up notes, and cuInit's failure where no GPU
-    was found (the devices line says it: `say_devices`)."""
+    captured; pass on every line but the start-up notes the log level hides, and cuInit's
+    failure where no GPU was found (the devices line says it: `say_devices`)."""
     global _started
     sys.stderr.flush()
     try:
@@ -138,7 +155,7 @@ def _start_held(start):
             held = capture.read().decode("utf-8", "replace").splitlines()
             cuda_failed = False
             for line in held:
-                if _STARTUP_NOISE.match(line):
+                if _STARTUP_NOISE.match(line) and _hidden_by_level(line):
                     continue
                 if _NO_CUDA.match(line) and gpus == []:
                     cuda_failed = True
@@ -153,10 +170,11 @@ def start_tensorflow_quietly():
 
     For the command line, which calls it before anything imports TensorFlow (`import
     kerastrain` set up the hold: `hold_tensorflow_startup`). A user who set
-    `TF_CPP_MIN_LOG_LEVEL` sees TensorFlow exactly as they asked. Otherwise
-    TensorFlow's notes and warnings are hidden from then on (level 2); errors still print,
-    except cuInit's failure on a machine where no GPU is found, which the devices line
-    says in its own words. (kerastrain sets level 2 when imported, unless the user set it.)
+    `TF_CPP_MIN_LOG_LEVEL=0` sees TensorFlow exactly as it prints. Otherwise TensorFlow's
+    notes and warnings are hidden from then on (level 2, or the user's level); errors still
+    print, except cuInit's failure on a machine where no GPU is found, which the devices
+    line says in its own words. (kerastrain sets level 2 when imported, unless the user set
+    it.)
     """
     import tensorflow as tf
     ensure_visible()

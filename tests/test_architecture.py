@@ -195,6 +195,7 @@ TENSORFLOW_FREE = ("kerastrain.cli.command", "kerastrain.cli.config", "kerastrai
                    "kerastrain.cli.arguments", "kerastrain.cli.training",
                    "kerastrain.cli.launch", "kerastrain.cli.tasks", "kerastrain.cli.isolation",
                    "kerastrain.cli.frozen", "kerastrain.cli.interrupts", "kerastrain.cli.faults",
+                   "kerastrain.cli.outages", "kerastrain.cli.elastic",
                    "kerastrain.cli.manifests",
                    "kerastrain.loop.stalls", "kerastrain.io.files", "kerastrain._options",
                    "kerastrain.distribute.cluster", "kerastrain.distribute.network",

@@ -59,7 +59,8 @@ from kerastrain._compat.data import (
 from kerastrain._compat.distribute import (
     skip_function_removal_at_exit, keep_local_functions_local, wait_at_barrier,
     stop_preemption_handler, per_worker_iterator, partitioned_like, set_variable_partitioner,
-    sharded_variable_class, replace_storage, atomic_adds, quiet_retracing)
+    sharded_variable_class, replace_storage, atomic_adds, quiet_retracing,
+    without_deprecation_notes)
 from kerastrain._compat.checkpoints import (
     not_copied_by_async_save, keras_variables_copy_for_async_save, take_async_save_error,
     TracedCheckpointWrite, checkpoint_whole)

@@ -76,6 +76,15 @@ def stop_preemption_handler(handler):
             stop()
 
 
+def without_deprecation_notes():
+    """A context in which TensorFlow prints no deprecation notes (`deprecation.silence`,
+    private; checked on 2.21). For TensorFlow's own use of what it deprecated: its
+    PreemptionCheckpointHandler reads its deprecated `total_run_calls` when it saves after a
+    SIGTERM, and every worker printed six lines about it, which no user can act on."""
+    from tensorflow.python.util import deprecation
+    return deprecation.silence()
+
+
 def per_worker_iterator(coordinator, strategy, make):
     """One iterator per parameter-server worker, worker i's built by `make(i)`.
 

@@ -41,6 +41,7 @@ COMMAND_EXAMPLES = {
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --service-workers 2
   kerastrain launch recipes/parameter_server.yaml --workers 4 --ps 2 --dry-run   # TF_CONFIGs
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --network multihost --fault "freeze worker:1 at step 32 for 60s"   # rehearse
+  kerastrain launch recipes/multi_worker.yaml --workers 2:4 --capacity-file capacity.txt   # elastic
   kerastrain launch recipes/parameter_server.yaml --workers 2 --ps 1 --ray   # each task a Ray actor (pip install 'kerastrain[ray]')
   kerastrain launch train.py --workers 2 --ray   # your script's Trainer on each task
 """,
@@ -162,7 +163,15 @@ def _add_launch(sub):
         "--max-restarts allows. Ctrl-C stops every task. The exit code is the chief's. "
         "RECIPE may be a Python script (train.py) whose Trainer reads TF_CONFIG: it runs on "
         "every training task (under ps on the chief; workers and ps tasks serve).")
-    launch.add_argument("--workers", type=int, required=True, help="worker tasks")
+    launch.add_argument(
+        "--workers", required=True, metavar="N|MIN:MAX",
+        help="worker tasks; MIN:MAX makes the job elastic: it starts with what it can have up "
+             "to MAX and goes on at another size as workers are lost for good or come back, "
+             "as long as MIN hold (below, it stops with exit 69)")
+    launch.add_argument(
+        "--capacity-file", default=None, metavar="PATH",
+        help="an elastic job's capacity: a file holding how many workers the cluster can hold "
+             "now (read every 0.2 s; edit it to take workers away or give them back)")
     launch.add_argument("--ps", type=int, default=0,
                         help="parameter-server tasks (adds a chief: the coordinator)")
     launch.add_argument("--chief", action="store_true",
@@ -175,6 +184,10 @@ def _add_launch(sub):
                              "(--set data.service=grpc://...)")
     launch.add_argument("--max-restarts", type=int, default=0,
                         help="restart the whole job this many times after a failure")
+    launch.add_argument("-v", "--verbose", action="store_true",
+                        help="every task's output raw: TensorFlow's own lines (its start-up, "
+                             "its gRPC errors about a restarting worker, which the launcher "
+                             "otherwise tells in one line) and each task's `run -v`")
     launch.add_argument("--dry-run", action="store_true",
                         help="print each task's TF_CONFIG and command; start nothing")
     launch.add_argument(
@@ -196,7 +209,8 @@ def _add_launch(sub):
         help="a fault to rehearse (repeatable): 'freeze worker:1 at 20s for 60s' (SIGSTOP, "
              "then SIGCONT), 'partition worker:0 at 30s for 20s' (multihost: its link down), "
              "'kill ps:0 at 40s'; 'at step N' waits for a checkpoint of step N instead of a "
-             "clock started with the tasks")
+             "clock started with the tasks; with --workers MIN:MAX, 'remove worker:3 at step "
+             "40' (its host gone for good) and 'return worker:3 at step 80'")
 
 
 def _add_tune(sub):
@@ -244,7 +258,8 @@ def _add_export(sub):
     export.add_argument("recipe", help="the recipe's path as the tasks will see it")
     export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="overrides passed on to every task (repeatable)")
-    export.add_argument("--workers", type=int, default=1, help="k8s: worker replicas")
+    export.add_argument("--workers", default="1",
+                        help="k8s: worker replicas (a TFJob has a fixed size: no MIN:MAX)")
     export.add_argument("--ps", type=int, default=0, help="k8s: parameter-server replicas")
     export.add_argument("--chief", action="store_true", help="k8s: a separate chief replica")
     export.add_argument("--evaluator", action="store_true", help="k8s: a side-car evaluator")
@@ -256,4 +271,6 @@ def _add_export(sub):
                              "replica; model_dir goes on it (else model_dir must be a URL)")
     export.add_argument("--name", default=None, help="k8s: the TFJob's name")
     export.add_argument("--namespace", default=None, help="k8s: the TFJob's namespace")
-    export.add_argument("--nodes", type=int, default=2, help="slurm: nodes (one worker each)")
+    export.add_argument("--nodes", default="2",
+                        help="slurm: nodes (one worker each); MIN:MAX lets Slurm start the job, "
+                             "and restart it when requeued, on what it can give")

@@ -11,6 +11,7 @@ import yaml
 
 from kerastrain import _logging  # pure Python: no TensorFlow
 from kerastrain.cli import arguments  # argparse only
+from kerastrain.cli import elastic as elastic_lib  # pure Python too
 from kerastrain.cli.config import RecipeError  # pure Python: no TensorFlow
 from kerastrain.cli.training import RecipeRunError  # pure Python too
 from kerastrain.io.files import DiskFull  # pure Python: no TensorFlow
@@ -275,38 +276,82 @@ def _launch_job(args, launch, interrupts):
     if recipe is not None:
         from kerastrain.cli import manifests
         manifests.check_ps_for(recipe.strategy["name"], args.ps, command="launch")
+    service_tasks, sets = tasks_lib.service_tasks(args.service_workers, args.set, multihost)
     # Under --ray the addresses come from the actors (below): host names stand in until then,
     # reserving no port here.
-    spec = tasks_lib.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
-                                  multihost=multihost or bool(args.ray))
-    service_tasks, sets = tasks_lib.service_tasks(args.service_workers, args.set, multihost)
-    tasks = service_tasks + tasks_lib.tasks_for(spec, args.recipe, sets)
+    ray = {}   # the RayHosts, once made (below): where a resized job's tasks go
+    elastic, slots = _elastic(args, script, model_dir, lambda slots: _tasks_on(
+        args, sets, [] if ray else service_tasks, slots, multihost=multihost,
+        hosts=ray.get("hosts")))
+    if not slots:
+        return elastic_lib.BELOW_MIN
+    tasks = _tasks_on(args, sets, service_tasks, slots, multihost=multihost or bool(args.ray))
     from kerastrain.cli.faults import parse_fault
-    faults = [parse_fault(text, tasks, multihost) for text in args.fault]
+    faults = [parse_fault(text, tasks, multihost, elastic and elastic.high)
+              for text in args.fault]
     if args.dry_run:
         tasks_lib.dry_run(tasks)
         return 0
     hosts = None
     if args.ray:   # the same tasks, each at a free port of the node its actor runs on
         from kerastrain.cli import ray_cluster
-        hosts = ray_cluster.RayHosts([t.host for t in tasks],
-                                     address=None if args.ray == "local" else args.ray)
-        spec = tasks_lib.cluster_spec(args.workers, args.ps, args.chief, args.evaluator,
-                                      hosts=hosts)
-        tasks = tasks_lib.tasks_for(spec, args.recipe, sets)
+        names = [t.host for t in tasks] + [s for s in (elastic.slots if elastic else ())
+                                           if s not in slots]   # every host a slot may take
+        hosts = ray["hosts"] = ray_cluster.RayHosts(
+            names, address=None if args.ray == "local" else args.ray)
+        tasks = _tasks_on(args, sets, [], slots, hosts=hosts)
     elif multihost:  # only model_dir is shared storage, as on a cluster
         if model_dir:
             os.makedirs(model_dir, exist_ok=True)
-        hosts = hosts_lib.Hosts([t.host for t in tasks], shared=[model_dir] if model_dir else [])
+        names = [t.host for t in tasks] + [s for s in (elastic.slots if elastic else ())
+                                           if s not in slots]   # every host a slot may take
+        hosts = hosts_lib.Hosts(names, shared=[model_dir] if model_dir else [])
         hosts.build()
     else:
-        isolation.warn_if_exposed(spec, network)
+        isolation.warn_if_exposed(json.loads(tasks[-1].tf_config)["cluster"], network)
     try:
         return launch.Launcher(tasks, max_restarts=args.max_restarts, interrupts=interrupts,
-                               hosts=hosts, faults=faults, model_dir=model_dir).run()
+                               hosts=hosts, faults=faults, model_dir=model_dir,
+                               verbose=args.verbose, elastic=elastic).run()
     finally:
         if hosts is not None:
             hosts.close()
+
+
+def _tasks_on(args, sets, service, slots, multihost=False, hosts=None):
+    """The job's tasks with one worker on each slot (`worker-0`, ...: an elastic job's hosts)."""
+    from kerastrain.cli import hosts as hosts_lib
+    from kerastrain.cli import tasks as tasks_lib
+    spec = tasks_lib.cluster_spec(len(slots), args.ps, args.chief, args.evaluator,
+                                  multihost=multihost, hosts=hosts)
+    if multihost:   # each worker at its slot's host, which a resized job keeps
+        spec["worker"] = [f"{slot}:{hosts_lib.PORT}" for slot in slots]
+    elif hosts is not None:   # Ray: a free port on the node of each slot's actor
+        spec["worker"] = [hosts.free_address(slot) for slot in slots]
+    tasks = service + tasks_lib.tasks_for(spec, args.recipe, sets, args.verbose)
+    for task, slot in zip([t for t in tasks if t.type == "worker"], slots):
+        task.slot = slot
+    return tasks
+
+
+def _elastic(args, script, model_dir, build):
+    """`--workers MIN:MAX` (or a `--capacity-file`): (an elastic.Elastic or None, the slots the
+    job starts on; none: below MIN, said)."""
+    low, high = elastic_lib.parse_workers(args.workers)
+    if low == high and args.capacity_file is None:
+        return None, [elastic_lib.slot_of(f"worker:{i}") for i in range(high)]
+    given = [flag for flag, value in (("a script", script),
+                                      ("no trainer.model_dir", not script and not model_dir))
+             if value]
+    if given:
+        raise ValueError(
+            "An elastic job (`--workers MIN:MAX`, `--capacity-file`) resumes each new size "
+            "from the recipe's model_dir, which the launcher reads. "
+            f"Received: --workers {args.workers} with {', '.join(given)}")
+    elastic = elastic_lib.Elastic(low, high, build=build, ps=bool(args.ps),
+                                  capacity_file=args.capacity_file, model_dir=model_dir)
+    return elastic, elastic.first_slots(
+        lambda text: print(f"[launch] {text}", flush=True))
 
 
 def _check_script(args):
@@ -350,8 +395,13 @@ def _export(args):
     recipe, _ = recipes.load(args.recipe, args.set, imports=False)
     model_dir = recipe.trainer.model_dir
     if args.target == "k8s":
+        if not str(args.workers).isdigit():
+            raise ValueError(
+                "export k8s: `--workers` must be an int >= 1: a TFJob has a fixed size "
+                "(Kubeflow's elasticPolicy is the PyTorchJob's; the manifest's first lines say "
+                "how to change the size). Received: --workers " + str(args.workers))
         print(manifests.dump(manifests.tfjob(
-            args.recipe, workers=args.workers, ps=args.ps, chief=args.chief,
+            args.recipe, workers=int(args.workers), ps=args.ps, chief=args.chief,
             evaluator=args.evaluator, image=args.image or manifests.IMAGE, name=args.name,
             namespace=args.namespace, sets=args.set, model_dir=model_dir,
             volume=args.volume, strategy=recipe.strategy["name"])), end="")

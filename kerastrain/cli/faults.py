@@ -29,13 +29,17 @@ class Fault:
     text: str
 
 
-_FAULT = re.compile(r"^(freeze|partition|kill)\s+([a-z_]+:\d+)\s+at\s+(?:(\d+(?:\.\d+)?)s|"
+_FAULT = re.compile(r"^(freeze|partition|kill|remove|return)\s+([a-z_]+:\d+)\s+at\s+"
+                    r"(?:(\d+(?:\.\d+)?)s|"
                     r"step\s+(\d+))(?:\s+for\s+(\d+(?:\.\d+)?)s)?$")
 FAULT_FORM = ("'freeze TASK at Ns for Ns', 'partition TASK at Ns for Ns' or 'kill TASK at Ns' "
-              "('at step N' instead of 'at Ns': once a checkpoint of step N or later is complete)")
+              "('at step N' instead of 'at Ns': once a checkpoint of step N or later is complete;"
+              " with --workers MIN:MAX also 'remove worker:N at ...' and 'return worker:N at "
+              "...': its host gone for good, and back)")
+_NO_DURATION = ("kill", "remove", "return")
 
 
-def parse_fault(text: str, tasks, multihost: bool) -> Fault:
+def parse_fault(text: str, tasks, multihost: bool, elastic_max: int | None = None) -> Fault:
     """A `--fault` value, checked against the job's tasks.
 
     Raises:
@@ -47,11 +51,17 @@ def parse_fault(text: str, tasks, multihost: bool) -> Fault:
         raise ValueError(f"`--fault` must read {FAULT_FORM}. Received: {text!r}")
     action, task, at, step, duration = match.groups()
     names = [t.name for t in tasks]
+    if action in ("remove", "return"):   # a host of an elastic job's, by its worker's name
+        if elastic_max is None:
+            raise ValueError(f"`--fault {action}` changes an elastic job's hosts: it needs "
+                             f"`--workers MIN:MAX`. Received: {text!r}")
+        names = [f"worker:{i}" for i in range(elastic_max)]
     if task not in names:
         raise ValueError(f"`--fault` names {task!r}, which this job does not have; its tasks "
                          f"are {', '.join(names)}. Received: {text!r}")
-    if (duration is None) != (action == "kill"):
-        raise ValueError(f"`--fault` {action} {'takes no' if action == 'kill' else 'needs a'} "
+    if (duration is None) != (action in _NO_DURATION):
+        takes = "takes no" if action in _NO_DURATION else "needs a"
+        raise ValueError(f"`--fault` {action} {takes} "
                          f"duration ('for Ns'); the form is {FAULT_FORM}. Received: {text!r}")
     if action == "partition" and not multihost:
         raise ValueError("`--fault partition` cuts a host's own link, which only `--network "
@@ -89,8 +99,10 @@ class Faults:
         model_dir: where a fault `at step N` looks for the chief's checkpoints.
     """
 
-    def __init__(self, plan, *, tasks, say, hosts=None, model_dir=None, poll_secs=0.2):
+    def __init__(self, plan, *, tasks, say, hosts=None, model_dir=None, poll_secs=0.2,
+                 elastic=None):
         self.tasks = tasks
+        self.elastic = elastic   # takes `remove` and `return` (elastic.Elastic.request)
         self.say = say
         self.hosts = hosts
         self.pending = list(plan)
@@ -140,6 +152,9 @@ class Faults:
                 return
 
     def _apply(self, fault):
+        if fault.action in ("remove", "return"):
+            self.elastic.request(fault.action, fault.task, fault.text)
+            return
         task = self._task(fault.task)
         process = task.process
         if fault.action != "partition" and (process is None or process.poll() is not None):

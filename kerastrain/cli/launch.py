@@ -20,8 +20,10 @@ import threading
 import time
 
 from kerastrain._lifetime import LAUNCHER_PID
+from kerastrain.cli import elastic as elastic_lib
 from kerastrain.cli import faults as faults_lib
 from kerastrain.cli import frozen
+from kerastrain.cli.outages import Outages
 from kerastrain.cli.interrupts import Interrupts
 from kerastrain.cli.tasks import chief_of
 from kerastrain.loop import stalls
@@ -43,24 +45,33 @@ class Launcher:
     """Runs one job's tasks as child processes and decides when it is over."""
 
     def __init__(self, tasks, *, out=None, env=None, max_restarts=0, poll_secs=0.2,
-                 interrupts=None, hosts=None, faults=(), model_dir=None):
+                 interrupts=None, hosts=None, faults=(), model_dir=None, verbose=False,
+                 elastic=None):
         self.tasks = tasks
         self.hosts = hosts          # a hosts.Hosts: each task a host of its own
         self.faults = list(faults)
+        self.elastic = elastic      # an elastic.Elastic: `--workers MIN:MAX`
         self.model_dir = model_dir
         self.interrupts = interrupts
         self.out = out or sys.stdout
         self.env = dict(os.environ if env is None else env)
-        if env is None and not _tf_log_level_set_by_user():
+        if verbose:  # everything every task's TensorFlow says, as it says it
+            self.env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+            self.env.pop("KERASTRAIN_TF_CPP_MIN_LOG_LEVEL", None)
+        elif env is None and not _tf_log_level_set_by_user():
             # Set by `import kerastrain` in this process, not by the user: each task's
             # command line then holds TensorFlow's start-up lines back itself.
             self.env.pop("TF_CPP_MIN_LOG_LEVEL", None)
         self.max_restarts = max_restarts
         self.poll_secs = poll_secs
         self.parameter_servers = any(t.type == "ps" for t in tasks)
+        # TensorFlow's gRPC errors about a worker that died: one line each outage.
+        self.outages = None if verbose else Outages(
+            tasks, self.say, ips=hosts.addresses if hosts is not None else None)
         self._lock = threading.Lock()
         self._threads = []
         self._ended_by = None  # the task whose exit ended the last attempt, if not the chief
+        self.exits = {}        # each task's exit code as the last attempt ended (None: running)
 
     # -- processes ---------------------------------------------------------------------
 
@@ -73,16 +84,27 @@ class Launcher:
             print(f"[launch] {text}", file=self.out, flush=True)
 
     def _pump(self, task, stream):
+        sifted = self.outages is not None and task.type in ("chief", "worker")
         for line in iter(stream.readline, ""):
             if task.type == "chief" and self.parameter_servers:
                 self._restart_stuck(line)
+            if self.elastic is not None and task is chief_of(self.tasks):
+                self.elastic.heard(line.rstrip("\n"))
             if _BACKSTOP.match(line):
                 task.backstop = True
-            with self._lock:
-                self.out.write(f"[{task.name}] {line}" if line.endswith("\n")
-                               else f"[{task.name}] {line}\n")
-                self.out.flush()
+            self._write(task, self.outages.feed(task.name, line.rstrip("\n")) if sifted
+                        else [line.rstrip("\n")])
+            if self.outages is not None and task.type == "worker" and self.parameter_servers:
+                self.outages.heard(task, line)
+        if sifted:
+            self._write(task, self.outages.flush(task.name))
         stream.close()
+
+    def _write(self, task, lines):
+        if lines:
+            with self._lock:
+                self.out.write("".join(f"[{task.name}] {line}\n" for line in lines))
+                self.out.flush()
 
     def start(self, task):
         env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1",
@@ -156,16 +178,22 @@ class Launcher:
         """Start every task and wait for the job's end; return the chief's exit code."""
         self._ended_by = None
         for task in self.tasks:
-            task.restarts, task.backstop = 0, False
+            task.restarts, task.backstop, task.late = 0, False, False
             self.start(task)
         if on_started is not None:
             on_started()
         chief = chief_of(self.tasks)
         try:
             code = self._attempt(chief)
+            # Before the others are stopped: which tasks had ended, and how.
+            self.exits = {t.name: t.process.poll() for t in self.tasks if t.process}
+            if code == elastic_lib.RESIZE:
+                return code
             if code and chief.pump is not None:
                 chief.pump.join(timeout=2)  # its last lines read (faulthandler's among them)
             frozen_note = frozen.note(self.tasks) if code else ""  # before the others stop
+            if self.outages is not None:
+                self.outages.at_end(f"{chief.name} exited")
             if code == stalls.STALLED:
                 self.say(f"a task stalled (exit {code}): no training progress within its "
                          "stall_timeout" + frozen_note)
@@ -179,16 +207,23 @@ class Launcher:
             return code
         finally:
             self.stop_all()
+            if self.outages is not None:  # blocks the others printed as they stopped
+                self.outages.at_end(f"{chief.name} exited")
 
     def _attempt(self, chief):
         while True:
+            resized = self.elastic.poll(self) if self.elastic is not None else None
+            if resized is not None:
+                return resized
+            if self.outages is not None:
+                self.outages.tick()
             code = chief.process.poll()
             if code is not None:
                 if code == 0:  # a failed chief's peers are stopped at once (run_once)
                     self._wait_for_the_rest(chief)
                 return code
             for task in self.tasks:
-                if task is chief or task.process.poll() is None:
+                if task is chief or task.out or task.process.poll() is None:
                     continue
                 failed = self._on_exit(task)
                 if failed is not None:
@@ -200,13 +235,20 @@ class Launcher:
         code = task.process.returncode
         if task.type == "evaluator":
             return None  # side-car: the job goes on without it
+        if self.elastic is not None and self.parameter_servers and task.type == "worker":
+            verdict = self.elastic.ps_worker_exited(self, task, WORKER_RESTARTS)
+            if verdict != "restart":
+                return verdict   # left out (None), or below MIN
         # Back at its address, a tf.data service worker lets the dispatcher's jobs end (its
         # splits are lost); a ps worker takes steps again (the coordinator retried its own).
         if (task.type == "data_worker" or self.parameter_servers and task.type == "worker") \
                 and task.restarts < WORKER_RESTARTS:
             task.restarts += 1
+            if self.outages is not None and task.type == "worker":
+                self.outages.went_down(task, restarting=True)
             self.say(f"{task.name} exited with {_describe(code)}; restarting it "
                      f"({task.restarts}/{WORKER_RESTARTS})")
+            task.late = True
             self.start(task)
             return None
         if code == 0 and not self.parameter_servers:
@@ -240,8 +282,11 @@ class Launcher:
         while time.monotonic() < deadline:
             # The evaluator too: it evaluates the last checkpoint, then sees the chief gone.
             # tf.data service servers serve until stopped (just after this).
+            # A worker started again late may never have seen the chief it watches for: it
+            # holds nothing, and is stopped with the servers.
             if all(t.process.poll() is not None for t in self.tasks
-                   if not t.type.startswith("data_") and t.type not in servers):
+                   if not t.type.startswith("data_") and t.type not in servers
+                   and not t.late):
                 return
             time.sleep(self.poll_secs)
         self.say(f"{chief.name} finished; tasks still running after {GRACE_SECS:.0f} s are "
@@ -257,16 +302,23 @@ class Launcher:
         """
         own = self.interrupts is None
         self.interrupts = (self.interrupts or Interrupts().__enter__()).watch()
-        attempt = 0
+        attempt, started = 0, False
         faults = faults_lib.Faults(self.faults, tasks=self.tasks, say=self.say, hosts=self.hosts,
-                                   model_dir=self.model_dir)
+                                   model_dir=self.model_dir, elastic=self.elastic)
         try:
             while True:
                 # The fault plan's clock starts once the first attempt's tasks have.
-                code = self.run_once(on_started=None if attempt else faults.__enter__)
+                code = self.run_once(on_started=None if started else faults.__enter__)
+                started = True
                 if code == 0:
                     self.say(f"job finished: {chief_of(self.tasks).name} exited with 0")
                     return 0
+                verdict = "restart" if self.elastic is None else self.elastic.after(
+                    self, code, self.exits, attempt >= self.max_restarts)
+                if verdict == "stop":
+                    return elastic_lib.BELOW_MIN
+                if verdict == "resized":
+                    continue
                 if attempt >= self.max_restarts:
                     self.say(f"job failed: {self._ended_by or chief_of(self.tasks).name} "
                              "exited with "

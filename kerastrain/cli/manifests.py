@@ -125,8 +125,47 @@ def check_ps_for(strategy, ps, command="export k8s"):
                          f"--set strategy.name=ps. Received: --ps {ps}")
 
 
+# A TFJob's first lines: what it does when workers come and go (docs/clusters.md).
+K8S_SIZE_NOTE = """\
+# A TFJob of a fixed size: not elastic. Kubeflow's elasticPolicy is the PyTorchJob's; a
+# TFJob's replicas are not resized while it runs (`kerastrain launch --workers MIN:MAX` is
+# elastic on one machine). What holds here: a pod that fails is restarted
+# (restartPolicy: OnFailure) at its address; under parameter servers the chief runs a lost
+# worker's steps on the others and takes it back; under multi-worker mirrored the job goes
+# on from model_dir's last checkpoint. To change the number of workers, delete the TFJob and
+# apply one exported with another --workers: it resumes at the checkpoint's step with the
+# recipe's global batch (each worker takes its share), so the step count stays exact.
+"""
+
+
 def dump(manifest) -> str:
-    return yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
+    """The manifest as YAML, after `K8S_SIZE_NOTE` for a TFJob."""
+    text = yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
+    return (K8S_SIZE_NOTE if manifest.get("kind") == "TFJob" else "") + text
+
+
+def _node_range(nodes):
+    """`--nodes`: N, or MIN:MAX (Slurm's `--nodes=MIN-MAX`)."""
+    text = str(nodes)
+    low, sep, high = text.partition(":")
+    if not sep and is_int(nodes, 1) or text.isdigit() and int(text) >= 1:
+        return int(text), int(text)
+    if sep and low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high):
+        return int(low), int(high)
+    raise ValueError("export slurm: `--nodes` must be an int >= 1 (one worker each), or MIN:MAX "
+                     f"with 1 <= MIN <= MAX (elastic). Received: --nodes {nodes}")
+
+
+def _slurm_size_note(low, high):
+    if low == high:
+        return (f"# A fixed size: {low} node(s). `kerastrain export slurm --nodes MIN:MAX` lets "
+                "Slurm start it (and\n# start it again when requeued) on what it can give.\n")
+    return (f"# Elastic: Slurm starts the job on {low} to {high} nodes, as many as it can give, "
+            "and each task's\n# TF_CONFIG is built from the nodes it got. A requeued job (time "
+            "limit, preemption, a\n# failed node where Slurm requeues) starts again at the size "
+            "Slurm gives then, from the last\n# checkpoint, with the recipe's global batch (each "
+            "worker takes its share): the step count\n# stays exact. Not supported: resizing a "
+            "running allocation (a lost node ends the step).\n")
 
 
 def slurm_script(recipe_path, *, nodes, sets=(), time_limit="01:00:00", model_dir=None,
@@ -139,9 +178,7 @@ def slurm_script(recipe_path, *, nodes, sets=(), time_limit="01:00:00", model_di
     `model_dir` must be on a file system every node mounts: none, or one in a node's
     /tmp, is refused.
     """
-    if not is_int(nodes, 1):
-        raise ValueError(f"export slurm: `--nodes` must be an int >= 1 (one worker each). "
-                         f"Received: --nodes {nodes}")
+    low, high = _node_range(nodes)
     if not model_dir or model_dir.split("/")[1:2] in (["tmp"], ["dev"]) or \
             model_dir.startswith("/var/tmp"):
         raise ValueError(
@@ -154,7 +191,7 @@ def slurm_script(recipe_path, *, nodes, sets=(), time_limit="01:00:00", model_di
         x for item in sets for x in ("--set", item)])
     return f"""#!/bin/bash
 #SBATCH --job-name={_name(recipe_path)}
-#SBATCH --nodes={nodes}
+#SBATCH --nodes={low if low == high else f"{low}-{high}"}
 #SBATCH --ntasks-per-node=1
 #SBATCH --time={time_limit}
 #SBATCH --signal=B:USR1@{warn_secs}
@@ -165,7 +202,7 @@ def slurm_script(recipe_path, *, nodes, sets=(), time_limit="01:00:00", model_di
 # {warn_secs} s before the time limit Slurm sends USR1 to this script: the tasks get SIGTERM,
 # save a checkpoint at the step they reached (in {model_dir}) and exit; the job is requeued
 # and resumes from that checkpoint.
-requeue() {{
+{_slurm_size_note(low, high)}requeue() {{
     echo "kerastrain: time limit near: checkpointing, then requeueing job $SLURM_JOB_ID"
     kill -TERM "$tasks" 2>/dev/null
     wait "$tasks"

@@ -32,6 +32,9 @@ class Task:
     restarts: int = 0
     backstop: bool = False  # its output had faulthandler's "Timeout (...)!": a blocked stall
     pump: threading.Thread | None = None  # copies its output
+    slot: str | None = None   # an elastic job's worker: the slot (host) it runs on
+    out: bool = False         # an elastic ps worker left out (lost, or its host removed)
+    late: bool = False        # a ps worker started again during the attempt
 
     @property
     def name(self) -> str:
@@ -39,8 +42,8 @@ class Task:
 
     @property
     def host(self) -> str:
-        """Its host name in a multihost rehearsal."""
-        return hosts_lib.host_name(self.type, self.index)
+        """Its host name in a multihost rehearsal (an elastic job's worker: its slot's)."""
+        return self.slot or hosts_lib.host_name(self.type, self.index)
 
 
 def cluster_spec(workers: int, ps: int = 0, chief: bool = False, evaluator: bool = False,
@@ -70,14 +73,16 @@ def is_script(recipe: str) -> bool:
     return recipe.endswith(".py")
 
 
-def tasks_for(spec: dict, recipe: str, sets=()) -> list[Task]:
-    """Every task runs the recipe (`kerastrain run` finds its role in TF_CONFIG), or the
-    script, whose `Trainer` reads TF_CONFIG; under ps a script's workers and ps tasks serve."""
+def tasks_for(spec: dict, recipe: str, sets=(), verbose: bool = False) -> list[Task]:
+    """Every task runs the recipe (`kerastrain run` finds its role in TF_CONFIG; `run -v`
+    with `verbose`), or the script, whose `Trainer` reads TF_CONFIG; under ps a script's
+    workers and ps tasks serve."""
     if is_script(recipe):
         command = [sys.executable, "-m", "kerastrain.cli.script", os.path.abspath(recipe)]
         server = [sys.executable, "-m", "kerastrain.cli.script", "--serve"]
     else:
-        command = [sys.executable, "-m", "kerastrain.cli", "run", recipe]
+        command = [sys.executable, "-m", "kerastrain.cli", "run", recipe] + \
+            (["-v"] if verbose else [])
         for item in sets:
             command += ["--set", item]
         server = command

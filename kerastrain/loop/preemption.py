@@ -132,7 +132,8 @@ def multi_worker_handler(cluster_resolver, checkpointer):
 
     def agree(step):
         state["step"] = step
-        handler.save_checkpoint_if_preempted(checkpoint_number=step)
+        with _compat.without_deprecation_notes():   # TensorFlow's note on its own use
+            handler.save_checkpoint_if_preempted(checkpoint_number=step)
 
     def release():
         # The handler installed its own SIGTERM handler and watcher threads; after

@@ -189,7 +189,8 @@ def test_an_exported_job_that_would_fail_in_every_task_is_refused_saying_what_to
              "--ps 1 gives parameter servers to a recipe whose strategy is "
              "'multi_worker_mirrored', which does not use them: drop --ps"),
             (["slurm", "recipes/multi_worker.yaml", "--nodes", "0"],
-             "`--nodes` must be an int >= 1 (one worker each). Received: --nodes 0")]:
+             "`--nodes` must be an int >= 1 (one worker each), or MIN:MAX with 1 <= MIN <= "
+             "MAX (elastic). Received: --nodes 0")]:
         assert cli.main(["export", *args, "--volume", "runs"] if args[0] == "k8s" else
                         ["export", *args]) == 2, args
         assert said in capsys.readouterr().err, args

@@ -97,3 +97,17 @@ def test_ray_options_that_cannot_work_are_refused_before_anything_starts(tmp_pat
         assert proc.returncode == 2, proc.stderr
         assert re.search(message, proc.stderr), proc.stderr
         assert "[launch] started" not in proc.stdout
+
+
+def test_an_elastic_job_on_ray_actors_goes_on_smaller_when_a_host_is_removed(tmp_path):
+    """`--workers 1:2 --ray`: worker:1's host removed at step 40; the job restarts on one
+    actor from its last checkpoint and ends at step 400 with one device's weights."""
+    from test_elastic import _recipe, _weights_match_one_device
+    run = Launch([_recipe(tmp_path), "--workers", "1:2", "--ray",
+                  "--fault", "remove worker:1 at step 40"])
+    assert run.finish(timeout=300) == 0, run.text[-6000:]
+    assert re.search(r"\[launch\] worker:1 lost for good \(host worker-1 removed\); going on "
+                     r"with 1 worker\(s\) \(min 1\) from step \d+", run.text), run.text[-6000:]
+    assert "(1 workers from TF_CONFIG, this is worker:0)" in run.text
+    assert "step 400," in run.wait_for(r"\[worker:0\] kerastrain: done:").string
+    _weights_match_one_device(tmp_path / "run")
