@@ -160,7 +160,7 @@ class Controller:
         if self.inputs.validation is not None:
             listed.append(actions_lib.Validation(
                 functools.partial(self.state.evaluate, self.inputs.validation, validation_steps,
-                                  beat=self.beats.beat),
+                                  beat=self.beats),  # the epochs' watch, once it runs
                 every=validation_freq, callbacks=self.callback_list, model=self.model))
         # Listed on every task: only the chief's monitor has a writer, but every worker
         # of a multi-worker job must end its loops at the same log steps (a loop that

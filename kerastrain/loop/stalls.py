@@ -215,6 +215,12 @@ class Beats:
     def __init__(self):
         self.beat = None
 
+    def __call__(self):
+        """A beat to the watch running now, if any (what an evaluation made before the watch
+        began calls, e.g. fit's validation, whose action is made before the epochs' watch)."""
+        if self.beat is not None:
+            self.beat()
+
     @contextlib.contextmanager
     def to(self, watch):
         """While the block runs, beats go to `watch`."""

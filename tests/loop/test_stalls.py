@@ -219,3 +219,22 @@ def test_a_fault_on_a_ray_task_signals_it_without_holding_the_launchers_output()
     faults._apply(faults.pending[0])
     assert held == [False]
     assert launcher.out.getvalue() == "[launch] fault: killed worker:0 (kill worker:0 at 0s)\n"
+
+
+def test_fits_validation_loops_beat_the_watch_of_the_epochs(make_trainer, monkeypatch):
+    """Fit's validation is made before the epochs' stall watch starts and runs under it: each
+    of its loops is progress for that watch (a long validation is not a stall)."""
+    import helpers
+    from kerastrain.loop import stalls
+    beats = []
+    real_beat = stalls.StallWatch.beat
+    monkeypatch.setattr(stalls.StallWatch, "beat",
+                        lambda self: (beats.append(self), real_beat(self))[1])
+    trainer = make_trainer(strategy="one_device", stall_timeout=900)
+    x, y = helpers.arrays(64)
+    trainer.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=4, verbose=0)
+    trained = len(beats)
+    beats.clear()
+    trainer.fit(x, y, batch_size=16, epochs=2, initial_epoch=1, steps_per_epoch=4, verbose=0,
+                validation_data=helpers.arrays(64), validation_steps=4)
+    assert len(beats) > trained, (len(beats), trained)   # the validation's loops beat too
