@@ -3,8 +3,6 @@ model's variables all live on one device."""
 
 from __future__ import annotations
 
-import os
-
 
 def configure_cpu_devices(n: int) -> None:
     """Split the host CPU into `n` logical devices (before TensorFlow initialises).
@@ -18,7 +16,6 @@ def configure_cpu_devices(n: int) -> None:
     try:
         tf.config.set_logical_device_configuration(
             cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
-        _enough_inter_op_threads(tf, n)
         return
     except RuntimeError:
         pass  # Already initialised: fine if the layout is the one asked for.
@@ -29,15 +26,6 @@ def configure_cpu_devices(n: int) -> None:
             f"TensorFlow already runs with {current} logical CPU device(s). Create the Trainer "
             f"(or call kerastrain.configure_cpu_devices({n})) before running any TensorFlow "
             f"operation, or start a new Python process. Received: cpu_devices={n}")
-
-
-def _enough_inter_op_threads(tf, n):
-    """Logical CPU devices share one inter-op thread pool, by default as large as the cores: on
-    2 cores, 2 replicas whose ops wait on each other (a replica's iterator, the other's step)
-    can each hold a thread the other needs. Unless the user sized the pool, give it two
-    threads beyond the devices, as the parameter-server workers get theirs (`cluster`)."""
-    if tf.config.threading.get_inter_op_parallelism_threads() == 0:   # TensorFlow's default
-        tf.config.threading.set_inter_op_parallelism_threads(max(os.cpu_count() or 1, n + 2))
 
 
 def _this_process(devices):
