@@ -6,6 +6,7 @@ so these tests see what the workers trained, not what the input pipeline produce
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -136,8 +137,6 @@ def test_sigterm_mid_epoch_then_resume_trains_every_example_of_the_epoch_once(tm
     data stood: over the whole run every id is trained exactly `passes` times, and the
     checkpoint it saved names the step its variables hold (its step counter and place in the
     epochs agree)."""
-    import random
-
     import tensorflow as tf
 
     marker = tmp_path / "started"
@@ -185,40 +184,54 @@ def test_sigterm_mid_epoch_then_resume_trains_every_example_of_the_epoch_once(tm
     assert (counts == 9).all(), (np.unique(counts, return_counts=True), in_flight)
 
 
-def test_a_worker_killed_mid_epoch_repeats_only_its_loop_in_flight_and_says_so(
-        tmp_path, tf_config_cluster):
-    """A TF_CONFIG cluster of processes; worker 1 is killed (SIGKILL, not restarted) at a
-    random point. The coordinator runs its loop again on worker 0, at the same positions:
-    no id is skipped, and the ids trained twice are those of that loop's steps that had
-    run, as many as the log reports."""
-    import random
+LOOP, LOOP_BATCH = 8, 8     # the killed and frozen workers' tests: steps a loop, its batch
 
+
+def _chief_training_beside_two_workers(tmp_path, tf_config_cluster, **case):
+    """A TF_CONFIG cluster of processes (ps, two workers) and its chief, once the chief has
+    started training (2 epochs of one pass of 2048 ids, loops of `LOOP` steps)."""
     cluster = tf_config_cluster(chief=1, worker=2, ps=1)
     servers = [cluster.serve(task, index, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for task, index in (("ps", 0), ("worker", 0), ("worker", 1))]
-    marker, loop, batch = tmp_path / "started", 8, 8
-    case = {"form": "numpy", "steps_per_loop": loop, "steps_per_epoch": 256, "epochs": 2,
-            "batch": batch, "started_marker": str(marker)}
+    marker = tmp_path / "started"
+    case = {"form": "numpy", "steps_per_loop": LOOP, "steps_per_epoch": 256, "epochs": 2,
+            "batch": LOOP_BATCH, "started_marker": str(marker), **case}
     chief = helpers.Child(["tests/_visits_worker.py", json.dumps({"n": 2048, "cases": [case]}),
                            str(tmp_path / "out")], env={"TF_CONFIG": cluster.tf_config("chief", 0)})
     deadline = time.monotonic() + 240
     while not marker.exists():
         assert chief.process.poll() is None and time.monotonic() < deadline, chief.text
         time.sleep(0.05)
-    time.sleep(random.uniform(1.0, 3.0))
-    servers[2].kill()
+    return cluster, servers, chief
+
+
+def _assert_only_the_loop_in_flight_repeated(tmp_path, chief):
+    """The job ends at its exact last step; no id skipped; the ids trained twice are at most
+    the steps of the one loop the lost worker was running, as many as the log reports."""
     assert chief.finish(timeout=400) == 0, chief.text[-5000:]
     (result,) = json.loads((tmp_path / "out.json").read_text())
     assert result["global_step"] == 512
     extra = np.asarray(result["total"]) - 2      # 2 epochs of one pass each
     assert extra.min() == 0, "ids never trained: %s" % np.flatnonzero(extra < 0)[:20]
-    # At most the steps of the one loop the worker was running, each a batch of ids.
-    assert extra.sum() <= loop * batch, np.unique(extra, return_counts=True)
+    assert extra.sum() <= LOOP * LOOP_BATCH, np.unique(extra, return_counts=True)
     reported = re.findall(r"so (\d+) step\(s\) \(their batches\) were trained twice", chief.text)
     repeated = sum(int(r) for r in reported)
     # The count of a step that was cut between the model's update and the step counter's
     # may differ by that one batch.
-    assert abs(extra.sum() - repeated * batch) <= batch, (extra.sum(), reported, chief.text[-3000:])
+    assert abs(extra.sum() - repeated * LOOP_BATCH) <= LOOP_BATCH, \
+        (extra.sum(), reported, chief.text[-3000:])
+
+
+def test_a_worker_killed_mid_epoch_repeats_only_its_loop_in_flight_and_says_so(
+        tmp_path, tf_config_cluster):
+    """A TF_CONFIG cluster of processes; worker 1 is killed (SIGKILL, not restarted) at a
+    random point. The coordinator runs its loop again on worker 0, at the same positions:
+    no id is skipped, and the ids trained twice are those of that loop's steps that had
+    run, as many as the log reports."""
+    _, servers, chief = _chief_training_beside_two_workers(tmp_path, tf_config_cluster)
+    time.sleep(random.uniform(1.0, 3.0))
+    servers[2].kill()
+    _assert_only_the_loop_in_flight_repeated(tmp_path, chief)
 
 
 def test_a_frozen_worker_named_then_restarted_repeats_only_its_loop_in_flight(
@@ -228,21 +241,8 @@ def test_a_frozen_worker_named_then_restarted_repeats_only_its_loop_in_flight(
     on that line: kills it and starts it again at its address. Its loop runs again on
     worker 0 at the same positions: no id is skipped, the ids trained twice are those of
     the steps that loop had run, as many as the log says, and the job is not restarted."""
-    import random
-
-    cluster = tf_config_cluster(chief=1, worker=2, ps=1)
-    servers = [cluster.serve(task, index, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for task, index in (("ps", 0), ("worker", 0), ("worker", 1))]
-    marker, loop, batch = tmp_path / "started", 8, 8
-    case = {"form": "numpy", "steps_per_loop": loop, "steps_per_epoch": 256, "epochs": 2,
-            "batch": batch, "started_marker": str(marker),
-            "strategy": {"frozen_worker_timeout": 6}}
-    chief = helpers.Child(["tests/_visits_worker.py", json.dumps({"n": 2048, "cases": [case]}),
-                           str(tmp_path / "out")], env={"TF_CONFIG": cluster.tf_config("chief", 0)})
-    deadline = time.monotonic() + 240
-    while not marker.exists():
-        assert chief.process.poll() is None and time.monotonic() < deadline, chief.text
-        time.sleep(0.05)
+    cluster, servers, chief = _chief_training_beside_two_workers(
+        tmp_path, tf_config_cluster, strategy={"frozen_worker_timeout": 6})
     time.sleep(random.uniform(0.5, 2.0))
     servers[2].send_signal(signal.SIGSTOP)
     frozen = time.monotonic()
@@ -253,14 +253,6 @@ def test_a_frozen_worker_named_then_restarted_repeats_only_its_loop_in_flight(
     servers[2].kill()
     servers[2].wait()
     cluster.serve("worker", 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert chief.finish(timeout=400) == 0, chief.text[-5000:]
-    (result,) = json.loads((tmp_path / "out.json").read_text())
-    assert result["global_step"] == 512
-    extra = np.asarray(result["total"]) - 2      # 2 epochs of one pass each
-    assert extra.min() == 0, "ids never trained: %s" % np.flatnonzero(extra < 0)[:20]
-    assert extra.sum() <= loop * batch, np.unique(extra, return_counts=True)
-    reported = re.findall(r"so (\d+) step\(s\) \(their batches\) were trained twice", chief.text)
-    repeated = sum(int(r) for r in reported)
-    assert abs(extra.sum() - repeated * batch) <= batch, (extra.sum(), reported, chief.text[-3000:])
+    _assert_only_the_loop_in_flight_repeated(tmp_path, chief)
     assert chief.text.count("answered nothing") == 1
     assert "failed with UnavailableError" not in chief.text and "stalled" not in chief.text
