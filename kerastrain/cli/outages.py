@@ -32,13 +32,18 @@ _CONTINUATION = re.compile(
     r"transient connectivity failure|This derived error is ignored and not reported"
     # TensorFlow's coordination service: "... are unhealthy (stopped sending heartbeats):",
     # then each task's name on a line, then what it makes of it.
-    r"|/job:\w+/replica:\d+/task:\d+$|The tasks have crashed\.)")
+    r"|/job:\w+/replica:\d+/task:\d+$|The tasks have crashed\."
+    # The context a status carries: the graph node (`\t [[{{node while/...}}]]`), the task
+    # an error came from (`From /job:ps/replica:0/task:0:`), the eager op.
+    r"|\s+\[\[\{\{(?:function_)?node |From /job:\w+/replica:\d+/task:\d+:$|\[Op:"
+    r"|Encountered when executing an operation using EagerExecutor)")
 _TASK_PATH = re.compile(r"/job:(worker)(?:/replica:\d+)?/task:(\d+)")
 _ADDRESS = re.compile(r"(?:ipv[46]:)?([\w.-]+:\d+)\b")
 # A header naming no worker that the next line may name ("Aborting RingReduce with
 # UNAVAILABLE: ...", then "Additional GRPC error information from remote target /job:...").
 _UNNAMED = re.compile(r"UNAVAILABLE|Socket closed|Connection reset|Connection refused")
 _SERVING = re.compile(r"kerastrain: serving (worker:\d+) on port")
+_PASSED = object()   # `Outages._holding`'s mark of a block that passes on (its worker is up)
 DECIDE_SECS = 1.0   # how long a block naming a live worker waits for the launcher to see it die
 # After a worker is back the chief's channel to it may still be backing off, and its errors go
 # on for a while: an outage is said once its worker is back and they stopped for this long.
@@ -133,13 +138,21 @@ class Outages:
     def _passes(self, source, line) -> bool:
         holding = self._holding.get(source)
         if _CONTINUATION.match(line):
-            if holding is None:
+            if holding is _PASSED:   # a block about a live worker: whole
                 return True
+            if holding is None:      # after a line of no block: held if it names the dead
+                outage = self._outage_named(line)
+                if outage is None:
+                    return True
+                self._hold(source, outage, 1)
+                return False
             holding.lines += 1
             return False
         self._holding.pop(source, None)
         outage = self._outage_named(line) if _HEADER.match(line) else None
         if outage is None:
+            if _HEADER.match(line):
+                self._holding[source] = _PASSED
             return True
         self._hold(source, outage, 1)
         return False

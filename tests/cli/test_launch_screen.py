@@ -97,6 +97,39 @@ def test_the_chiefs_grpc_errors_about_a_restarting_worker_become_one_line():
     assert len(said) == 1
 
 
+def test_a_block_with_a_status_context_between_its_lines_is_held_whole():
+    """TensorFlow's coordinator logs a remote function's error with its whole status: the
+    node it ran in (`\t [[{{node ...}}]]`) may stand between the header and the gRPC lines.
+    Every line of it is held while the worker is down (a CI run showed the gRPC lines after
+    such a line on the screen); a gRPC line that names the dead worker is held even when
+    what came before it was not."""
+    said = []
+    chief, worker1 = _task("chief", 0, 1000, 10), _task("worker", 1, 2001, 12, code=-9)
+    outages = outages_lib.Outages([chief, worker1], said.append)
+    outages.went_down(worker1, restarting=True)
+    block = ["ERROR:tensorflow:Remote function on worker /job:worker/replica:0/task:1/device:"
+             "CPU:0 failed with UnavailableError():Socket closed",
+             "\t [[{{node while/loop_body_control/_57/_34}}]] "
+             "[type.googleapis.com/tensorflow.DerivedStatus='']",
+             "From /job:ps/replica:0/task:0:",
+             "Additional GRPC error information from remote target /job:worker/replica:0/task:1/"
+             "device:CPU:0 while calling /tensorflow.eager.EagerService/RunComponentFunction:",
+             ':UNKNOWN:Error received from peer  {grpc_message:"Socket closed", grpc_status:14}',
+             "Encountered when executing an operation using EagerExecutor. This error cancels "
+             "all future operations and poisons their output tensors. [Op:__inference_loop_1]",
+             "It is treated as a transient connectivity failure for now."]
+    assert [outages.feed("chief:0", line) for line in block] == [[]] * len(block)
+    mine = "kerastrain: checkpoint saved at step 64: ..."
+    assert outages.feed("chief:0", mine) == [mine]
+    assert [outages.feed("chief:0", line) for line in block[3:5]] == [[], []]
+    assert outages.feed("chief:0", mine) == [mine]
+    outages.at_end("chief:0 exited")
+    assert said == ["worker:1 (pid 12) was still restarting (0.0 s) when chief:0 exited; no "
+                    "other worker was up: the chief waited for it (9 line(s) of TensorFlow's "
+                    "gRPC errors about it on chief:0 held back; `kerastrain launch -v` shows "
+                    "them)"]
+
+
 def test_a_worker_that_dies_without_the_launcher_knowing_yet_is_looked_up():
     """The chief hears of a death before the launcher's poll: the block waits (at most
     `DECIDE_SECS`) for the process to be seen gone, then is held and said at the end."""
