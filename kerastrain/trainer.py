@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 
 import keras
@@ -208,6 +209,11 @@ class Trainer(_LastFit):
         """Flush writers and release the model_dir lock (also done at interpreter exit)."""
         self._workdir.close()
         if self._service is not None:
+            # The last fit's iterator reads from the service on threads of its own: freed
+            # first, as freeing it waits for them, and they wait forever for a stopped service.
+            if self._controller is not None:
+                self._controller.let_go_of_the_data()
+            gc.collect()
             self._service.close()
 
     def build(self, data, *, batch_size=None):

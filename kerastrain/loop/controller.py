@@ -122,6 +122,13 @@ class Controller:
         state.follow_workdir()  # a finished backup's run returns to the Trainer's model_dir
         return callbacks_lib.history_of(self.callback_list, state.user_model)
 
+    def let_go_of_the_data(self):
+        """Drop what reads the training data after the fit (its driver, which holds the
+        iterator, and the inputs), for `Trainer.close`."""
+        self.driver = self.inputs = self.ended = None
+        if self.recovery is not None:
+            self.recovery.driver = None
+
     def _new_driver(self, sigterm):
         """The driver of this strategy's epochs (`modes`): this task's replicas, or the ps
         workers. It stops scheduling loops once a SIGTERM came (`sigterm`, the fit's

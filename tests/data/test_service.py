@@ -124,6 +124,24 @@ def test_mirrored_trains_every_id_exactly_once_per_epoch_through_a_local_service
 
 
 @pytest.mark.multiprocess
+def test_closing_a_trainer_after_a_mirrored_fit_through_a_local_service_never_hangs(tmp_path):
+    """`Trainer.close` stops the local service. The last fit's iterator reads from it on
+    threads of its own, and freeing it waits for them: freed after the service stopped, it
+    waited forever, in about one of four closes (a CI run hung in the test above). Eight
+    trainers, each fit and closed in one process, end."""
+    job = {"n": N, "batch": BATCH, "epochs": 2, "service": "local", "cpu_devices": 2,
+           "strategy": {"name": "mirrored", "cpu_devices": 2}, "runs": [{}] * 8}
+    try:
+        proc = helpers.run_python(["tests/_service_worker.py", json.dumps(job),
+                                   str(tmp_path / "out.json")], timeout=150)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"eight fits and closes did not end within 150 s: {e.stderr}")
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    runs = json.loads((tmp_path / "out.json").read_text())["runs"]
+    assert [r["global_step"] for r in runs] == [2 * 32] * 8
+
+
+@pytest.mark.multiprocess
 def test_ps_two_workers_train_every_example_once_per_epoch_through_a_local_service(tmp_path):
     """Two ps workers read one job per pass. With steps_per_epoch=None an epoch is a pass
     read to its end by both workers: every id exactly once in each epoch. With
