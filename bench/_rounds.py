@@ -8,6 +8,7 @@ other tenants does not distort them.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -24,6 +25,12 @@ def interleave(runners, rounds, examples_per_epoch):
         for name in order:
             w0, c0 = time.perf_counter(), time.process_time()
             runners[name].epoch()
+            # Each pays for its own garbage: a distributed iterator left in a reference cycle
+            # is otherwise freed by whichever configuration's epoch the collector runs in,
+            # and freeing one waits for tf.data's threads (up to its autotuning's period, which
+            # grows with the iterator's age: seconds). That moved one contender's cost into
+            # another's figures (docs/performance.md, the redesign's multi-worker runs).
+            gc.collect()
             wall[name].append(time.perf_counter() - w0)
             cpu[name].append(time.process_time() - c0)
         print(f"round {r + 1}: " + ", ".join(

@@ -4,6 +4,7 @@ import types
 
 import numpy as np
 
+import helpers
 from kerastrain.data.trainer_inputs import FitInputs
 from kerastrain.loop import driver
 from kerastrain.loop.ps import driver as ps_driver_lib
@@ -77,7 +78,6 @@ def test_a_stop_before_the_epochs_first_loop_still_reaches_the_preemption_action
     be saved and reported, not mistaken for an empty dataset."""
     import numpy as np
 
-    import helpers
     import kerastrain as kt
 
     trainer = kt.Trainer(helpers.build_model, helpers.global_batch_dataset_fn(32),
@@ -241,3 +241,25 @@ def test_an_epoch_of_unknown_length_under_parameter_servers(caplog):
     sync = modes.for_strategy(types.SimpleNamespace(is_parameter_server=False,
                                                     is_multi_worker=False))
     assert sync.epoch_length(10, 1) is None and sync.epoch_length(data.UNKNOWN, 1) is None
+
+
+def test_a_fit_frees_its_data_iterators_when_it_returns(make_trainer, two_cpus, monkeypatch):
+    """The iterators a fit reads are freed when it returns, not kept by the Trainer until
+    the next fit: a kept distributed iterator goes on prefetching, and freeing it later
+    waits for tf.data's threads (seconds, once its autotuning's period has grown; it moved
+    one benchmark contender's cost into another's), or forever once the tf.data service it
+    reads from has stopped."""
+    import weakref
+
+    made = []
+    new_iterator = driver.SyncDriver._new_iterator
+
+    def watched(self, train_input):
+        new_iterator(self, train_input)
+        made.append(weakref.ref(self._iterator))
+    monkeypatch.setattr(driver.SyncDriver, "_new_iterator", watched)
+    x = np.random.default_rng(0).normal(size=(512, helpers.FEATURES)).astype("float32")
+    trainer = make_trainer(strategy={"name": "mirrored", **two_cpus})
+    trainer.fit(x, (x[:, :1] > 0).astype("float32"), batch_size=64, epochs=2)
+    assert len(made) == 2        # one per pass
+    assert [r() for r in made] == [None, None]   # freed by reference counting, no collector
