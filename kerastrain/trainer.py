@@ -209,10 +209,9 @@ class Trainer(_LastFit):
         """Flush writers and release the model_dir lock (also done at interpreter exit)."""
         self._workdir.close()
         if self._service is not None:
-            # The last fit's iterator reads from the service on threads of its own: freed
-            # first, as freeing it waits for them, and they wait forever for a stopped service.
-            if self._controller is not None:
-                self._controller.let_go_of_the_data()
+            # An iterator that reads from the service on threads of its own and is left in a
+            # reference cycle is freed first: freeing it waits for those threads, and they
+            # wait forever for a stopped service.
             gc.collect()
             self._service.close()
 
@@ -276,10 +275,14 @@ class Trainer(_LastFit):
         inputs = self._inputs.of_fit(data, batch_size)
         self._state.ensure_built(inputs.train.element_spec)
         self._controller = self._new_controller(callbacks, actions)  # the rest is its
-        return self._controller.fit(
-            inputs, self._workdir, epochs=epochs, steps_per_epoch=steps_per_epoch,
-            initial_epoch=initial_epoch, callbacks=callbacks, validation_steps=validation_steps,
-            validation_freq=validation_freq, verbose=self._resolve_verbose(verbose))
+        try:
+            return self._controller.fit(
+                inputs, self._workdir, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                initial_epoch=initial_epoch, callbacks=callbacks,
+                validation_steps=validation_steps, validation_freq=validation_freq,
+                verbose=self._resolve_verbose(verbose))
+        finally:
+            self._controller.let_go_of_the_data()  # however the fit ended
 
     def _new_controller(self, callbacks=(), actions=None):
         """This fit's `controller.Controller` (the model and its step are built)."""

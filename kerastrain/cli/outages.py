@@ -137,21 +137,20 @@ class Outages:
 
     def _passes(self, source, line) -> bool:
         holding = self._holding.get(source)
-        if _CONTINUATION.match(line):
-            if holding is _PASSED:   # a block about a live worker: whole
-                return True
-            if holding is None:      # after a line of no block: held if it names the dead
-                outage = self._outage_named(line)
-                if outage is None:
-                    return True
-                self._hold(source, outage, 1)
-                return False
+        continuation = _CONTINUATION.match(line)
+        if continuation and holding is _PASSED:   # a block about a live worker: whole
+            return True
+        if continuation and holding is not None:
             holding.lines += 1
             return False
-        self._holding.pop(source, None)
-        outage = self._outage_named(line) if _HEADER.match(line) else None
+        if not continuation:
+            self._holding.pop(source, None)
+            if not _HEADER.match(line):
+                return True
+        # A header, or a block's line after a line of no block: held if it names a dead worker.
+        outage = self._outage_named(line)
         if outage is None:
-            if _HEADER.match(line):
+            if not continuation:
                 self._holding[source] = _PASSED
             return True
         self._hold(source, outage, 1)

@@ -120,15 +120,14 @@ class Controller:
             self.callback_list.on_train_end(progress.logs or {})  # once the last save is written
         self.finish(progress, first_step, state.source, workdir)
         state.follow_workdir()  # a finished backup's run returns to the Trainer's model_dir
-        self.let_go_of_the_data()
         return callbacks_lib.history_of(self.callback_list, state.user_model)
 
     def let_go_of_the_data(self):
         """Drop what reads the training data (the driver, which holds the iterator, and the
-        inputs) once the fit is over: a pipeline kept after it goes on prefetching, and
-        freeing a distributed iterator waits for its threads (0.2 s here, and up to the
-        period of tf.data's autotuning, which grows with the iterator's age), and forever
-        for a tf.data service that was stopped (`Trainer.close`)."""
+        inputs) once the fit is over, however it ended (`Trainer.fit`): a pipeline kept after
+        it goes on prefetching, and freeing a distributed iterator waits for its threads (0.2
+        s here, and up to the period of tf.data's autotuning, which grows with the iterator's
+        age), and forever for a tf.data service that was stopped (`Trainer.close`)."""
         self.driver = self.inputs = self.ended = None
         if self.recovery is not None:
             self.recovery.driver = None
